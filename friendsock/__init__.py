@@ -1,0 +1,43 @@
+"""friendsock: the Linux "TCP friends" loopback bypass for asyncio, in user space.
+
+When both ends of a TCP connection live in this process, they pair during the
+handshake and move bytes straight between each other's queues; any other peer
+gets real TCP on the loop's native transport.
+"""
+
+from __future__ import annotations
+
+from ._asyncio._api import (
+    create_connection,
+    create_server,
+    is_friend,
+    open_connection,
+    start_server,
+)
+from ._core._errors import ChannelShutdownError, FriendError, PeerResetError
+from ._core._registry import registry as _registry
+from ._core._stats import FriendStats, counters as _counters
+from ._core._switch import is_enabled, set_enabled
+
+__version__ = "0.1.0"
+
+
+def stats() -> FriendStats:
+    """A snapshot of the process-wide counters."""
+    return _counters.snapshot(pending=_registry.pending_count())
+
+
+__all__ = [
+    "ChannelShutdownError",
+    "FriendError",
+    "FriendStats",
+    "PeerResetError",
+    "create_connection",
+    "create_server",
+    "is_enabled",
+    "is_friend",
+    "open_connection",
+    "set_enabled",
+    "start_server",
+    "stats",
+]

@@ -1,0 +1,1 @@
+"""The asyncio adapter: friend transports, pairing, servers, front door."""

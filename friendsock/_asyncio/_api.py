@@ -1,0 +1,139 @@
+"""The asyncio front door: drop-in stand-ins for the loop methods and the
+stream helpers, with one extra keyword, ``friends``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import Any, Awaitable, Callable, Optional, Tuple, Union
+
+from .._core._registry import registry
+from .._core._stats import counters
+from ._pairing import connect, why_not_friends
+from ._server import FriendServer
+from ._transport import FriendTransport
+
+# asyncio.streams' default buffer limit.
+_DEFAULT_LIMIT = 2 ** 16
+
+ProtocolFactory = Callable[[], asyncio.BaseProtocol]
+
+
+async def create_connection(
+    protocol_factory: ProtocolFactory,
+    host: Optional[str] = None,
+    port: Optional[int] = None,
+    *,
+    friends: Optional[bool] = None,
+    **kwargs: Any,
+) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
+    """``loop.create_connection`` that pairs with a friendsock server of this
+    process; any other peer gets the loop's own TCP transport.
+
+    ``friends=False`` opts this connection out of pairing.
+    """
+    loop = asyncio.get_running_loop()
+    reason = why_not_friends(friends, kwargs)
+    if reason is None and (host is None or port is None or not registry.has_port(int(port))):
+        reason = "no-listener"
+    if reason is not None:
+        counters.fallback(reason)
+        return await loop.create_connection(protocol_factory, host, port, **kwargs)  # type: ignore[return-value]
+    return await connect(loop, protocol_factory, host, port, kwargs)  # type: ignore[return-value]
+
+
+async def create_server(
+    protocol_factory: ProtocolFactory,
+    host: Any = None,
+    port: Optional[int] = None,
+    *,
+    friends: Optional[bool] = None,
+    **kwargs: Any,
+) -> asyncio.AbstractServer:
+    """``loop.create_server`` whose connections pair with friendsock clients
+    of this process; every other client is served over real TCP.
+
+    With ``sock=`` (a listener other processes may share) clients pair only
+    once this process has claimed their connection. ``friends=False`` (and
+    ``ssl=``, until friend-path TLS exists) gives the loop's own server.
+    """
+    loop = asyncio.get_running_loop()
+    if friends is False or kwargs.get("ssl") or why_not_friends(friends, {}) is not None:
+        return await loop.create_server(protocol_factory, host, port, **kwargs)
+    start_serving = kwargs.pop("start_serving", True)
+    backlog = kwargs.pop("backlog", 100)
+    sock = kwargs.pop("sock", None)
+    native_kwargs = {k: kwargs[k] for k in ("ssl_handshake_timeout", "ssl_shutdown_timeout")
+                     if kwargs.get(k) is not None}
+    if native_kwargs:
+        raise ValueError(f"{next(iter(native_kwargs))} is only meaningful with ssl")
+    if sock is None:
+        # The loop resolves and binds exactly as it always does; we take the
+        # bound sockets over so our accept loop sees every connection.
+        bound = await loop.create_server(protocol_factory, host, port, backlog=backlog,
+                                         start_serving=False, **kwargs)
+        sockets = [socket.socket(fileno=os.dup(s.fileno())) for s in bound.sockets]
+        bound.close()
+        exclusive = not kwargs.get("reuse_port")
+    else:
+        if host is not None or port is not None:
+            raise ValueError("host/port and sock can not be specified at the same time")
+        if sock.type != socket.SOCK_STREAM:
+            raise ValueError(f"A Stream Socket was expected, got {sock!r}")
+        if kwargs:
+            raise TypeError(f"unexpected keyword arguments with sock=: {sorted(kwargs)}")
+        sockets = [sock]
+        exclusive = False  # a handed-in listener may be shared: confirm first
+    for s in sockets:
+        s.setblocking(False)
+    server = FriendServer(loop, sockets, protocol_factory, backlog, exclusive, native_kwargs)
+    if start_serving:
+        await server.start_serving()
+    return server
+
+
+async def open_connection(
+    host: Optional[str] = None,
+    port: Optional[int] = None,
+    *,
+    limit: int = _DEFAULT_LIMIT,
+    friends: Optional[bool] = None,
+    **kwargs: Any,
+) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """``asyncio.open_connection`` over :func:`create_connection`."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await create_connection(lambda: protocol, host, port, friends=friends, **kwargs)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    return reader, writer
+
+
+ClientConnected = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Union[None, Awaitable[None]]]
+
+
+async def start_server(
+    client_connected_cb: ClientConnected,
+    host: Any = None,
+    port: Optional[int] = None,
+    *,
+    limit: int = _DEFAULT_LIMIT,
+    friends: Optional[bool] = None,
+    **kwargs: Any,
+) -> asyncio.AbstractServer:
+    """``asyncio.start_server`` over :func:`create_server`."""
+    loop = asyncio.get_running_loop()
+
+    def factory() -> asyncio.StreamReaderProtocol:
+        reader = asyncio.StreamReader(limit=limit, loop=loop)
+        return asyncio.StreamReaderProtocol(reader, client_connected_cb, loop=loop)
+
+    return await create_server(factory, host, port, friends=friends, **kwargs)
+
+
+def is_friend(obj: Any) -> bool:
+    """Whether a transport (or a ``StreamWriter``'s) is a friend link end."""
+    if isinstance(obj, asyncio.StreamWriter):
+        obj = obj.transport
+    return isinstance(obj, FriendTransport)

@@ -1,0 +1,169 @@
+"""The process-wide pairing registry.
+
+It holds the listening addresses of friendsock servers and the client
+connects waiting for their server to accept, keyed by the flow key. Claim and
+withdraw are atomic under one lock, so both ends always agree on whether a
+connection is a friend link or real TCP.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ._addresses import Endpoint, FlowKey, is_ipv4, normalize_endpoint
+from ._link import Link
+
+
+class ListenerEntry:
+    """A friendsock listening socket, as the registry knows it.
+
+    ``owner`` identifies the scheduler that accepts (an adapter's choice:
+    the event loop); ``exclusive`` says the socket is this process's alone,
+    so a connect to it can only land here (optimistic pairing);
+    ``handle`` is the adapter's own object (its server and socket).
+    """
+
+    __slots__ = ("endpoint", "v6only", "exclusive", "owner", "handle")
+
+    def __init__(
+        self,
+        address: Any,
+        *,
+        v6only: bool,
+        exclusive: bool,
+        owner: object,
+        handle: object,
+    ) -> None:
+        self.endpoint = normalize_endpoint(address)
+        self.v6only = v6only
+        self.exclusive = exclusive
+        self.owner = owner
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        mode = "exclusive" if self.exclusive else "shared"
+        return f"<ListenerEntry {self.endpoint[0]}:{self.endpoint[1]} {mode}>"
+
+
+class PendingState(enum.Enum):
+    WAITING = "waiting"
+    CLAIMED = "claimed"
+    WITHDRAWN = "withdrawn"
+
+
+class PendingConnect:
+    """A client end registered before its ``connect()`` syscall."""
+
+    __slots__ = ("key", "link", "listener", "state", "on_claimed", "handle")
+
+    def __init__(self, key: FlowKey, link: Link, listener: ListenerEntry) -> None:
+        self.key = key
+        self.link = link
+        self.listener = listener
+        self.state = PendingState.WAITING
+        # Called (under no lock) by the claiming side, for confirmed connects.
+        self.on_claimed: Optional[Callable[[], None]] = None
+        self.handle: object = None  # the client adapter's own object
+
+    def __repr__(self) -> str:
+        return f"<PendingConnect {self.key} {self.state.value}>"
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: Dict[Endpoint, List[ListenerEntry]] = {}
+        self._ports: Dict[int, int] = {}
+        self._pending: Dict[FlowKey, PendingConnect] = {}
+
+    # -- listeners --------------------------------------------------------
+    def add_listener(self, entry: ListenerEntry) -> None:
+        with self._lock:
+            self._listeners.setdefault(entry.endpoint, []).append(entry)
+            port = entry.endpoint[1]
+            self._ports[port] = self._ports.get(port, 0) + 1
+
+    def remove_listener(self, entry: ListenerEntry) -> List[PendingConnect]:
+        """Forget ``entry``; returns the connects still waiting in its backlog
+        (now withdrawn: the kernel resets them when the listener closes)."""
+        with self._lock:
+            entries = self._listeners.get(entry.endpoint)
+            if entries is None or entry not in entries:
+                return []
+            entries.remove(entry)
+            if not entries:
+                del self._listeners[entry.endpoint]
+            port = entry.endpoint[1]
+            self._ports[port] -= 1
+            if not self._ports[port]:
+                del self._ports[port]
+            orphans = [p for p in self._pending.values() if p.listener is entry]
+            for pending in orphans:
+                del self._pending[pending.key]
+                pending.state = PendingState.WITHDRAWN
+            return orphans
+
+    def has_port(self, port: int) -> bool:
+        """Cheap first test before resolving a host: any listener on ``port``?"""
+        return port in self._ports
+
+    def match_listener(self, address: Any) -> Tuple[Optional[ListenerEntry], bool]:
+        """The listener a connect to ``address`` reaches, and whether it is
+        the only one there (several sharing a port: the kernel picks)."""
+        host, port = normalize_endpoint(address)
+        with self._lock:
+            found = self._listeners.get((host, port))
+            if not found:
+                if is_ipv4(host):
+                    found = self._listeners.get(("0.0.0.0", port)) or [
+                        e for e in self._listeners.get(("::", port), ()) if not e.v6only
+                    ]
+                else:
+                    found = self._listeners.get(("::", port))
+            if not found:
+                return None, False
+            return found[0], len(found) == 1
+
+    # -- pending connects -------------------------------------------------
+    def add_pending(self, pending: PendingConnect) -> None:
+        with self._lock:
+            self._pending[pending.key] = pending
+
+    def claim(self, key: FlowKey) -> Optional[PendingConnect]:
+        """The accepting side takes the connect, if it is still waiting."""
+        with self._lock:
+            pending = self._pending.pop(key, None)
+            if pending is not None:
+                pending.state = PendingState.CLAIMED
+        return pending
+
+    def withdraw(self, pending: PendingConnect) -> bool:
+        """The connecting side gives up; False when it was claimed first."""
+        with self._lock:
+            if pending.state is not PendingState.WAITING:
+                return False
+            if self._pending.get(pending.key) is pending:
+                del self._pending[pending.key]
+            pending.state = PendingState.WITHDRAWN
+            return True
+
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def listener_count(self) -> int:
+        return sum(len(v) for v in self._listeners.values())
+
+    def _reset_after_fork(self) -> None:
+        # A child must never pair with listeners or connects it inherited.
+        self._lock = threading.Lock()
+        self._listeners = {}
+        self._ports = {}
+        self._pending = {}
+
+
+registry = Registry()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=registry._reset_after_fork)

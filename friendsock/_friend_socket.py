@@ -1,0 +1,96 @@
+"""The socket-like object a friend end hands out as its ``socket``.
+
+Options act on the real TCP socket, which stays open while the friends are
+connected. ``SO_SNDBUF``/``SO_RCVBUF`` also feed the link's accounting, with
+the value the kernel reports back (Linux doubles what it is given).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Callable, Optional
+
+from ._core._link import LinkEnd
+
+_BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
+
+
+def read_buffer_sizes(sock: socket.socket) -> "tuple[int, int]":
+    """``(SO_SNDBUF, SO_RCVBUF)`` of a real socket."""
+    return (
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+    )
+
+
+class FriendSocket:
+    """Like ``asyncio.trsock.TransportSocket``: the real socket, minus the
+    calls that would steal it from the transport."""
+
+    __slots__ = ("_sock", "_end", "_on_change")
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        end: LinkEnd,
+        on_change: Optional[Callable[[], None]] = None,
+    ) -> None:
+        self._sock = sock
+        self._end = end
+        self._on_change = on_change  # the owner re-checks flow control
+
+    family = property(lambda self: self._sock.family)
+    type = property(lambda self: self._sock.type)
+    proto = property(lambda self: self._sock.proto)
+
+    def __repr__(self) -> str:
+        return f"<friendsock.FriendSocket {self._sock!r}>"
+
+    def __getstate__(self) -> None:
+        raise TypeError("Cannot serialize friendsock.FriendSocket object")
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def dup(self) -> socket.socket:
+        return self._sock.dup()
+
+    def get_inheritable(self) -> bool:
+        return self._sock.get_inheritable()
+
+    def getsockname(self) -> Any:
+        return self._sock.getsockname()
+
+    def getpeername(self) -> Any:
+        return self._sock.getpeername()
+
+    def getsockopt(self, *args: Any) -> Any:
+        return self._sock.getsockopt(*args)
+
+    def setsockopt(self, *args: Any) -> None:
+        self._sock.setsockopt(*args)
+        if args[0] == socket.SOL_SOCKET and args[1] in _BUFFER_OPTIONS:
+            self.sync_buffer_sizes()
+
+    def sync_buffer_sizes(self) -> None:
+        """Copy the real socket's buffer sizes into the link's accounting:
+        our ``sndbuf`` on what we write, our ``rcvbuf`` on what we read."""
+        sndbuf, rcvbuf = read_buffer_sizes(self._sock)
+        self._end.outgoing.sndbuf = sndbuf
+        self._end.incoming.rcvbuf = rcvbuf
+        self._end.incoming.capacity_changed()
+        if self._on_change is not None:
+            self._on_change()
+
+    def settimeout(self, value: Optional[float]) -> None:
+        if value == 0:
+            return
+        raise ValueError("settimeout(): only 0 timeout is allowed on transport sockets")
+
+    def gettimeout(self) -> float:
+        return 0
+
+    def setblocking(self, flag: bool) -> None:
+        if not flag:
+            return
+        raise ValueError("setblocking(): transport sockets cannot be blocking")

@@ -1,0 +1,46 @@
+"""Every transport test runs on {friend path, real TCP} x {asyncio, uvloop}.
+
+Teardown fails a test on any exception that reached the loop's exception
+handler and on any transport left unclosed (ResourceWarning is an error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+import uvloop
+
+
+def pytest_asyncio_loop_factories(config, item):
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(params=["friend", "tcp"])
+def path(request) -> str:
+    """Which path the connection under test takes."""
+    return request.param
+
+
+@pytest.fixture
+def friends(path) -> bool:
+    """The ``friends=`` keyword for the path under test."""
+    return path == "friend"
+
+
+@pytest.fixture(autouse=True)
+async def loop_guard():
+    """Fail on unhandled loop exceptions; collect garbage so an unclosed
+    transport's ResourceWarning is raised inside this test."""
+    loop = asyncio.get_running_loop()
+    errors = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    yield errors
+    # Let connection_lost callbacks scheduled by the test's last close() run.
+    for _ in range(3):
+        await asyncio.sleep(0)
+    gc.collect()
+    loop.set_exception_handler(None)
+    if errors:
+        pytest.fail(f"unhandled loop exceptions: {errors!r}")
