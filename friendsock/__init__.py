@@ -14,6 +14,7 @@ from ._asyncio._api import (
     open_connection,
     start_server,
 )
+from ._asyncio._install import install, installed, is_installed, new_event_loop, uninstall
 from ._core._errors import ChannelShutdownError, FriendError, PeerResetError
 from ._core._registry import registry as _registry
 from ._core._stats import FriendStats, counters as _counters
@@ -34,6 +35,11 @@ __all__ = [
     "PeerResetError",
     "create_connection",
     "create_server",
+    "install",
+    "installed",
+    "is_installed",
+    "new_event_loop",
+    "uninstall",
     "is_enabled",
     "is_friend",
     "open_connection",

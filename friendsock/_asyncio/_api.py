@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable, Optional, Tuple, Union
 
 from .._core._registry import registry
 from .._core._stats import counters
+from ._install import native
 from ._pairing import connect, why_not_friends
 from ._server import FriendServer
 from ._transport import FriendTransport
@@ -33,13 +34,26 @@ async def create_connection(
 
     ``friends=False`` opts this connection out of pairing.
     """
-    loop = asyncio.get_running_loop()
+    return await create_connection_on(
+        asyncio.get_running_loop(), protocol_factory, host, port, friends=friends, **kwargs
+    )
+
+
+async def create_connection_on(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: ProtocolFactory,
+    host: Optional[str] = None,
+    port: Optional[int] = None,
+    *,
+    friends: Optional[bool] = None,
+    **kwargs: Any,
+) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
     reason = why_not_friends(friends, kwargs)
     if reason is None and (host is None or port is None or not registry.has_port(int(port))):
         reason = "no-listener"
     if reason is not None:
         counters.fallback(reason)
-        return await loop.create_connection(protocol_factory, host, port, **kwargs)  # type: ignore[return-value]
+        return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
     return await connect(loop, protocol_factory, host, port, kwargs)  # type: ignore[return-value]
 
 
@@ -58,9 +72,22 @@ async def create_server(
     once this process has claimed their connection. ``friends=False`` (and
     ``ssl=``, until friend-path TLS exists) gives the loop's own server.
     """
-    loop = asyncio.get_running_loop()
+    return await create_server_on(
+        asyncio.get_running_loop(), protocol_factory, host, port, friends=friends, **kwargs
+    )
+
+
+async def create_server_on(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: ProtocolFactory,
+    host: Any = None,
+    port: Optional[int] = None,
+    *,
+    friends: Optional[bool] = None,
+    **kwargs: Any,
+) -> asyncio.AbstractServer:
     if friends is False or kwargs.get("ssl") or why_not_friends(friends, {}) is not None:
-        return await loop.create_server(protocol_factory, host, port, **kwargs)
+        return await native(loop, "create_server")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
     start_serving = kwargs.pop("start_serving", True)
     backlog = kwargs.pop("backlog", 100)
     sock = kwargs.pop("sock", None)
@@ -71,7 +98,7 @@ async def create_server(
     if sock is None:
         # The loop resolves and binds exactly as it always does; we take the
         # bound sockets over so our accept loop sees every connection.
-        bound = await loop.create_server(protocol_factory, host, port, backlog=backlog,
+        bound = await native(loop, "create_server")(protocol_factory, host, port, backlog=backlog,
                                          start_serving=False, **kwargs)
         sockets = [socket.socket(fileno=os.dup(s.fileno())) for s in bound.sockets]
         bound.close()

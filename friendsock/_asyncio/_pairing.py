@@ -9,6 +9,7 @@ loop's own transports (``create_connection(sock=...)``,
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import struct
 from typing import Any, Callable, List, Optional, Tuple
@@ -19,6 +20,7 @@ from .._core._registry import ListenerEntry, PendingConnect, registry
 from .._core._stats import counters
 from .._core._switch import is_enabled
 from .._friend_socket import read_buffer_sizes
+from ._install import native
 from ._transport import FriendTransport
 
 # How long a confirmed connect (a listener that other processes may share)
@@ -92,8 +94,9 @@ async def connect(
     proto = kwargs.get("proto", 0)
     flags = kwargs.get("flags", 0)
     local_addr = kwargs.get("local_addr")
-    infos = await loop.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM,
-                                   proto=proto, flags=flags)
+    infos = _numeric_address_infos(host, port, family, proto) or await loop.getaddrinfo(
+        host, port, family=family, type=socket.SOCK_STREAM, proto=proto, flags=flags
+    )
     if not infos:
         raise OSError("getaddrinfo() returned empty list")
     local_infos = None
@@ -125,7 +128,7 @@ async def connect(
                     entry, reason = None, "not-local"
             if entry is not None:
                 pending = _register(sock, address, entry, only_one)
-            await loop.sock_connect(sock, address)
+            await _connect_socket(loop, sock, address)
         except OSError as exc:
             if pending is not None:
                 _withdraw_failed(pending)
@@ -141,11 +144,49 @@ async def connect(
             raise
         if pending is None:
             counters.fallback(reason)
-            return await loop.create_connection(protocol_factory, sock=sock)
+            return await native(loop, "create_connection")(protocol_factory, sock=sock)
         if pending.listener.exclusive and only_one:
             return _start_client(loop, pending, sock, protocol_factory)
         return await _confirm(loop, pending, sock, protocol_factory)
     raise _combined_error(exceptions, kwargs.get("all_errors", False))
+
+
+async def _connect_socket(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> None:
+    """``loop.sock_connect``, minus the wait when the handshake is already
+    done: on loopback it completes inside the connect() call, though a
+    non-blocking connect still says EINPROGRESS."""
+    err = sock.connect_ex(address)
+    if err == errno.EINPROGRESS:
+        try:
+            sock.getpeername()
+            return
+        except OSError:
+            await loop.sock_connect(sock, address)  # still in progress: wait
+    elif err:
+        raise OSError(err, f"Connect call failed {address}")
+
+
+def _numeric_address_infos(host: Any, port: Any, family: int, proto: int) -> Optional[list]:
+    """getaddrinfo's answer for a numeric IP, without the resolver thread
+    (asyncio skips it the same way); None when the host needs resolving."""
+    if not isinstance(host, str) or "%" in host:
+        return None
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        return None
+    for af in (socket.AF_INET, socket.AF_INET6):
+        if family not in (0, af):
+            continue
+        try:
+            # Canonical text, as getsockname() reports it: the flow key
+            # must be the one the accepting side computes.
+            host = socket.inet_ntop(af, socket.inet_pton(af, host))
+        except OSError:
+            continue
+        address = (host, port) if af == socket.AF_INET else (host, port, 0, 0)
+        return [(af, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP, "", address)]
+    return None
 
 
 def _bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
@@ -230,4 +271,4 @@ async def _confirm(
         return _start_client(loop, pending, sock, protocol_factory)
     pending.link.on_done = None
     counters.fallback("unconfirmed")
-    return await loop.create_connection(protocol_factory, sock=sock)
+    return await native(loop, "create_connection")(protocol_factory, sock=sock)

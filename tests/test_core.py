@@ -1,0 +1,262 @@
+"""The sans-IO core on its own: accounting, channel states, the registry."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from friendsock._core._addresses import flow_key, normalize_endpoint
+from friendsock._core._errors import ChannelShutdownError, PeerResetError
+from friendsock._core._link import Channel, ChannelState, Link
+from friendsock._core._registry import ListenerEntry, PendingConnect, PendingState, Registry
+from friendsock._core._stats import counters
+
+
+def test_flow_key_is_direction_independent_and_folds_mapped_ipv4():
+    a = ("127.0.0.1", 40000)
+    b = ("::ffff:127.0.0.1", 8080, 0, 0)
+    assert flow_key(a, b) == flow_key(b, a)
+    assert normalize_endpoint(b) == ("127.0.0.1", 8080)
+    assert normalize_endpoint(("fe80::1%eth0", 1, 0, 2)) == ("fe80::1", 1)
+
+
+def test_accounting_counts_capacity_as_sndbuf_plus_friend_rcvbuf():
+    channel = Channel(sndbuf=100, rcvbuf=50)
+    channel.push(b"x" * 150)
+    assert channel.write_buffer_size() == 0
+    channel.push(b"y")
+    assert channel.queued == 151
+    assert channel.write_buffer_size() == 1
+    channel.rcvbuf = 51
+    assert channel.write_buffer_size() == 0
+
+
+def test_one_reader_notification_per_burst():
+    channel = Channel(sndbuf=10, rcvbuf=10)
+    wakes = []
+    channel.notify_readable = lambda: wakes.append(1)
+    for _ in range(5):
+        channel.push(b"abc")
+    assert wakes == [1]
+    assert channel.pull(1 << 20) == b"abc" * 5
+    channel.begin_drain()
+    channel.push(b"d")
+    assert wakes == [1, 1]
+
+
+def test_pull_hands_a_single_buffer_over_by_reference():
+    channel = Channel(sndbuf=10, rcvbuf=10)
+    data = b"z" * 1000
+    channel.push(data)
+    assert channel.pull(10) is data
+
+
+def test_pull_respects_the_limit_between_buffers():
+    channel = Channel(sndbuf=10, rcvbuf=10)
+    for chunk in (b"aa", b"bb", b"cc"):
+        channel.push(chunk)
+    assert channel.pull(4) == b"aabb"
+    assert channel.pull(4) == b"cc"
+    assert channel.queued == 0
+
+
+def test_writer_is_woken_when_its_buffer_falls_to_the_threshold():
+    channel = Channel(sndbuf=10, rcvbuf=10)
+    wakes = []
+    channel.notify_writable = lambda: wakes.append(channel.write_buffer_size())
+    channel.push(b"x" * 40)  # 20 over capacity
+    assert channel.wake_writer_at(5) is False
+    assert channel.pull_into(memoryview(bytearray(10))) == 10
+    assert wakes == []
+    channel.pull_into(memoryview(bytearray(5)))
+    assert wakes == [5]
+    assert channel.wake_writer_at(5) is True
+
+
+def test_a_setsockopt_that_grows_capacity_wakes_the_writer():
+    channel = Channel(sndbuf=10, rcvbuf=10)
+    wakes = []
+    channel.notify_writable = lambda: wakes.append(1)
+    channel.push(b"x" * 30)
+    channel.wake_writer_at(0)
+    channel.rcvbuf = 20
+    channel.capacity_changed()
+    assert wakes == [1]
+
+
+def test_write_after_shutdown_and_to_a_closed_reader_raise_core_errors():
+    channel = Channel(sndbuf=10, rcvbuf=10)
+    channel.shutdown()
+    with pytest.raises(ChannelShutdownError):
+        channel.push(b"x")
+    with pytest.raises(ChannelShutdownError):
+        channel.shutdown()  # EOF twice is not a transition
+    other = Channel(sndbuf=10, rcvbuf=10)
+    other.push(b"abc")
+    assert other.close_reader() is True
+    assert other.queued == 0
+    with pytest.raises(PeerResetError):
+        other.push(b"x")
+
+
+def test_truncate_and_reset_keep_a_prefix():
+    channel = Channel(sndbuf=4, rcvbuf=3)
+    for chunk in (b"abc", b"def", b"ghi"):
+        channel.push(chunk)
+    channel.truncate(channel.capacity)
+    assert channel.queued == 7
+    channel.reset(keep=5)
+    assert channel.state is ChannelState.RESET
+    out = bytearray(100)
+    n = channel.pull_into(memoryview(out))
+    assert bytes(out[:n]) == b"abcde"
+
+
+def test_close_with_unread_bytes_resets_the_friend_and_keeps_its_rcvbuf():
+    link = Link(client_sndbuf=8, client_rcvbuf=4, server_sndbuf=8, server_rcvbuf=4)
+    link.establish()
+    link.server.outgoing.push(b"0123456789")  # server -> client, unread
+    link.client.outgoing.push(b"abcdefghij")  # client -> server
+    link.client.close()  # the client had unread bytes: RST
+    to_server = link.server.incoming
+    assert to_server.state is ChannelState.RESET
+    assert to_server.pull(100) == b"abcd"  # what sat in the server's rcvbuf
+    assert link.server.outgoing.reader_closed
+
+
+def test_close_without_unread_bytes_sends_eof_after_the_data():
+    link = Link(8, 8, 8, 8)
+    link.client.outgoing.push(b"x" * 100)
+    link.client.close()
+    channel = link.server.incoming
+    assert channel.state is ChannelState.EOF
+    assert channel.pull(1000) == b"x" * 100
+
+
+def test_abort_keeps_what_fits_in_sndbuf_plus_friend_rcvbuf():
+    link = Link(client_sndbuf=10, client_rcvbuf=10, server_sndbuf=10, server_rcvbuf=5)
+    link.client.outgoing.push(b"y" * 100)
+    link.client.abort()
+    assert link.server.incoming.queued == 15
+    assert link.server.incoming.state is ChannelState.EOF
+
+
+def test_link_counts_alive_and_calls_done_once_both_ends_close():
+    made, alive = counters.links_made, counters.links_alive
+    link = Link(8, 8, 8, 8)
+    done = []
+    link.on_done = lambda: done.append(1)
+    link.establish()
+    link.establish()
+    assert (counters.links_made, counters.links_alive) == (made + 1, alive + 1)
+    link.client.close()
+    assert done == [] and not link.done
+    link.server.close()
+    assert done == [1] and link.done
+    assert counters.links_alive == alive
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    writes=st.lists(st.binary(min_size=1, max_size=300), max_size=30),
+    reads=st.lists(st.tuples(st.booleans(), st.integers(1, 500)), max_size=60),
+)
+def test_bytes_come_out_in_order_whatever_the_read_pattern(writes, reads):
+    channel = Channel(sndbuf=64, rcvbuf=64)
+    for data in writes:
+        channel.push(data)
+    received = bytearray()
+    for into, size in reads:
+        if not channel.queued:
+            break
+        if into:
+            buffer = bytearray(size)
+            received += buffer[: channel.pull_into(memoryview(buffer))]
+        else:
+            received += channel.pull(size)
+        assert channel.queued == sum(map(len, writes)) - len(received)
+    expected = b"".join(writes)
+    assert bytes(received) == expected[: len(received)]
+
+
+def _entry(address, **kw):
+    kw.setdefault("v6only", False)
+    kw.setdefault("exclusive", True)
+    return ListenerEntry(address, owner=object(), handle=None, **kw)
+
+
+def test_registry_matches_exact_then_wildcard_listeners():
+    registry = Registry()
+    any4 = _entry(("0.0.0.0", 9000))
+    v6only = _entry(("::", 9001), v6only=True)
+    dual = _entry(("::", 9002))
+    for entry in (any4, v6only, dual):
+        registry.add_listener(entry)
+    assert registry.has_port(9000) and not registry.has_port(9003)
+    assert registry.match_listener(("127.0.0.1", 9000)) == (any4, True)
+    assert registry.match_listener(("::1", 9000)) == (None, False)
+    assert registry.match_listener(("127.0.0.1", 9001)) == (None, False)
+    assert registry.match_listener(("::1", 9001, 0, 0)) == (v6only, True)
+    assert registry.match_listener(("127.0.0.1", 9002)) == (dual, True)
+
+
+def test_registry_reports_a_shared_port_as_not_the_only_listener():
+    registry = Registry()
+    first, second = _entry(("127.0.0.1", 9000)), _entry(("127.0.0.1", 9000))
+    registry.add_listener(first)
+    registry.add_listener(second)
+    assert registry.match_listener(("127.0.0.1", 9000)) == (first, False)
+
+
+def test_claim_and_withdraw_are_exclusive():
+    registry = Registry()
+    entry = _entry(("127.0.0.1", 9000))
+    registry.add_listener(entry)
+    key = flow_key(("127.0.0.1", 5000), ("127.0.0.1", 9000))
+    pending = PendingConnect(key, Link(8, 8, 8, 8), entry)
+    registry.add_pending(pending)
+    assert registry.claim(key) is pending
+    assert pending.state is PendingState.CLAIMED
+    assert registry.withdraw(pending) is False
+    assert registry.claim(key) is None
+
+    late = PendingConnect(key, Link(8, 8, 8, 8), entry)
+    registry.add_pending(late)
+    assert registry.withdraw(late) is True
+    assert registry.claim(key) is None
+    assert registry.pending_count() == 0
+
+
+def test_removing_a_listener_hands_back_its_waiting_connects():
+    registry = Registry()
+    entry, other = _entry(("127.0.0.1", 9000)), _entry(("127.0.0.1", 9001))
+    registry.add_listener(entry)
+    registry.add_listener(other)
+    mine = PendingConnect(flow_key(("127.0.0.1", 1), ("127.0.0.1", 9000)), Link(8, 8, 8, 8), entry)
+    theirs = PendingConnect(flow_key(("127.0.0.1", 2), ("127.0.0.1", 9001)), Link(8, 8, 8, 8), other)
+    registry.add_pending(mine)
+    registry.add_pending(theirs)
+    assert registry.remove_listener(entry) == [mine]
+    assert mine.state is PendingState.WITHDRAWN
+    assert registry.pending_count() == 1
+    assert not registry.has_port(9000)
+    assert registry.remove_listener(entry) == []
+
+
+def test_a_forked_child_starts_with_an_empty_registry():
+    from friendsock._core._registry import registry
+
+    entry = _entry(("127.0.0.1", 9100))
+    registry.add_listener(entry)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: nothing inherited may pair
+            os._exit(0 if registry.listener_count() == 0 and not registry.has_port(9100) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert registry.has_port(9100)
+    finally:
+        registry.remove_listener(entry)
