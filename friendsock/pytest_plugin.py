@@ -2,34 +2,31 @@
 
 - ``--friendsock`` (or ``friendsock = true`` in the ini file) pairs friend
   links on every asyncio and uvloop loop the session creates, with no change
-  to the tests;
-- the ``friendsock`` fixture installs on the test's loop and exposes the
-  counters, with assertions that connections paired or fell back;
+  to the tests; ``--no-friendsock`` overrides the ini file;
+- the ``friendsock`` fixture pairs friend links for one test, on whatever
+  loop the test runs, and exposes the counters, with assertions that
+  connections paired or fell back;
 - ``@pytest.mark.real_tcp`` forces real TCP for one test;
 - ``friendsock_server`` starts friendsock servers on ``127.0.0.1:0`` and
   closes them after the test.
+
+The fixtures are plain (synchronous) fixtures whose work happens on the
+test's own loop, so they behave the same in pytest-asyncio's strict and auto
+modes and whatever the test's ``loop_scope``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import pytest
 
 from ._asyncio._api import create_server, is_friend, start_server
-from ._asyncio._install import install, install_class, uninstall, uninstall_class
+from ._asyncio._install import _class_patches, install_class, uninstall_class
 from ._core._stats import FriendStats
 from ._core._switch import is_enabled, set_enabled
-
-try:
-    import pytest_asyncio
-
-    _async_fixture = pytest_asyncio.fixture
-except ImportError:  # pragma: no cover - the fixtures then say what is missing
-    pytest_asyncio = None
-    _async_fixture = pytest.fixture
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,8 +34,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--friendsock",
         action="store_true",
+        dest="friendsock",
         default=None,
-        help="pair in-process TCP connections as friend links on every asyncio loop",
+        help="pair in-process TCP connections as friend links on every asyncio/uvloop loop",
+    )
+    group.addoption(
+        "--no-friendsock",
+        action="store_false",
+        dest="friendsock",
+        default=None,
+        help="do not pair session-wide, whatever the 'friendsock' ini option says",
     )
     parser.addini(
         "friendsock",
@@ -59,16 +64,26 @@ def _loop_classes() -> List[type]:
     return classes
 
 
+def _patch_loop_classes() -> List[type]:
+    """Patch every known loop class; returns the ones this call patched."""
+    patched = []
+    for klass in _loop_classes():
+        if klass not in _class_patches:
+            install_class(klass)
+            patched.append(klass)
+    return patched
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "real_tcp: this test's connections use real TCP, never friend links")
+    config.addinivalue_line(
+        "markers", "real_tcp: this test's connections use real TCP, never friend links"
+    )
     option = config.getoption("friendsock")
     if option or (option is None and config.getini("friendsock")):
-        classes = _loop_classes()
-        for klass in classes:
-            install_class(klass)
+        patched = _patch_loop_classes()
 
         def restore() -> None:
-            for klass in classes:
+            for klass in patched:
                 uninstall_class(klass)
 
         config.add_cleanup(restore)
@@ -90,10 +105,9 @@ def _friendsock_real_tcp_marker(request: pytest.FixtureRequest) -> Iterator[None
 class FriendsockFixture:
     """What the ``friendsock`` fixture gives a test."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self) -> None:
         from . import stats
 
-        self.loop = loop
         self._stats = stats
         self.baseline: FriendStats = stats()
 
@@ -107,70 +121,112 @@ class FriendsockFixture:
         return self._stats().links_made - self.baseline.links_made
 
     @property
-    def fallbacks(self) -> dict:
+    def fallbacks(self) -> Dict[str, int]:
         """Connections that took real TCP since the test started, by reason."""
-        now = self._stats().fallbacks
+        before: Mapping[str, int] = self.baseline.fallbacks
         return {
-            reason: count - self.baseline.fallbacks.get(reason, 0)
-            for reason, count in now.items()
-            if count != self.baseline.fallbacks.get(reason, 0)
+            reason: count - before.get(reason, 0)
+            for reason, count in self._stats().fallbacks.items()
+            if count != before.get(reason, 0)
         }
 
     def assert_paired(self, connection: Any) -> None:
         """``connection`` (a transport or a StreamWriter) is a friend link."""
         if not is_friend(connection):
-            raise AssertionError(f"{connection!r} is not a friend link (fallbacks: {self.fallbacks})")
+            raise AssertionError(
+                f"{connection!r} is not a friend link (fallbacks in this test: {self.fallbacks})"
+            )
 
     def assert_fell_back(self, connection: Any, reason: Optional[str] = None) -> None:
-        """``connection`` took real TCP (for ``reason``, when given)."""
+        """``connection`` took real TCP (and, when ``reason`` is given, a
+        fallback for that reason was counted during this test)."""
         if is_friend(connection):
             raise AssertionError(f"{connection!r} is a friend link, expected real TCP")
         if reason is not None and reason not in self.fallbacks:
-            raise AssertionError(f"no fallback for {reason!r} in this test: {self.fallbacks}")
+            raise AssertionError(
+                f"no fallback for {reason!r} in this test; fallbacks: {self.fallbacks}"
+            )
 
 
-def _need_pytest_asyncio() -> None:
-    if pytest_asyncio is None:
-        raise pytest.UsageError("the friendsock fixtures need pytest-asyncio")
+@pytest.fixture
+def friendsock() -> Iterator[FriendsockFixture]:
+    """Friend links for this test, on every asyncio/uvloop loop (whatever
+    the test's loop scope), and the counters since the test started.
 
-
-@_async_fixture
-async def friendsock() -> AsyncIterator[FriendsockFixture]:
-    """Friend links on this test's loop, and its counters."""
-    _need_pytest_asyncio()
-    loop = asyncio.get_running_loop()
-    already = "_friendsock_saved" in loop.__dict__
-    install(loop)
+    Request it before fixtures that start servers, so they pair too.
+    """
+    patched = _patch_loop_classes()
     try:
-        yield FriendsockFixture(loop)
+        yield FriendsockFixture()
     finally:
-        if not already:
-            uninstall(loop)
+        for klass in patched:
+            uninstall_class(klass)
 
 
-ServerFactory = Callable[..., Awaitable[Tuple[str, int]]]
+def _is_stream_handler(handler: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)
+    ):
+        return True
+    if isinstance(handler, type):
+        return False  # a Protocol class
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return False
+    try:
+        signature.bind()
+    except TypeError:
+        return True  # needs arguments: (reader, writer)
+    return False
 
 
-@_async_fixture
-async def friendsock_server() -> AsyncIterator[ServerFactory]:
+ServerFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def friendsock_server() -> Iterator[ServerFactory]:
     """``await friendsock_server(handler)`` starts a friendsock server on
-    ``127.0.0.1:0`` and returns its ``(host, port)``; ``handler`` is a
-    protocol factory, or an ``async def handler(reader, writer)`` for
-    streams. Every server is closed after the test."""
-    _need_pytest_asyncio()
-    servers: List[asyncio.AbstractServer] = []
+    ``127.0.0.1:0`` on the running loop and returns its ``(host, port)``.
 
-    async def start(handler: Callable[..., Any], **kwargs: Any) -> Tuple[str, int]:
-        if inspect.iscoroutinefunction(handler):
-            server = await start_server(handler, "127.0.0.1", 0, **kwargs)
+    ``handler`` is a protocol factory, or a ``handler(reader, writer)``
+    stream callback (``async def`` or not); ``streams=True/False`` says which
+    when guessing from the signature is not enough. Other keywords go to
+    ``create_server``/``start_server``. Every server is closed after the test.
+    """
+    servers: List[Tuple[asyncio.AbstractServer, "asyncio.Task[None]"]] = []
+
+    async def start(
+        handler: Callable[..., Any],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        streams: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> Tuple[str, int]:
+        if streams is None:
+            streams = _is_stream_handler(handler)
+        if streams:
+            server = await start_server(handler, host, port, **kwargs)
         else:
-            server = await create_server(handler, "127.0.0.1", 0, **kwargs)
-        servers.append(server)
-        host, port = server.sockets[0].getsockname()[:2]
-        return host, port
+            server = await create_server(handler, host, port, **kwargs)
+        # Closed while the loop still runs: a function-scoped loop is closed
+        # (its leftover tasks cancelled) before this fixture's teardown.
+        servers.append((server, asyncio.get_running_loop().create_task(_close_when_cancelled(server))))
+        sockname = server.sockets[0].getsockname()
+        return sockname[0], sockname[1]
 
     try:
         yield start
     finally:
-        for server in servers:
+        for server, keeper in servers:
             server.close()
+            if not keeper.get_loop().is_closed():
+                keeper.cancel()
+
+
+async def _close_when_cancelled(server: asyncio.AbstractServer) -> None:
+    try:
+        await asyncio.get_running_loop().create_future()
+    finally:
+        server.close()

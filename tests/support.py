@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 from typing import AsyncIterator, List, Optional, Tuple
 
+import pytest
+
 import friendsock
+from friendsock._asyncio import _pairing
 
 
 class Recorder(asyncio.Protocol):
@@ -27,6 +30,7 @@ class Recorder(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.events.append("made")
         self.transport = transport
+        track(transport)
         self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
@@ -98,3 +102,106 @@ async def connected_pair(
                     protocol.transport.abort()
     finally:
         server.close()
+
+
+# -- shared by the pairing and server tests -----------------------------------
+
+PAYLOAD = b"hello, friend\n"
+
+# The transports made while no_transport_left_open is active.
+_tracked: Optional[List[asyncio.BaseTransport]] = None
+
+
+def track(transport: asyncio.BaseTransport) -> None:
+    """Have ``no_transport_left_open`` check ``transport`` (Recorder and Echo
+    call this; a test calls it for a stream's transport)."""
+    if _tracked is not None:
+        _tracked.append(transport)
+
+
+@pytest.fixture
+def no_transport_left_open():
+    """Abort, then fail on, any tracked transport a test leaves open.
+
+    A test that fails half-way must not leave a uvloop handle open: with
+    ResourceWarning an error, uvloop's loop.close() then spins for ever on
+    it, and the whole run hangs instead of reporting the failure.
+    """
+    global _tracked
+    _tracked = []
+    try:
+        yield
+    finally:
+        left = [t for t in _tracked if not t.is_closing()]
+        _tracked = None
+        for transport in left:
+            with contextlib.suppress(RuntimeError):  # its loop already closed
+                transport.abort()
+    if left:
+        pytest.fail(f"transports left open: {left!r}")
+
+
+async def bounded(awaitable, timeout: float = 10):
+    """Await with an upper bound, so a bug shows as a failure, not a hang."""
+    return await asyncio.wait_for(awaitable, timeout)
+
+
+class Echo(asyncio.Protocol):
+    """A server protocol: echoes what arrives, closes on the peer's EOF."""
+
+    def __init__(self) -> None:
+        self.transport: Optional[asyncio.Transport] = None
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        track(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def connection_lost(self, exc) -> None:
+        self.lost.set_result(exc)
+
+
+class Echoes:
+    """A protocol factory of :class:`Echo` that keeps what it made."""
+
+    def __init__(self) -> None:
+        self.protocols: List[Echo] = []
+        self.first = asyncio.get_running_loop().create_future()
+
+    def __call__(self) -> Echo:
+        protocol = Echo()
+        self.protocols.append(protocol)
+        if not self.first.done():
+            self.first.set_result(protocol)
+        return protocol
+
+    async def all_lost(self) -> None:
+        await bounded(asyncio.gather(*(p.lost for p in self.protocols)))
+
+
+async def echo_and_finish(
+    transport: asyncio.Transport, client: Recorder, payload: bytes = PAYLOAD, prefix: bytes = b""
+) -> None:
+    """One echo over ``transport`` (after ``prefix``, anything the server sent
+    first), then a half-close the server answers by closing: a clean end."""
+    transport.write(payload)
+    expected = prefix + payload
+    assert await bounded(client.wait_bytes(len(expected))) == expected
+    transport.write_eof()
+    assert await bounded(client.lost) is None
+    assert client.events == ["made", "data", "eof", "lost"]
+
+
+# The library's deadline for a confirmed connect (a listener given with sock=).
+DEFAULT_CONFIRM_TIMEOUT = _pairing.CONFIRM_TIMEOUT
+
+
+@pytest.fixture
+def patient_confirm(monkeypatch):
+    """Confirmed connects wait long for their claim, so a loaded machine
+    cannot turn an expected pairing into a deadline fallback. A test of the
+    deadline itself puts DEFAULT_CONFIRM_TIMEOUT back with monkeypatch."""
+    monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", 10.0)

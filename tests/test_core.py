@@ -51,7 +51,21 @@ def test_pull_hands_a_single_buffer_over_by_reference():
     channel = Channel(sndbuf=10, rcvbuf=10)
     data = b"z" * 1000
     channel.push(data)
-    assert channel.pull(10) is data
+    assert channel.pull(1000) is data
+
+
+def test_pull_cuts_a_buffer_larger_than_the_limit():
+    # A TCP read returns at most what it asked for; readers' flow control
+    # (a StreamReader pausing at its limit) relies on it.
+    channel = Channel(sndbuf=10, rcvbuf=10)
+    data = bytes(range(250)) * 4
+    channel.push(data)
+    channel.push(b"tail")
+    assert channel.pull(300) == data[:300]
+    assert channel.pull(300) == data[300:600]
+    assert channel.queued == 404
+    assert channel.pull(1000) == data[600:] + b"tail"
+    assert channel.queued == 0
 
 
 def test_pull_respects_the_limit_between_buffers():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 from typing import Any, Awaitable, Callable, Optional, Tuple, Union
 
 from .._core._registry import registry
@@ -15,6 +16,11 @@ from ._pairing import connect, why_not_friends
 from ._server import FriendServer
 from ._transport import FriendTransport
 
+# create_server keywords that asyncio ignores when given sock= (keep_alive
+# exists from 3.13 on).
+_BINDING_ONLY = ("family", "flags", "reuse_address", "reuse_port", "ssl") + (
+    ("keep_alive",) if sys.version_info >= (3, 13) else ()
+)
 # asyncio.streams' default buffer limit.
 _DEFAULT_LIMIT = 2 ** 16
 
@@ -108,8 +114,12 @@ async def create_server_on(
             raise ValueError("host/port and sock can not be specified at the same time")
         if sock.type != socket.SOCK_STREAM:
             raise ValueError(f"A Stream Socket was expected, got {sock!r}")
+        # As asyncio: what only shapes binding is ignored for a given socket
+        # (ssl is falsy here); anything else is not create_server's.
+        for key in _BINDING_ONLY:
+            kwargs.pop(key, None)
         if kwargs:
-            raise TypeError(f"unexpected keyword arguments with sock=: {sorted(kwargs)}")
+            raise TypeError(f"create_server() got an unexpected keyword argument {next(iter(kwargs))!r}")
         sockets = [sock]
         exclusive = False  # a handed-in listener may be shared: confirm first
     for s in sockets:

@@ -12,29 +12,57 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
-from typing import Any, Callable, Dict, Iterator, Optional, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 _PATCHED = ("create_connection", "create_server")
 _MISSING = object()
 # Per patched loop: what its instance dict held before (usually nothing).
 _INSTANCE_SAVED = "_friendsock_saved"
-# Per patched class: its original methods.
-_class_originals: Dict[type, Dict[str, Any]] = {}
+
+
+class _ClassPatch:
+    """What :func:`install_class` replaced on one class."""
+
+    __slots__ = ("originals", "own")
+
+    def __init__(self, klass: type) -> None:
+        # What the class resolved each name to (maybe inherited), for native().
+        self.originals: Dict[str, Any] = {name: getattr(klass, name) for name in _PATCHED}
+        # What the class's own __dict__ held, so uninstall_class restores it
+        # exactly (an inherited method must not become an own attribute).
+        self.own: Dict[str, Any] = {name: klass.__dict__.get(name, _MISSING) for name in _PATCHED}
+
+
+_class_patches: Dict[type, _ClassPatch] = {}
+
+# Set while a class-level wrapper runs for (loop, patched class): a subclass
+# that overrides create_connection and calls super() lands in that wrapper,
+# and its fallback must go on to the patched class's original, not back to
+# the subclass's override (which would recurse without end).
+_class_wrapper_context: contextvars.ContextVar[Optional[Tuple[Any, type]]] = contextvars.ContextVar(
+    "friendsock_class_wrapper", default=None
+)
 
 
 def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
     """The loop's own method ``name``, whatever friendsock patched."""
-    saved = loop.__dict__.get(_INSTANCE_SAVED) if hasattr(loop, "__dict__") else None
+    saved = getattr(loop, "__dict__", {}).get(_INSTANCE_SAVED)
     if saved is not None and saved.get(name, _MISSING) is not _MISSING:
-        return saved[name]
+        return saved[name]  # type: ignore[no-any-return]
+    current = _class_wrapper_context.get()
+    if current is not None and current[0] is loop:
+        patch = _class_patches.get(current[1])
+        if patch is not None:
+            return patch.originals[name].__get__(loop)  # type: ignore[no-any-return]
     for klass in type(loop).__mro__:
-        originals = _class_originals.get(klass)
-        if originals is not None and name in originals:
-            return originals[name].__get__(loop)
+        patch = _class_patches.get(klass)
+        if patch is not None and name in patch.originals:
+            return patch.originals[name].__get__(loop)  # type: ignore[no-any-return]
         if name in klass.__dict__:
-            return klass.__dict__[name].__get__(loop)
-    return getattr(loop, name)
+            return klass.__dict__[name].__get__(loop)  # type: ignore[no-any-return]
+    return getattr(loop, name)  # type: ignore[no-any-return]
 
 
 def _installed_methods(loop: asyncio.AbstractEventLoop) -> Dict[str, Any]:
@@ -57,18 +85,21 @@ def _resolve(loop: Optional[asyncio.AbstractEventLoop], action: str) -> asyncio.
             return asyncio.get_running_loop()
         except RuntimeError:
             raise RuntimeError(
-                f"{action}() without a loop needs a running event loop; pass loop="
+                f"friendsock.{action}() needs a running event loop: call it from a "
+                f"coroutine, or pass the loop (friendsock.{action}(loop))"
             ) from None
     if not isinstance(loop, asyncio.AbstractEventLoop):
-        raise TypeError(f"{action}() takes an asyncio event loop, not {type(loop).__name__!r}")
+        raise TypeError(
+            f"friendsock.{action}() takes an asyncio event loop, not {type(loop).__name__!r}"
+        )
     return loop
 
 
 def is_installed(loop: Optional[asyncio.AbstractEventLoop] = None) -> bool:
     """Whether ``loop`` (the running one by default) routes through friendsock."""
     loop = _resolve(loop, "is_installed")
-    return _INSTANCE_SAVED in loop.__dict__ or any(
-        klass in _class_originals for klass in type(loop).__mro__
+    return _INSTANCE_SAVED in getattr(loop, "__dict__", {}) or any(
+        klass in _class_patches for klass in type(loop).__mro__
     )
 
 
@@ -77,28 +108,34 @@ def install(loop: Optional[asyncio.AbstractEventLoop] = None) -> asyncio.Abstrac
     library on it. Idempotent; returns the loop."""
     loop = _resolve(loop, "install")
     if loop.is_closed():
-        raise RuntimeError("install() on a closed event loop")
-    if _INSTANCE_SAVED in loop.__dict__:
+        raise RuntimeError(f"friendsock.install() on a closed event loop: {loop!r}")
+    instance_dict = getattr(loop, "__dict__", None)
+    if instance_dict is None:
+        raise TypeError(
+            f"friendsock.install() can not patch {type(loop).__name__!r} instances (no __dict__); "
+            f"use friendsock.create_connection/create_server instead"
+        )
+    if _INSTANCE_SAVED in instance_dict:
         return loop
-    saved = {name: loop.__dict__.get(name, _MISSING) for name in _PATCHED}
+    saved = {name: instance_dict.get(name, _MISSING) for name in _PATCHED}
     methods = _installed_methods(loop)
-    loop.__dict__[_INSTANCE_SAVED] = saved
-    for name, method in methods.items():
-        setattr(loop, name, method)
+    instance_dict[_INSTANCE_SAVED] = saved
+    instance_dict.update(methods)
     return loop
 
 
 def uninstall(loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
     """Undo :func:`install` on ``loop``; a loop never installed is left alone."""
     loop = _resolve(loop, "uninstall")
-    saved = loop.__dict__.pop(_INSTANCE_SAVED, None)
+    instance_dict = getattr(loop, "__dict__", {})
+    saved = instance_dict.pop(_INSTANCE_SAVED, None)
     if saved is None:
         return
     for name, value in saved.items():
         if value is _MISSING:
-            loop.__dict__.pop(name, None)
+            instance_dict.pop(name, None)
         else:
-            setattr(loop, name, value)
+            instance_dict[name] = value
 
 
 def new_event_loop(
@@ -108,8 +145,18 @@ def new_event_loop(
     factory (``asyncio.new_event_loop`` by default, ``uvloop.new_event_loop``
     for uvloop). Fits ``asyncio.Runner(loop_factory=...)`` and ``asyncio.run``
     (``loop_factory=`` on 3.12+)."""
+    if base is not None and not callable(base):
+        raise TypeError(
+            f"friendsock.new_event_loop() takes a loop class or factory, not {type(base).__name__!r}"
+        )
     loop = (base or asyncio.new_event_loop)()
-    return install(loop)
+    try:
+        return install(loop)
+    except BaseException:
+        close = getattr(loop, "close", None)
+        if callable(close):
+            close()
+        raise
 
 
 @contextlib.contextmanager
@@ -117,7 +164,7 @@ def installed(loop: Optional[asyncio.AbstractEventLoop] = None) -> Iterator[asyn
     """``with friendsock.installed():`` installs on entry, restores on exit
     (a loop that was already installed stays installed)."""
     loop = _resolve(loop, "installed")
-    was_installed = _INSTANCE_SAVED in loop.__dict__
+    was_installed = _INSTANCE_SAVED in getattr(loop, "__dict__", {})
     install(loop)
     try:
         yield loop
@@ -129,28 +176,43 @@ def installed(loop: Optional[asyncio.AbstractEventLoop] = None) -> Iterator[asyn
 def install_class(klass: type) -> None:
     """Patch a loop class, so every loop of it pairs (the pytest plugin's
     ``--friendsock``). Idempotent."""
-    if klass in _class_originals:
+    if not (isinstance(klass, type) and issubclass(klass, asyncio.AbstractEventLoop)):
+        raise TypeError(f"friendsock.install_class() takes an event loop class, not {klass!r}")
+    if klass in _class_patches:
         return
     from ._api import create_connection_on, create_server_on
 
-    originals = {name: getattr(klass, name) for name in _PATCHED}
-    _class_originals[klass] = originals
+    patch = _ClassPatch(klass)
+    originals = patch.originals
 
     @functools.wraps(originals["create_connection"])
     async def create_connection(self: Any, protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
-        return await create_connection_on(self, protocol_factory, host, port, **kwargs)
+        token = _class_wrapper_context.set((self, klass))
+        try:
+            return await create_connection_on(self, protocol_factory, host, port, **kwargs)
+        finally:
+            _class_wrapper_context.reset(token)
 
     @functools.wraps(originals["create_server"])
     async def create_server(self: Any, protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
-        return await create_server_on(self, protocol_factory, host, port, **kwargs)
+        token = _class_wrapper_context.set((self, klass))
+        try:
+            return await create_server_on(self, protocol_factory, host, port, **kwargs)
+        finally:
+            _class_wrapper_context.reset(token)
 
+    _class_patches[klass] = patch
     klass.create_connection = create_connection  # type: ignore[attr-defined]
     klass.create_server = create_server  # type: ignore[attr-defined]
 
 
 def uninstall_class(klass: type) -> None:
-    originals = _class_originals.pop(klass, None)
-    if originals is None:
+    """Undo :func:`install_class`; a class never patched is left alone."""
+    patch = _class_patches.pop(klass, None)
+    if patch is None:
         return
-    for name, method in originals.items():
-        setattr(klass, name, method)
+    for name, value in patch.own.items():
+        if value is _MISSING:
+            delattr(klass, name)
+        else:
+            setattr(klass, name, value)

@@ -172,9 +172,13 @@ class FriendServer(asyncio.AbstractServer):
             if self._serving:
                 self._loop.remove_reader(sock.fileno())
         for entry in self._entries:
-            # The kernel resets what still waits in a closing backlog.
             for orphan in registry.remove_listener(entry):
-                orphan.link.server.reset()
+                # The kernel resets what still waits in a closing backlog. A
+                # confirmed connect (not established) watches its own socket
+                # instead: a listener shared with another process stays open
+                # there, and the connect goes on over TCP.
+                if orphan.link.established:
+                    orphan.link.server.reset()
         self._entries = []
         for sock in sockets:
             sock.close()

@@ -25,7 +25,7 @@ logger = logging.getLogger("friendsock")
 # As asyncio: after this many writes to a lost connection, warn on each.
 _LOG_THRESHOLD_FOR_CONNLOST_WRITES = 5
 # Largest chunk handed to data_received in one call (asyncio's socket read
-# size); a single larger write is still handed over whole, by reference.
+# size); whole writes up to it go by reference, a larger one is cut.
 _MAX_CHUNK = 256 * 1024
 _DEFAULT_HIGH_WATER = 64 * 1024
 
@@ -100,6 +100,9 @@ class FriendTransport(asyncio.Transport):
         """Hook into the link and tell the protocol (its connection_made)."""
         self._in.notify_readable = self._schedule_drain
         self._out.notify_writable = self._writable
+        # The kernel sizes a socket's buffers when the connection is set up
+        # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
+        self._extra["socket"].sync_buffer_sizes()
         try:
             self._protocol.connection_made(self)
         except (SystemExit, KeyboardInterrupt):
@@ -174,24 +177,32 @@ class FriendTransport(asyncio.Transport):
 
     def _drain(self) -> None:
         channel = self._in
+        # Deliver only what is queued now; a push from here on schedules the
+        # next drain. A writer refilling from resume_writing() (called from
+        # this loop) must not keep the event loop in one callback forever.
+        channel.begin_drain()
+        budget = channel.queued
         try:
             if self._paused_reading or self._closing:
                 return
             protocol = self._protocol
-            # Pushes made while delivering are picked up by this loop.
-            while channel.queued:
+            while budget > 0 and channel.queued:
                 if self._buffered:
                     buffer = protocol.get_buffer(-1)  # type: ignore[attr-defined]
                     if not len(buffer):
                         raise RuntimeError("get_buffer() returned an empty buffer")
-                    protocol.buffer_updated(  # type: ignore[attr-defined]
-                        channel.pull_into(memoryview(buffer).cast("B"))
-                    )
+                    size = channel.pull_into(memoryview(buffer).cast("B"))
+                    budget -= size
+                    protocol.buffer_updated(size)  # type: ignore[attr-defined]
                 else:
-                    protocol.data_received(channel.pull(_MAX_CHUNK))  # type: ignore[attr-defined]
+                    data = channel.pull(_MAX_CHUNK)
+                    budget -= len(data)
+                    protocol.data_received(data)  # type: ignore[attr-defined]
                 if self._paused_reading or self._closing:
                     return
                 protocol = self._protocol
+            if channel.queued:
+                return  # newer bytes: their drain is scheduled, EOF after them
             state = channel.state
             if state is ChannelState.RESET:
                 self._force_close(_reset_error())
@@ -204,8 +215,6 @@ class FriendTransport(asyncio.Transport):
             raise
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
-        finally:
-            channel.begin_drain()
 
     # -- WriteTransport ---------------------------------------------------
     def write(self, data: Any) -> None:

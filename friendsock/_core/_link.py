@@ -149,13 +149,20 @@ class Channel:
         self._reader_notified = False
 
     def pull(self, limit: int) -> bytes:
-        """Whole buffers up to ``limit`` bytes (at least one buffer)."""
+        """Up to ``limit`` bytes: whole buffers by reference where they fit,
+        a larger one in ``limit``-sized pieces. A TCP read never returns more
+        than it asked for, and readers' flow control (a StreamReader pausing
+        at its limit) relies on that."""
         queue = self._queue
-        if self._head_offset:
-            first = queue.popleft()[self._head_offset:]
-            self._head_offset = 0
-        else:
-            first = queue.popleft()
+        head = queue[0]
+        start = self._head_offset
+        if len(head) - start > limit:
+            self._head_offset = start + limit
+            self._consumed(limit)
+            return head[start:start + limit]
+        queue.popleft()
+        self._head_offset = 0
+        first = head[start:] if start else head
         size = len(first)
         if not queue or size + len(queue[0]) > limit:
             self._consumed(size)

@@ -141,9 +141,13 @@ class Registry:
         return pending
 
     def withdraw(self, pending: PendingConnect) -> bool:
-        """The connecting side gives up; False when it was claimed first."""
+        """The connecting side gives up; False when it was claimed first.
+
+        A connect its listener already dropped (``remove_listener``) is
+        withdrawn all the same: nobody will claim it.
+        """
         with self._lock:
-            if pending.state is not PendingState.WAITING:
+            if pending.state is PendingState.CLAIMED:
                 return False
             if self._pending.get(pending.key) is pending:
                 del self._pending[pending.key]

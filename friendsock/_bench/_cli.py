@@ -1,0 +1,239 @@
+"""The command line: ``python -m friendsock bench`` / ``friendsock-bench``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shlex
+import sys
+from typing import Callable, List, Optional, Sequence, TypeVar
+
+from ._runner import FULL, MODES, QUICK, TESTS, Config, Runner, default_cases, format_size
+from ._transports import LOOPS, TRANSPORTS
+
+T = TypeVar("T")
+
+MAX_SIZE = 64 * 1024 * 1024
+MAX_CONNS = 10_000
+MAX_IDLE = 100_000
+_SIZE = re.compile(r"^\s*(\d+)\s*(?:([kKmM])(?:i?[bB])?|[bB])?\s*$")
+
+
+def parse_size(text: str) -> int:
+    """``64``, ``64B``, ``1K``, ``8KiB``, ``1M``, ``1MiB`` -> bytes (binary units)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (use e.g. 64, 1K, 64KiB, 1M)")
+    size = int(match.group(1)) * {None: 1, "k": 1024, "m": 1024 * 1024}[
+        match.group(2).lower() if match.group(2) else None]
+    if not 1 <= size <= MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"size {text!r} out of range (1 B to 64 MiB)")
+    return size
+
+
+def _list_of(item: Callable[[str], T], what: str) -> Callable[[str], List[T]]:
+    """A comma-separated list, each element parsed by ``item``; no duplicates."""
+
+    def parse(text: str) -> List[T]:
+        parts = [p.strip() for p in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"empty element in {what} list {text!r}")
+        values = [item(p) for p in parts]
+        return list(dict.fromkeys(values))
+
+    return parse
+
+
+def _choice(choices: Sequence[str], what: str, allow_all: bool = True) -> Callable[[str], List[str]]:
+    def parse(text: str) -> List[str]:
+        names = [p.strip().lower() for p in text.split(",")]
+        if allow_all and names == ["all"]:
+            return list(choices)
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(map(repr, unknown)) or repr(text)} "
+                f"(choose from {', '.join(choices)}{', all' if allow_all else ''})")
+        # Keep the canonical order: tables come out in a stable order.
+        return [c for c in choices if c in names]
+
+    return parse
+
+
+def _count(low: int, high: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r} (a whole number)") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{what} {value} out of range ({low} to {high})")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (seconds, e.g. 0.5)") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"duration {text!r} out of range (0 to 3600 s)")
+    return value
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    cases = default_cases()
+    sizes_help = "; ".join(f"{c.key}: {','.join(format_size(p).replace(' ', '') for p in c.params)}"
+                           for c in cases if c.sized)
+    parser = argparse.ArgumentParser(
+        prog=prog or "friendsock-bench",
+        description=(
+            "netperf-style comparison of real TCP, AF_UNIX and friendsock's friend links on "
+            "asyncio and uvloop, printed in the form of the kernel TCP friends patch's tables."),
+        epilog=(
+            f"tests: {', '.join(TESTS)}. Quick (the default): {QUICK.seconds:g} s per cell, "
+            f"median of {QUICK.rounds} rounds (memory: {QUICK.memory_rounds}), streams-rr "
+            f"at 64 B and 1 KiB. Full: {FULL.seconds:g} s per cell, {FULL.rounds} rounds "
+            f"(memory: {FULL.memory_rounds}). Default sizes: {sizes_help}. "
+            "See benchmarks/README.md for the JSON shape."),
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help="short cells, for a first look (the default)")
+    mode.add_argument("--full", dest="mode", action="store_const", const="full",
+                      help="longer cells and more rounds, for figures to publish")
+    parser.add_argument("--tests", type=_choice(TESTS, "test"), default=list(TESTS),
+                        metavar="LIST", help=f"comma-separated: {','.join(TESTS)} (default all)")
+    parser.add_argument("--sizes", type=_list_of(parse_size, "size"), metavar="LIST",
+                        help="message/write sizes for stream, rr, crr, streams-rr and threads, "
+                             "e.g. 64,1K,64K,1M")
+    parser.add_argument("--transports", type=_choice(TRANSPORTS, "transport"),
+                        default=list(TRANSPORTS), metavar="LIST",
+                        help=f"comma-separated: {','.join(TRANSPORTS)} (default all)")
+    parser.add_argument("--loops", type=_choice(LOOPS, "loop"), metavar="LIST",
+                        help=f"comma-separated: {','.join(LOOPS)} (default all installed)")
+    parser.add_argument("--seconds", type=_seconds, metavar="S",
+                        help="measured time per cell and round")
+    parser.add_argument("--rounds", type=_count(1, 1000, "round count"), metavar="N",
+                        help="rounds per cell (the figure is their median)")
+    parser.add_argument("--conns", type=_list_of(_count(1, MAX_CONNS, "connection count"),
+                                                 "connection count"),
+                        metavar="LIST", help="connection counts for multi (default 1,16,64,256)")
+    parser.add_argument("--idle", type=_list_of(_count(1, MAX_IDLE, "idle connection count"),
+                                                "idle connection count"),
+                        metavar="LIST", help="idle connection counts for memory (default 1000,5000)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also plot each test's ratios to TCP (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _fail(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _uvloop_installed() -> bool:
+    return importlib.util.find_spec("uvloop") is not None
+
+
+def _check_output(path: str) -> Optional[str]:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"cannot write {path!r}: no directory {directory!r}"
+    if not os.access(directory, os.W_OK):
+        return f"cannot write {path!r}: {directory!r} is not writable"
+    return None
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """Run the benchmark; returns the exit status (2: bad arguments,
+    130: interrupted)."""
+    if argv is None:
+        argv = sys.argv[1:]
+    argv = list(argv)
+    parser = build_parser(prog)
+    prog = parser.prog
+    args = parser.parse_args(argv)  # exits 2 on bad arguments
+
+    if args.loops is None:
+        args.loops = [loop for loop in LOOPS if loop != "uvloop" or _uvloop_installed()]
+    elif "uvloop" in args.loops and not _uvloop_installed():
+        return _fail(prog, "uvloop is not installed (pip install uvloop, or --loops asyncio)")
+    if importlib.util.find_spec("rich") is None:
+        return _fail(prog, "the benchmark needs rich: pip install 'friendsock[bench]'")
+    if args.plot is not None:
+        if importlib.util.find_spec("matplotlib") is None:
+            return _fail(prog, "--plot needs matplotlib, which is not installed "
+                               "(pip install matplotlib)")
+        from ._report import PLOT_SUFFIXES
+
+        if not args.plot.lower().endswith(PLOT_SUFFIXES):
+            return _fail(prog, f"--plot file must end in {', '.join(PLOT_SUFFIXES)}")
+    for path in (args.json, args.plot):
+        problem = path is not None and _check_output(path)
+        if problem:
+            return _fail(prog, problem)
+
+    mode = MODES[args.mode or "quick"]
+    config = Config(
+        tests=args.tests,
+        transports=args.transports,
+        loops=args.loops,
+        mode=mode,
+        seconds=args.seconds if args.seconds is not None else mode.seconds,
+        rounds=args.rounds if args.rounds is not None else mode.rounds,
+        memory_rounds=args.rounds if args.rounds is not None else mode.memory_rounds,
+        sizes=args.sizes,
+        conns=args.conns,
+        idle=args.idle,
+    )
+
+    from . import _report
+
+    console = _report.make_console()
+    command = " ".join([prog, shlex.join(argv)]) if argv else prog
+    progress = None if args.no_progress else _report.RichProgress()
+    runner = Runner(config, progress)
+    header = _report.collect_header(config, command)
+    _report.print_header(console, header, runner.run)
+    if "uvloop" not in config.loops and _uvloop_installed() is False:
+        runner.run.note("uvloop is not installed: asyncio loop only")
+    status = 0
+    try:
+        runner.execute()
+    except KeyboardInterrupt:
+        status = 130
+    finally:
+        if progress is not None:
+            progress.stop()
+    run = runner.run
+    _report.print_tables(console, run)
+    _report.print_footer(console, run)
+    if args.json is not None:
+        try:
+            with open(args.json, "w") as f:
+                json.dump(_report.to_json(run, header), f, indent=2)
+                f.write("\n")
+            console.print(f"wrote {args.json}")
+        except OSError as exc:
+            print(f"{prog}: error: cannot write {args.json!r}: {exc}", file=sys.stderr)
+            status = status or 1
+    if args.plot is not None:
+        try:
+            _report.plot(run, args.plot)
+            console.print(f"wrote {args.plot}")
+        except Exception as exc:  # a plot must not cost the run's results
+            print(f"{prog}: error: cannot plot to {args.plot!r}: {exc}", file=sys.stderr)
+            status = status or 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

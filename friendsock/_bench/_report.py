@@ -1,0 +1,399 @@
+"""Everything a run hands out: the header, the tables (the kernel patch's
+form: Baseline TCP | AF_UNIX (% of TCP) | Friends (% of TCP) | Friends as %
+of AF_UNIX), the progress bar, the JSON file and the plot."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from rich import box
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress as RichProgressBar,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+import friendsock
+
+from ._runner import Case, Cell, Config, Progress, Run, cpu_counts, format_param
+
+JSON_FORMAT = "friendsock-bench/1"
+TRANSPORT_LABELS = {"tcp": "Baseline TCP", "unix": "AF_UNIX", "friends": "Friends"}
+PARAM_LABELS = {"bytes": "size", "connections": "N", "idle connections": "idle"}
+_ERROR_WIDTH = 28  # an error in a cell is cut here; the full text is a note
+
+
+def _version(module: str) -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:  # not installed, or no metadata
+        return None
+
+
+def collect_header(config: Config, command: str) -> Dict[str, Any]:
+    cpus, usable = cpu_counts()
+    return {
+        "command": command,
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "friendsock": friendsock.__version__,
+        "uvloop": _version("uvloop"),
+        "platform": platform.platform(),
+        "cpus": cpus,
+        "cpus_usable": usable,
+        "mode": config.mode.name,
+        "seconds": config.seconds,
+        "warmup": config.warmup,
+        "rounds": config.rounds,
+        "memory_rounds": config.memory_rounds,
+        "transports": list(config.transports),
+        "loops": list(config.loops),
+    }
+
+
+def make_console() -> Console:
+    # Piped to a file, rich would assume 80 columns and squeeze the tables.
+    return Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+
+
+def print_header(console: Console, header: Dict[str, Any], run: Run) -> None:
+    cpus = header["cpus"]
+    if header["cpus_usable"] not in (None, cpus):
+        cpus = f"{cpus} ({header['cpus_usable']} usable)"
+    console.print(Text("friendsock bench", style="bold"))
+    console.print(f"command:    {header['command']}", soft_wrap=True)
+    console.print(f"python:     {header['python']}   friendsock: {header['friendsock']}   "
+                  f"uvloop: {header['uvloop'] or 'not installed'}   CPUs: {cpus}")
+    console.print(f"platform:   {header['platform']}   started: {header['started']}")
+    console.print(f"mode:       {describe_mode(run)}", soft_wrap=True)
+    console.print()
+
+
+def describe_mode(run: Run) -> str:
+    config = run.config
+    memory = ""
+    if any(c.test == "memory" for c in run.cases):
+        memory = f" (memory: {config.memory_rounds} round{'s' if config.memory_rounds > 1 else ''})"
+    parts = [f"{config.mode.name}: {config.seconds:g} s per cell after a {config.warmup:g} s "
+             f"warm-up, median of {config.rounds} round{'s' if config.rounds > 1 else ''}{memory}"]
+    trimmed = [c for c in run.cases if c.params != _full_params(c)]
+    if trimmed:
+        parts.append("; rows limited to: " + "; ".join(
+            f"{c.key} " + ", ".join(format_param(c, p) for p in c.params) for c in trimmed))
+    return "".join(parts)
+
+
+def _full_params(case: Case) -> Tuple[int, ...]:
+    from ._runner import default_cases
+
+    for default in default_cases():
+        if default.key == case.key:
+            return default.params
+    return case.params
+
+
+# -- tables -----------------------------------------------------------------
+
+
+def format_value(value: Optional[float], unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "bytes/conn" or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _percent(value: Optional[float], base: Optional[float]) -> str:
+    if value is None or base is None or base <= 0:
+        return "-"
+    return f"{100 * value / base:.0f}%"
+
+
+class _Footnotes:
+    """Notes of one table, each listed once with the cells it concerns."""
+
+    def __init__(self) -> None:
+        self.notes: Dict[str, List[str]] = {}
+
+    def add(self, text: str, where: str) -> int:
+        places = self.notes.setdefault(text, [])
+        if where not in places:
+            places.append(where)
+        return list(self.notes).index(text) + 1
+
+    def render(self) -> List[str]:
+        return [f"[{n}] {', '.join(places)}: {text}"
+                for n, (text, places) in enumerate(self.notes.items(), 1)]
+
+
+def _value_cell(cell: Optional[Cell], transport: str, unit: str, footnotes: _Footnotes,
+                where: str) -> Text:
+    if cell is None:
+        return Text("-")
+    marks = [footnotes.add(note, where) for note in cell.notes]
+    if cell.error is not None:
+        n = footnotes.add("error: " + cell.error, where)
+        short = cell.error if len(cell.error) <= _ERROR_WIDTH else cell.error[:_ERROR_WIDTH - 1] + "…"
+        return Text(f"error: {short} [{n}]", style="red")
+    text = Text(format_value(cell.median, unit), style="bold")
+    if transport == "friends" and cell.friend_verified is False:
+        text.append(" †", style="bold yellow")
+    if marks:
+        text.append(" " + "".join(f"[{n}]" for n in marks), style="yellow")
+    if len(cell.values) > 1:
+        text.append(f"\n{format_value(cell.min, unit)}–{format_value(cell.max, unit)}", style="dim")
+    return text
+
+
+def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
+    config = run.config
+    transports = config.transports
+    footnotes = _Footnotes()
+    rounds = config.memory_rounds if case.test == "memory" else config.rounds
+    caption = [f"{case.unit}, median of {rounds} round{'s' if rounds > 1 else ''}"
+               + (" (min–max below)" if rounds > 1 else "")
+               + ("; lower is better" if not case.higher_is_better else "")]
+    if case.key in ("stream", "multi-stream") and "friends" in transports:
+        caption.append("friends hand each written bytes object to the receiver by reference; "
+                       "the receiver only counts bytes")
+    if case.test == "threads" and "friends" in transports:
+        caption.append("cross-thread friends do not exist yet: friends fall back to real TCP "
+                       "here (†), so the Friends column is TCP")
+    table = Table(title=f"[bold]{case.key}[/bold] — {case.title}", caption="\n".join(caption),
+                  box=box.SIMPLE_HEAVY, title_justify="left", caption_justify="left")
+    table.add_column(PARAM_LABELS[case.param], justify="right", no_wrap=True)
+    table.add_column("loop", no_wrap=True)
+    has = {t: t in transports for t in ("tcp", "unix", "friends")}
+    if has["tcp"]:
+        table.add_column("Baseline TCP", justify="right")
+    if has["unix"]:
+        table.add_column("AF_UNIX", justify="right")
+        if has["tcp"]:
+            table.add_column("% TCP", justify="right")
+    if has["friends"]:
+        table.add_column("Friends", justify="right")
+        if has["tcp"]:
+            table.add_column("% TCP", justify="right")
+        if has["unix"]:
+            table.add_column("% AF_UNIX", justify="right")
+    for param in case.params:
+        for i, loop in enumerate(config.loops):
+            cells = {t: run.cell(case.key, param, loop, t) for t in transports}
+            medians = {t: (c.median if c is not None and c.error is None else None)
+                       for t, c in cells.items()}
+            label = format_param(case, param) if i == 0 else ""
+            row: List[Any] = [label, loop]
+            where = f"{format_param(case, param)} {loop}"
+            for transport in ("tcp", "unix", "friends"):
+                if not has[transport]:
+                    continue
+                row.append(_value_cell(cells[transport], transport, case.unit, footnotes,
+                                       f"{where} {TRANSPORT_LABELS[transport]}"))
+                if transport == "unix" and has["tcp"]:
+                    row.append(_percent(medians["unix"], medians["tcp"]))
+                if transport == "friends":
+                    if has["tcp"]:
+                        row.append(_percent(medians["friends"], medians["tcp"]))
+                    if has["unix"]:
+                        row.append(_percent(medians["friends"], medians["unix"]))
+            table.add_row(*row, end_section=i == len(config.loops) - 1)
+    notes = footnotes.render()
+    if any(c is not None and c.friend_verified is False
+           for (key, _, _, t), c in run.cells.items() if key == case.key and t == "friends"):
+        notes.insert(0, "† not from friend links: the connection fell back to real TCP")
+    return table, notes
+
+
+def print_tables(console: Console, run: Run) -> None:
+    for case in run.cases:
+        if not any(key == case.key for key, *_ in run.cells):
+            continue  # never reached (interrupted)
+        table, notes = build_table(run, case)
+        console.print(table)
+        for note in notes:
+            console.print(Text("  " + note, style="yellow"), soft_wrap=True)
+        console.print()
+
+
+def print_footer(console: Console, run: Run) -> None:
+    for note in run.notes:
+        console.print(Text("note: " + note, style="yellow"), soft_wrap=True)
+    state = "interrupted after" if run.interrupted else "finished in"
+    per_test = ", ".join(f"{test} {seconds:.1f} s" for test, seconds in run.timings.items())
+    console.print(f"{state} {run.elapsed:.1f} s" + (f" ({per_test})" if per_test else ""),
+                  soft_wrap=True)
+
+
+# -- progress ---------------------------------------------------------------
+
+
+class RichProgress(Progress):
+    """A progress bar on stderr, gone when the run ends."""
+
+    def __init__(self) -> None:
+        self._bar = RichProgressBar(
+            TextColumn("{task.description}", style="cyan"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._task: Any = None
+
+    def start(self, total: int) -> None:
+        self._task = self._bar.add_task("starting", total=total)
+        self._bar.start()
+
+    def describe(self, text: str) -> None:
+        if self._task is not None:
+            self._bar.update(self._task, description=text)
+
+    def advance(self, steps: int = 1) -> None:
+        if self._task is not None:
+            self._bar.advance(self._task, steps)
+
+    def stop(self) -> None:
+        self._bar.stop()
+
+
+# -- JSON -------------------------------------------------------------------
+
+
+def to_json(run: Run, header: Dict[str, Any]) -> Dict[str, Any]:
+    """The machine-readable form; its shape is documented in benchmarks/README.md."""
+    tests: Dict[str, Any] = {}
+    for case in run.cases:
+        rounds = run.config.memory_rounds if case.test == "memory" else run.config.rounds
+        results: Dict[str, Any] = {}
+        for param in case.params:
+            per_loop: Dict[str, Any] = {}
+            for loop in run.config.loops:
+                per_transport = {}
+                for transport in run.config.transports:
+                    cell = run.cell(case.key, param, loop, transport)
+                    if cell is None:
+                        continue
+                    per_transport[transport] = {
+                        "median": cell.median,
+                        "min": cell.min,
+                        "max": cell.max,
+                        "rounds": list(cell.values),
+                        "unit": case.unit,
+                        "friend_verified": cell.friend_verified,
+                        "error": cell.error,
+                        "notes": list(cell.notes),
+                    }
+                if per_transport:
+                    per_loop[loop] = per_transport
+            if per_loop:
+                results[str(param)] = per_loop
+        tests[case.key] = {
+            "test": case.test,
+            "title": case.title,
+            "unit": case.unit,
+            "param": case.param,
+            "higher_is_better": case.higher_is_better,
+            "rounds": rounds,
+            "results": results,
+        }
+    return {
+        "format": JSON_FORMAT,
+        "header": dict(header, elapsed_s=round(run.elapsed, 3), interrupted=run.interrupted,
+                       test_elapsed_s={t: round(v, 3) for t, v in run.timings.items()}),
+        "notes": list(run.notes),
+        "tests": tests,
+    }
+
+
+# -- plot -------------------------------------------------------------------
+
+
+def _fell_back(cell: Optional[Cell]) -> bool:
+    return cell is not None and cell.friend_verified is False
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def plot(run: Run, path: str) -> None:
+    """One panel per table: each transport's median as a ratio to TCP's
+    (absolute figures when TCP was not run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    cases = [c for c in run.cases if any(k == c.key for k, *_ in run.cells)]
+    if not cases:
+        raise ValueError("nothing was measured")
+    ncols = min(3, len(cases))
+    nrows = (len(cases) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    colors = {"tcp": "tab:gray", "unix": "tab:blue", "friends": "tab:red"}
+    styles = {"asyncio": "-", "uvloop": "--"}
+    relative = "tcp" in run.config.transports
+    for ax, case in zip(axes.flat, cases):
+        xs = list(range(len(case.params)))
+        ratios: List[float] = []
+        for transport in run.config.transports:
+            if relative and transport == "tcp":
+                continue
+            for loop in run.config.loops:
+                ys: List[float] = []
+                for param in case.params:
+                    cell = run.cell(case.key, param, loop, transport)
+                    value = cell.median if cell is not None and cell.error is None else None
+                    if relative:
+                        base = run.cell(case.key, param, loop, "tcp")
+                        base_value = base.median if base is not None and base.error is None else None
+                        value = value / base_value if value is not None and base_value else None
+                    ys.append(float("nan") if value is None else value)
+                ratios += [y for y in ys if y == y]
+                label = f"{TRANSPORT_LABELS[transport]} ({loop})"
+                fell_back = transport == "friends" and any(
+                    _fell_back(run.cell(case.key, param, loop, transport)) for param in case.params)
+                ax.plot(xs, ys, styles.get(loop, "-"), marker="o", color=colors[transport],
+                        markerfacecolor="white" if fell_back else colors[transport],
+                        label=label + (" - fell back to TCP" if fell_back else ""))
+        if relative:
+            ax.axhline(1.0, color=colors["tcp"], linewidth=1, label="Baseline TCP")
+            ax.set_ylabel("ratio to TCP")
+            if ratios and max(ratios) / max(min(ratios), 1e-9) > 20:
+                ax.set_yscale("log")
+        else:
+            ax.set_ylabel(case.unit)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([format_param(case, p) for p in case.params])
+        ax.set_xlabel(PARAM_LABELS[case.param] if case.param != "bytes" else "size")
+        ax.set_title(f"{case.key} ({case.unit}{', lower is better' if not case.higher_is_better else ''})",
+                     fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(cases):]:
+        ax.set_visible(False)
+    fig.suptitle(f"friendsock bench ({run.config.mode.name}, {os.cpu_count()} CPUs): "
+                 "AF_UNIX and friends relative to TCP" if relative else "friendsock bench")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["collect_header", "make_console", "print_header", "print_tables", "print_footer",
+           "RichProgress", "to_json", "plot"]

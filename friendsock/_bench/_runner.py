@@ -1,0 +1,612 @@
+"""What runs, in which order, and the statistics of what came out.
+
+A *case* is one table (``stream``, ``multi-rr``, ...); a *row* is one
+parameter of a case on one event loop; a *cell* is one transport in a row.
+For each row the runner sets up every transport, then runs the rounds with
+the transports interleaved (and their order rotated each round), so drift in
+the machine's load hits them alike. A cell's figure is the median of its
+rounds.
+
+Every step runs under a timeout, and under a watchdog thread for a callback
+that never returns (then no timeout can fire): a transport that fails or
+hangs gets ``error: ...`` in its cell and the run goes on.
+"""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import dataclasses
+import os
+import statistics
+import tempfile
+import threading
+import time
+from typing import Any, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
+
+from ._memory import IdleWorkload, raise_fd_limit
+from ._transports import LOOPS, TRANSPORTS, Endpoint, loop_factory
+from ._workloads import (
+    CRRWorkload,
+    LoopThread,
+    RRWorkload,
+    SameLoop,
+    Sample,
+    StreamsRRWorkload,
+    StreamWorkload,
+    Workload,
+)
+
+KiB = 1024
+MiB = 1024 * KiB
+
+TESTS = ("stream", "rr", "crr", "streams-rr", "multi", "threads", "memory")
+
+# The per-connection message sizes of the multi test (netperf's "32KB I/O x N"
+# for streams; a small request for request/response).
+MULTI_RR_SIZE = 64
+MULTI_STREAM_SIZE = 32 * KiB
+
+# Extra time the watchdog gives a step beyond its own timeout.
+WATCHDOG_GRACE = 5.0
+# What a round may take beyond its warm-up and measured time (draining,
+# stopping) before it counts as failed.
+MEASURE_SLACK = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One table of the report."""
+
+    key: str  # the table's name in the output and the JSON
+    test: str  # the --tests name that selects it
+    title: str
+    unit: str
+    param: str  # what a row's parameter is: "bytes", "connections", "idle connections"
+    params: Tuple[int, ...]
+    higher_is_better: bool = True
+    sized: bool = False  # --sizes applies
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    name: str
+    seconds: float
+    rounds: int
+    memory_rounds: int
+    # Tables whose parameter list this mode trims (when none is given).
+    trims: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
+
+
+# Quick fits every test on both loops in well under 90 s on 2 busy cores.
+QUICK = Mode("quick", seconds=0.08, rounds=3, memory_rounds=1,
+             trims=(("streams-rr", (64, KiB)),))
+FULL = Mode("full", seconds=1.0, rounds=5, memory_rounds=3)
+MODES = {"quick": QUICK, "full": FULL}
+
+
+def default_cases() -> List[Case]:
+    """Every table, with the full parameter lists."""
+    return [
+        Case("stream", "stream", "TCP_STREAM: one-way throughput by write size",
+             "Mbit/s", "bytes", (64, KiB, 8 * KiB, 64 * KiB, MiB), sized=True),
+        Case("rr", "rr", "TCP_RR: request/response, one outstanding, by size",
+             "trans/s", "bytes", (64, KiB, 8 * KiB, 64 * KiB), sized=True),
+        Case("crr", "crr", "TCP_CRR: connect/request/response/close by size",
+             "trans/s", "bytes", (64, KiB), sized=True),
+        Case("streams-rr", "streams-rr",
+             "request/response through StreamReader/StreamWriter by size",
+             "trans/s", "bytes", (64, KiB, 8 * KiB, 64 * KiB), sized=True),
+        Case("multi-rr", "multi",
+             f"N connections, aggregate request/response ({MULTI_RR_SIZE} B)",
+             "trans/s", "connections", (1, 16, 64, 256)),
+        Case("multi-stream", "multi",
+             f"N connections, aggregate stream ({MULTI_STREAM_SIZE // KiB} KiB writes)",
+             "Mbit/s", "connections", (1, 16, 64, 256)),
+        Case("threads-rr", "threads",
+             "client and server loops in two threads: request/response",
+             "trans/s", "bytes", (64,), sized=True),
+        Case("threads-stream", "threads",
+             "client and server loops in two threads: stream",
+             "Mbit/s", "bytes", (64 * KiB,), sized=True),
+        Case("memory-heap", "memory",
+             "Python heap (tracemalloc) per idle connection, both ends",
+             "bytes/conn", "idle connections", (1000, 5000), higher_is_better=False),
+        Case("memory-rss", "memory", "RSS per idle connection, both ends",
+             "bytes/conn", "idle connections", (1000, 5000), higher_is_better=False),
+    ]
+
+
+@dataclasses.dataclass
+class Config:
+    tests: List[str]
+    transports: List[str]
+    loops: List[str]
+    mode: Mode
+    seconds: float
+    rounds: int
+    memory_rounds: int
+    sizes: Optional[List[int]] = None  # None: each case's own
+    conns: Optional[List[int]] = None
+    idle: Optional[List[int]] = None
+
+    @property
+    def warmup(self) -> float:
+        # Gets the connection's buffers and the allocator going again after
+        # the pause between rounds; the first round had its set-up too.
+        return min(0.1, self.seconds / 8)
+
+
+def plan(config: Config) -> List[Case]:
+    """The selected tables, with the parameters they will run."""
+    cases = []
+    for case in default_cases():
+        if case.test not in config.tests:
+            continue
+        params = dict(config.mode.trims).get(case.key, case.params)
+        if case.sized and config.sizes:
+            params = tuple(config.sizes)
+        elif case.param == "connections" and config.conns:
+            params = tuple(config.conns)
+        elif case.param == "idle connections" and config.idle:
+            params = tuple(config.idle)
+        cases.append(dataclasses.replace(case, params=params))
+    return cases
+
+
+def rounds_for(case: Case, config: Config) -> int:
+    return config.memory_rounds if case.test == "memory" else config.rounds
+
+
+# -- results ---------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Cell:
+    values: List[float] = dataclasses.field(default_factory=list)
+    # None: not the friends transport (or nothing measured); else whether
+    # every round's figure came from friend links.
+    friend_verified: Optional[bool] = None
+    error: Optional[str] = None
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    def add(self, sample: Sample) -> None:
+        self.values.append(sample.value)
+        if sample.friend_ok is not None:
+            self.friend_verified = sample.friend_ok if self.friend_verified is None \
+                else self.friend_verified and sample.friend_ok
+        if sample.note and sample.note not in self.notes:
+            self.notes.append(sample.note)
+
+    @property
+    def median(self) -> Optional[float]:
+        return statistics.median(self.values) if self.values else None
+
+    @property
+    def min(self) -> Optional[float]:
+        return min(self.values) if self.values else None
+
+    @property
+    def max(self) -> Optional[float]:
+        return max(self.values) if self.values else None
+
+
+CellKey = Tuple[str, int, str, str]  # case key, parameter, loop, transport
+
+
+@dataclasses.dataclass
+class Run:
+    config: Config
+    cases: List[Case]
+    cells: Dict[CellKey, Cell] = dataclasses.field(default_factory=dict)
+    notes: List[str] = dataclasses.field(default_factory=list)
+    elapsed: float = 0.0
+    # Wall time per test (--tests name), both loops together.
+    timings: Dict[str, float] = dataclasses.field(default_factory=dict)
+    interrupted: bool = False
+
+    def cell(self, case: str, param: int, loop: str, transport: str) -> Optional[Cell]:
+        return self.cells.get((case, param, loop, transport))
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+class Progress:
+    """What the runner tells about its advance; this one tells nobody."""
+
+    def start(self, total: int) -> None:
+        pass
+
+    def describe(self, text: str) -> None:
+        pass
+
+    def advance(self, steps: int = 1) -> None:
+        pass
+
+
+# -- running steps on a loop -----------------------------------------------
+
+
+class Hung(Exception):
+    """A step did not give the event loop back."""
+
+
+class Watchdog:
+    """Interrupts the main thread when a step overruns its deadline.
+
+    A callback that never returns starves the loop, so no asyncio timeout
+    can fire; a KeyboardInterrupt raised in the main thread still lands.
+    Only works when the runner runs in the main thread; elsewhere it is off.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = threading.current_thread() is threading.main_thread()
+        self.fired = False
+        self._cond = threading.Condition()
+        self._deadline: Optional[float] = None
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+        if self.enabled:
+            self._thread = threading.Thread(target=self._watch, name="friendsock-bench-watchdog",
+                                            daemon=True)
+            self._thread.start()
+
+    def arm(self, seconds: float) -> None:
+        with self._cond:
+            self.fired = False
+            self._deadline = time.monotonic() + seconds
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._deadline = None
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                remaining = self._deadline - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                # Under the lock: disarm() cannot return before the
+                # interrupt is pending, so it lands inside LoopRunner.run.
+                self._deadline = None
+                self.fired = True
+                _thread.interrupt_main()
+
+
+class LoopRunner:
+    """One event loop, driven one step at a time from this thread."""
+
+    def __init__(self, kind: str, watchdog: Watchdog) -> None:
+        self.kind = kind
+        self.watchdog = watchdog
+        self.loop = loop_factory(kind)()
+        self.loop.set_exception_handler(self.record_exception)
+        self.exceptions: List[Dict[str, Any]] = []
+        self._taken = 0
+        self.broken = False
+
+    def take_exceptions(self) -> List[Dict[str, Any]]:
+        """What the loops reported since the last call."""
+        new = self.exceptions[self._taken:]
+        self._taken += len(new)
+        return new
+
+    def record_exception(self, loop: Any, context: Dict[str, Any]) -> None:
+        # May be called from the server thread's loop too (list.append is
+        # atomic).
+        self.exceptions.append(context)
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        if self.broken:
+            coro.close()
+            raise Hung("skipped: this event loop hung earlier in the run")
+        watchdog = self.watchdog
+        try:
+            watchdog.arm(timeout + WATCHDOG_GRACE)
+            try:
+                return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
+            finally:
+                watchdog.disarm()
+        except KeyboardInterrupt:
+            if not watchdog.fired:
+                raise
+            watchdog.fired = False
+            self._recover()
+            raise Hung(f"hung: the event loop was blocked for over {timeout + WATCHDOG_GRACE:.0f} s "
+                       "(a callback never returned)") from None
+        except asyncio.TimeoutError as exc:
+            if str(exc):
+                raise
+            raise TimeoutError(f"timed out after {timeout:.0f} s") from None
+
+    def _recover(self) -> None:
+        """Cancel what the hung step left behind; give up the loop if even
+        that hangs."""
+        for task in asyncio.all_tasks(self.loop):
+            task.cancel()
+        try:
+            self.watchdog.arm(WATCHDOG_GRACE)
+            try:
+                self.loop.run_until_complete(asyncio.sleep(0.01))
+            finally:
+                self.watchdog.disarm()
+        except KeyboardInterrupt:
+            if not self.watchdog.fired:
+                raise
+            self.watchdog.fired = False
+            self.broken = True
+
+    def close(self) -> None:
+        loop = self.loop
+        try:
+            if not self.broken:
+                tasks = asyncio.all_tasks(loop)
+                for task in tasks:
+                    task.cancel()
+                if tasks:
+                    self.run(asyncio.gather(*tasks, return_exceptions=True), 10)  # type: ignore[arg-type]
+                self.run(loop.shutdown_asyncgens(), 10)
+        except Exception:  # the loop is going away: nothing left to report to
+            pass
+        finally:
+            loop.close()
+
+
+def describe_error(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if not isinstance(exc, (Hung, TimeoutError)) and type(exc).__name__ not in text:
+        text = f"{type(exc).__name__}: {text}"
+    return " ".join(text.split())
+
+
+def make_workload(case: Case, param: int, endpoint: Endpoint, server_side: Any,
+                  loop_kind: str) -> Workload:
+    key = case.key
+    if key in ("stream", "threads-stream"):
+        return StreamWorkload(endpoint, size=param, server_side=server_side)
+    if key in ("rr", "threads-rr"):
+        return RRWorkload(endpoint, size=param, server_side=server_side)
+    if key == "crr":
+        return CRRWorkload(endpoint, size=param)
+    if key == "streams-rr":
+        return StreamsRRWorkload(endpoint, size=param)
+    if key == "multi-rr":
+        return RRWorkload(endpoint, size=MULTI_RR_SIZE, conns=param)
+    if key == "multi-stream":
+        return StreamWorkload(endpoint, size=MULTI_STREAM_SIZE, conns=param, per_round=True)
+    if key in ("memory-heap", "memory-rss"):
+        return IdleWorkload(endpoint, conns=param, heap=key == "memory-heap", loop_kind=loop_kind)
+    raise ValueError(f"unknown case {key!r}")
+
+
+def _connections(case: Case, param: int) -> int:
+    return param if case.param != "bytes" else 1
+
+
+# -- the run ---------------------------------------------------------------
+
+
+class Runner:
+    """Runs a :class:`Config`; the results fill ``self.run`` as they come."""
+
+    def __init__(self, config: Config, progress: Optional[Progress] = None) -> None:
+        self.config = config
+        self.progress = progress or Progress()
+        self.run = Run(config, plan(config))
+        # (test, loop, transport) that hung: not tried again in that test,
+        # each try would cost the watchdog's whole wait.
+        self._hung: Set[Tuple[str, str, str]] = set()
+
+    def total_steps(self) -> int:
+        config = self.config
+        return sum(len(case.params) * rounds_for(case, config)
+                   for case in self.run.cases) * len(config.loops) * len(config.transports)
+
+    def execute(self) -> Run:
+        """Run everything; on KeyboardInterrupt the results so far stay in
+        ``self.run`` (marked interrupted) and the interrupt propagates."""
+        run = self.run
+        started = time.perf_counter()
+        # Both ends of every connection are ours: multi's 256 connections
+        # on three transports already pass the usual soft limit of 1024.
+        for note in raise_fd_limit(0)[1]:
+            run.note(note)
+        memory = [c for c in run.cases if c.test == "memory"]
+        if memory:
+            self._fit_memory(memory)
+        self.progress.start(self.total_steps())
+        watchdog = Watchdog()
+        try:
+            with tempfile.TemporaryDirectory(prefix="fsbench-") as tmpdir:
+                for test in TESTS:
+                    cases = [c for c in run.cases if c.test == test]
+                    if not cases:
+                        continue
+                    test_started = time.perf_counter()
+                    try:
+                        for kind in self.config.loops:
+                            self._run_test(cases, kind, tmpdir, watchdog)
+                    finally:
+                        run.timings[test] = time.perf_counter() - test_started
+        except KeyboardInterrupt:
+            run.interrupted = True
+            raise
+        finally:
+            watchdog.close()
+            run.elapsed = time.perf_counter() - started
+        return run
+
+    def _fit_memory(self, cases: List[Case]) -> List[Case]:
+        """Shrink idle counts that do not fit the descriptor limit."""
+        fitted = []
+        for case in cases:
+            params = []
+            for count in case.params:
+                fit, notes = raise_fd_limit(count)
+                for note in notes:
+                    self.run.note(note)
+                params.append(fit)
+            fitted.append(dataclasses.replace(case, params=tuple(dict.fromkeys(params))))
+        # The tables show what was measured.
+        self.run.cases = [next((f for f in fitted if f.key == c.key), c) for c in self.run.cases]
+        return fitted
+
+    def _run_test(self, cases: List[Case], kind: str, tmpdir: str, watchdog: Watchdog) -> None:
+        config = self.config
+        try:
+            runner = LoopRunner(kind, watchdog)
+        except Exception as exc:
+            self._fail_all(cases, kind, f"could not create the {kind} loop: {describe_error(exc)}")
+            return
+        server_side: Any = SameLoop()
+        try:
+            if cases[0].test == "threads":
+                try:
+                    server_side = LoopThread(loop_factory(kind), runner.record_exception)
+                except Exception as exc:
+                    self._fail_all(cases, kind, "could not start the server thread: "
+                                   + describe_error(exc))
+                    return
+            for case in cases:
+                for param in case.params:
+                    self._run_row(runner, case, param, tmpdir, server_side)
+        finally:
+            if isinstance(server_side, LoopThread):
+                server_side.stop()
+            runner.close()
+            self._report_loop_exceptions(runner, cases[0].test)
+
+    def _fail_all(self, cases: Sequence[Case], kind: str, error: str) -> None:
+        for case in cases:
+            for param in case.params:
+                for transport in self.config.transports:
+                    self.run.cells[(case.key, param, kind, transport)] = Cell(error=error)
+                self.progress.advance(rounds_for(case, self.config) * len(self.config.transports))
+
+    def _run_row(self, runner: LoopRunner, case: Case, param: int, tmpdir: str,
+                 server_side: Any) -> None:
+        config = self.config
+        progress = self.progress
+        rounds = rounds_for(case, config)
+        kind = runner.kind
+        label = f"{case.key} {format_param(case, param)} {kind}"
+        conns = _connections(case, param)
+        setup_timeout = 20 + conns * 0.05
+        measure_timeout = config.warmup + config.seconds + MEASURE_SLACK + (
+            30 + conns * 0.02 if case.test == "memory" else 0)
+        workloads: Dict[str, Workload] = {}
+        cells: Dict[str, Cell] = {}
+        for transport in config.transports:
+            cell = cells[transport] = Cell()
+            self.run.cells[(case.key, param, kind, transport)] = cell
+            if (case.test, kind, transport) in self._hung:
+                cell.error = "skipped: hung earlier in this test"
+                progress.advance(rounds)
+                continue
+            workload = make_workload(case, param, Endpoint(transport, tmpdir), server_side, kind)
+            progress.describe(f"{label} {transport}: setting up")
+            try:
+                runner.run(workload.setup(), setup_timeout)
+            except Exception as exc:
+                cell.error = describe_error(exc)
+                if isinstance(exc, Hung):
+                    self._hung.add((case.test, kind, transport))
+                progress.advance(rounds)
+                self._close(runner, workload, cell)
+                continue
+            finally:
+                _attach_exceptions(runner, cell)
+            workloads[transport] = workload
+        order = list(workloads)
+        for index in range(rounds):
+            shift = index % len(order) if order else 0
+            for transport in order[shift:] + order[:shift]:
+                cell = cells[transport]
+                if cell.error is not None:
+                    continue
+                progress.describe(f"{label} {transport}: round {index + 1}/{rounds}")
+                try:
+                    sample = runner.run(workloads[transport].measure(config.seconds, config.warmup),
+                                        measure_timeout)
+                except Exception as exc:
+                    cell.error = describe_error(exc)
+                    if isinstance(exc, Hung):
+                        self._hung.add((case.test, kind, transport))
+                    progress.advance(rounds - index)
+                    continue
+                finally:
+                    _attach_exceptions(runner, cell)
+                cell.add(sample)
+                progress.advance(1)
+        for transport, workload in workloads.items():
+            self._close(runner, workload, cells[transport])
+
+    @staticmethod
+    def _close(runner: LoopRunner, workload: Workload, cell: Cell) -> None:
+        try:
+            runner.run(workload.close(abort=cell.error is not None), 30)
+        except Exception as exc:
+            cell.notes.append(f"clean-up failed: {describe_error(exc)}")
+        finally:
+            _attach_exceptions(runner, cell)
+
+    def _report_loop_exceptions(self, runner: LoopRunner, test: str) -> None:
+        # Whatever came after the last step (loop and thread shut-down).
+        for context in runner.take_exceptions():
+            self.run.note(f"{test} on {runner.kind}: event loop reported: "
+                          + describe_context(context))
+
+
+def _attach_exceptions(runner: LoopRunner, cell: Cell) -> None:
+    for context in runner.take_exceptions():
+        note = "event loop reported: " + describe_context(context)
+        if note not in cell.notes:
+            cell.notes.append(note)
+
+
+def describe_context(context: Dict[str, Any]) -> str:
+    message = context.get("message", "")
+    exc = context.get("exception")
+    if exc is not None:
+        message = f"{message}: {describe_error(exc)}" if message else describe_error(exc)
+    return " ".join(str(message).split())
+
+
+def format_param(case: Case, value: int) -> str:
+    if case.param == "bytes":
+        return format_size(value)
+    return f"{value}"
+
+
+def format_size(size: int) -> str:
+    for unit, scale in (("MiB", MiB), ("KiB", KiB)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def cpu_counts() -> Tuple[Optional[int], Optional[int]]:
+    """(CPUs in the machine, CPUs this process may run on)."""
+    try:
+        usable: Optional[int] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = None
+    return os.cpu_count(), usable
+
+
+__all__ = ["TRANSPORTS", "TESTS", "LOOPS", "Config", "Runner", "Run", "Case", "Cell"]

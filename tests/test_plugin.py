@@ -1,0 +1,360 @@
+"""The pytest plugin, each case an inner pytest run in a subprocess (class
+patching from ``--friendsock`` must never leak into this session).
+
+The inner test files are not changed between runs: with ``--friendsock`` (or
+the ini option) their plain asyncio client/server pair, without it they do
+not -- the same test passes in one run and fails in the other.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+INNER_TIMEOUT = 60
+
+UVLOOP_CONFTEST = """
+import uvloop
+
+def pytest_asyncio_loop_factories(config, item):
+    return {"uvloop": uvloop.new_event_loop}
+"""
+
+# A test suite written against plain asyncio, with no idea friendsock exists.
+ZERO_CHANGE_TESTS = """
+import asyncio
+
+import pytest
+import friendsock
+
+LOOP_MODULE = {loop_module!r}
+
+
+async def echo_once(reader, writer):
+    writer.write(await reader.readexactly(5))
+    await writer.drain()
+    writer.close()
+
+
+async def exchange():
+    loop = asyncio.get_running_loop()
+    assert type(loop).__module__.split(".")[0] == LOOP_MODULE, type(loop)
+    server_writers = []
+
+    async def handler(reader, writer):
+        server_writers.append(writer)
+        await echo_once(reader, writer)
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        writer.write(b"hello")
+        assert await reader.readexactly(5) == b"hello"
+        client_paired = friendsock.is_friend(writer)
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        server.close()
+    return client_paired, friendsock.is_friend(server_writers[0])
+
+
+{mark}
+async def test_streams_pair():
+    assert await exchange() == (True, True), "not a friend link"
+
+
+{mark}
+async def test_loop_methods_pair():
+    loop = asyncio.get_running_loop()
+    made = loop.create_future()
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport):
+            made.set_result(transport)
+
+    server = await loop.create_server(Server, "127.0.0.1", 0)
+    try:
+        transport, _ = await loop.create_connection(
+            asyncio.Protocol, "127.0.0.1", server.sockets[0].getsockname()[1]
+        )
+        server_transport = await asyncio.wait_for(made, 10)
+        paired = friendsock.is_friend(transport), friendsock.is_friend(server_transport)
+        transport.close()
+        server_transport.close()
+    finally:
+        server.close()
+    assert paired == (True, True), "not a friend link"
+
+
+@pytest.mark.real_tcp
+{mark}
+async def test_real_tcp_marker_forces_tcp():
+    assert await exchange() == (False, False)
+"""
+
+# The fixtures; ``fs`` is the module, as the fixture takes the name. Three
+# tests (test_must_fail_*) must fail.
+FIXTURE_TESTS = """
+import asyncio
+import socket
+
+import pytest
+import friendsock as fs
+
+LOOP_MODULE = {loop_module!r}
+
+
+async def connect_to_echo_server():
+    async def handler(reader, writer):
+        writer.write(await reader.readexactly(4))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+    writer.write(b"ping")
+    assert await reader.readexactly(4) == b"ping"
+    return server, writer
+
+
+async def finish(server, writer):
+    writer.close()
+    await writer.wait_closed()
+    server.close()
+
+
+{mark}
+async def test_fixture_pairs(friendsock):
+    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == LOOP_MODULE
+    assert friendsock.links_made == 0 and friendsock.fallbacks == {{}}
+    server, writer = await connect_to_echo_server()
+    friendsock.assert_paired(writer)
+    assert friendsock.links_made == 1
+    assert friendsock.fallbacks == {{}}
+    await finish(server, writer)
+
+
+{mark}
+async def test_fixture_counts_a_fallback(friendsock):
+    with socket.socket() as listener:  # a plain TCP server, not friendsock's
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        reader, writer = await asyncio.open_connection(*listener.getsockname())
+        accepted, _ = listener.accept()
+        accepted.close()
+    friendsock.assert_fell_back(writer, reason="no-listener")
+    assert friendsock.fallbacks == {{"no-listener": 1}}
+    assert friendsock.links_made == 0
+    writer.close()
+    await writer.wait_closed()
+
+
+@pytest.mark.real_tcp
+{mark}
+async def test_real_tcp_marker_with_fixture(friendsock):
+    server, writer = await connect_to_echo_server()
+    friendsock.assert_fell_back(writer, reason="disabled")
+    assert friendsock.links_made == 0
+    await finish(server, writer)
+
+
+@pytest.mark.real_tcp
+{mark}
+async def test_must_fail_assert_paired_on_real_tcp(friendsock):
+    server, writer = await connect_to_echo_server()
+    try:
+        friendsock.assert_paired(writer)
+    finally:
+        await finish(server, writer)
+
+
+{mark}
+async def test_must_fail_assert_fell_back_on_a_friend(friendsock):
+    server, writer = await connect_to_echo_server()
+    try:
+        friendsock.assert_fell_back(writer)
+    finally:
+        await finish(server, writer)
+
+
+@pytest.mark.real_tcp
+{mark}
+async def test_must_fail_assert_fell_back_wrong_reason(friendsock):
+    server, writer = await connect_to_echo_server()
+    try:
+        friendsock.assert_fell_back(writer, reason="ssl")
+    finally:
+        await finish(server, writer)
+
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.transport.write(data)
+
+
+async def talk(host, port, opener=asyncio.open_connection):
+    reader, writer = await opener(host, port)
+    writer.write(b"echo me")
+    assert await reader.readexactly(7) == b"echo me"
+    return writer
+
+
+{mark}
+async def test_server_with_protocol_factory(friendsock, friendsock_server):
+    host, port = await friendsock_server(Echo)
+    assert host == "127.0.0.1" and port > 0
+    writer = await talk(host, port)
+    friendsock.assert_paired(writer)
+    writer.close()
+
+
+{mark}
+async def test_server_with_stream_handler(friendsock_server):
+    server_side = []
+
+    async def handler(reader, writer):
+        server_side.append(fs.is_friend(writer))
+        writer.write(await reader.readexactly(7))
+        await writer.drain()
+        writer.close()
+
+    # Without the fixture: friendsock's own client pairs with it.
+    writer = await talk(*await friendsock_server(handler), opener=fs.open_connection)
+    assert fs.is_friend(writer) and server_side == [True]
+    writer.close()
+
+
+{mark}
+async def test_server_with_sync_stream_handler(friendsock, friendsock_server):
+    def handler(reader, writer):
+        writer.write(b"greetings")
+        writer.close()
+
+    reader, writer = await asyncio.open_connection(*await friendsock_server(handler))
+    assert await reader.read() == b"greetings"
+    friendsock.assert_paired(writer)
+    writer.close()
+
+
+@pytest.mark.real_tcp
+{mark}
+async def test_server_under_real_tcp_marker(friendsock, friendsock_server):
+    # The server is then the loop's own; it is still closed after the test.
+    writer = await talk(*await friendsock_server(Echo))
+    friendsock.assert_fell_back(writer, reason="disabled")
+    writer.close()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_module_loop_scope(friendsock, friendsock_server):
+    writer = await talk(*await friendsock_server(Echo))
+    friendsock.assert_paired(writer)
+    writer.close()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_module_loop_scope_again(friendsock, friendsock_server):
+    writer = await talk(*await friendsock_server(Echo))
+    friendsock.assert_paired(writer)
+    writer.close()
+"""
+
+MUST_FAIL = [
+    "*FAILED test_fixtures.py::test_must_fail_assert_paired_on_real_tcp* - AssertionError: * is not a friend link*",
+    "*FAILED test_fixtures.py::test_must_fail_assert_fell_back_on_a_friend* - AssertionError: * is a friend link, expected real TCP",
+    "*FAILED test_fixtures.py::test_must_fail_assert_fell_back_wrong_reason* - AssertionError: no fallback for 'ssl' in this test*",
+]
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    """Whole failure messages in the inner runs' short summaries."""
+    monkeypatch.setenv("COLUMNS", "400")
+
+
+def make_project(pytester: pytest.Pytester, *, mode: str, uvloop: bool, ini_friendsock: bool = False,
+                 fixtures: bool = False) -> None:
+    ini = f"""
+        [pytest]
+        asyncio_mode = {mode}
+        asyncio_default_fixture_loop_scope = function
+        filterwarnings =
+            error::ResourceWarning
+            error::pytest.PytestUnraisableExceptionWarning
+    """
+    if ini_friendsock:
+        ini += "    friendsock = true\n"
+    pytester.makeini(textwrap.dedent(ini))
+    if uvloop:
+        pytester.makeconftest(UVLOOP_CONFTEST)
+    fields = {
+        # Auto mode: the file carries no marker at all.
+        "mark": "@pytest.mark.asyncio" if mode == "strict" else "",
+        "loop_module": "uvloop" if uvloop else "asyncio",
+    }
+    files = {"test_zero_change": ZERO_CHANGE_TESTS.format(**fields)}
+    if fixtures:
+        # Collected first: test_zero_change then shows what the fixtures'
+        # teardown left behind.
+        files["test_fixtures"] = FIXTURE_TESTS.format(**fields)
+    pytester.makepyfile(**files)
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", *args, timeout=INNER_TIMEOUT)
+
+
+@pytest.mark.parametrize("mode, uvloop", [("strict", False), ("strict", True), ("auto", False)],
+                         ids=["strict-default-loop", "strict-uvloop", "auto-default-loop"])
+def test_option_pairs_with_zero_test_changes(pytester, mode, uvloop):
+    """(auto mode on uvloop: test_fixtures_with_the_option_on_uvloop.)"""
+    make_project(pytester, mode=mode, uvloop=uvloop)
+    result = run(pytester, "--friendsock")
+    # Each inner test also asserts it ran on the expected loop.
+    result.assert_outcomes(passed=3)
+
+
+def test_ini_option_pairs(pytester):
+    make_project(pytester, mode="strict", uvloop=False, ini_friendsock=True)
+    run(pytester).assert_outcomes(passed=3)
+
+
+@pytest.mark.parametrize("ini_friendsock, args", [(False, ()), (True, ("--no-friendsock",))],
+                         ids=["no-option", "no-friendsock-overrides-ini"])
+def test_without_the_option_nothing_pairs(pytester, ini_friendsock, args):
+    make_project(pytester, mode="strict", uvloop=False, ini_friendsock=ini_friendsock)
+    result = run(pytester, *args)
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*FAILED test_zero_change.py::test_streams_pair - AssertionError: not a friend link*",
+        "*FAILED test_zero_change.py::test_loop_methods_pair - AssertionError: not a friend link*",
+    ], consecutive=False)
+    result.stdout.fnmatch_lines(["*test_real_tcp_marker_forces_tcp PASSED*"])
+
+
+def test_fixtures_without_the_option(pytester):
+    """Strict mode, the default loop, no --friendsock: the fixture alone
+    pairs, for its own test only (the plain tests after it do not pair)."""
+    make_project(pytester, mode="strict", uvloop=False, fixtures=True)
+    result = run(pytester, "test_fixtures.py", "test_zero_change.py")
+    result.assert_outcomes(passed=9 + 1, failed=3 + 2)
+    result.stdout.fnmatch_lines(MUST_FAIL, consecutive=False)
+    result.stdout.fnmatch_lines([
+        "*FAILED test_zero_change.py::test_streams_pair - AssertionError: not a friend link*",
+        "*FAILED test_zero_change.py::test_loop_methods_pair - AssertionError: not a friend link*",
+    ], consecutive=False)
+
+
+def test_fixtures_with_the_option_on_uvloop(pytester):
+    """Auto mode, uvloop, --friendsock already on: the fixture keeps working
+    and its teardown leaves the session's patching in place."""
+    make_project(pytester, mode="auto", uvloop=True, fixtures=True)
+    result = run(pytester, "--friendsock", "test_fixtures.py", "test_zero_change.py")
+    result.assert_outcomes(passed=9 + 3, failed=3)
+    result.stdout.fnmatch_lines(MUST_FAIL, consecutive=False)

@@ -1,0 +1,249 @@
+"""The server friendsock.create_server returns behaves as asyncio.Server.
+
+Every test runs on both paths: with ``friends=False`` the server *is* the
+loop's own (asyncio's or uvloop's), so each expectation is checked against
+the real thing too. ``how`` says whether the server binds (host, port) or is
+handed a socket with ``sock=`` (confirmed pairing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+import friendsock
+from support import (  # noqa: F401 (two fixtures)
+    Echoes,
+    Recorder,
+    bounded,
+    echo_and_finish,
+    no_transport_left_open,
+    patient_confirm,
+)
+
+pytestmark = pytest.mark.usefixtures("no_transport_left_open", "patient_confirm")
+
+LOCALHOST = "127.0.0.1"
+
+
+@pytest.fixture(params=["host", "sock"])
+def how(request) -> str:
+    return request.param
+
+
+async def make_server(how: str, friends: bool, factory=None, **kwargs):
+    """A server on 127.0.0.1 and the socket handed in (None for host)."""
+    factory = factory or Echoes()
+    if how == "host":
+        return await friendsock.create_server(factory, LOCALHOST, 0, friends=friends, **kwargs), None
+    sock = socket.socket()
+    sock.bind((LOCALHOST, 0))
+    return await friendsock.create_server(factory, sock=sock, friends=friends, **kwargs), sock
+
+
+def port_of(server) -> int:
+    return server.sockets[0].getsockname()[1]
+
+
+async def check_pairs(port: int, friends: bool, echoes: Echoes) -> None:
+    """A connection to ``port`` takes the expected path and echoes."""
+    transport, client = await bounded(friendsock.create_connection(Recorder, LOCALHOST, port))
+    assert friendsock.is_friend(transport) is friends
+    await echo_and_finish(transport, client)
+    served = echoes.protocols[-1]
+    assert friendsock.is_friend(served.transport) is friends
+    await bounded(served.lost)
+
+
+async def test_lifecycle(how, friends):
+    loop = asyncio.get_running_loop()
+    echoes = Echoes()
+    server, sock = await make_server(how, friends, echoes)
+    try:
+        port = port_of(server)
+        assert server.is_serving()
+        assert server.get_loop() is loop
+        assert len(server.sockets) == 1
+        if sock is not None:
+            assert server.sockets[0].fileno() == sock.fileno()
+        await check_pairs(port, friends, echoes)
+    finally:
+        server.close()
+    assert not server.is_serving()
+    assert list(server.sockets) == []
+    if sock is not None:
+        assert sock.fileno() == -1  # the server owned it
+    await bounded(server.wait_closed())
+    server.close()  # again: nothing happens
+    with pytest.raises(ConnectionRefusedError):
+        await friendsock.create_connection(Recorder, LOCALHOST, port)
+    with pytest.raises(RuntimeError, match="is closed"):
+        await server.serve_forever()
+
+
+async def test_start_serving_false_refuses_until_started(how, friends):
+    echoes = Echoes()
+    server, sock = await make_server(how, friends, echoes, start_serving=False)
+    try:
+        port = port_of(server)
+        assert not server.is_serving()
+        with pytest.raises(ConnectionRefusedError):
+            await friendsock.create_connection(Recorder, LOCALHOST, port)
+        await server.start_serving()
+        await server.start_serving()  # again: still one listener
+        assert server.is_serving()
+        await check_pairs(port, friends, echoes)
+        await check_pairs(port, friends, echoes)
+        assert friendsock.stats().pending == 0
+    finally:
+        server.close()
+
+
+async def test_serve_forever_and_cancel(how, friends):
+    echoes = Echoes()
+    server, _ = await make_server(how, friends, echoes, start_serving=False)
+    started = asyncio.Event()
+
+    async def serve():
+        started.set()  # serve_forever starts serving before it first waits
+        await server.serve_forever()
+
+    task = asyncio.ensure_future(serve())
+    try:
+        await bounded(started.wait())
+        assert server.is_serving()
+        with pytest.raises(RuntimeError, match="already being awaited"):
+            await server.serve_forever()
+        await check_pairs(port_of(server), friends, echoes)
+    finally:
+        task.cancel()
+        if not started.is_set():
+            server.close()
+    with pytest.raises(asyncio.CancelledError):
+        await bounded(task)
+    assert not server.is_serving()
+    assert list(server.sockets) == []
+
+
+async def test_async_with(how, friends):
+    echoes = Echoes()
+    server, _ = await make_server(how, friends, echoes)
+    async with server as entered:
+        assert entered is server
+        assert server.is_serving()
+        port = port_of(server)
+        await check_pairs(port, friends, echoes)
+    assert not server.is_serving()
+    assert list(server.sockets) == []
+    with pytest.raises(ConnectionRefusedError):
+        await friendsock.create_connection(Recorder, LOCALHOST, port)
+
+
+async def test_close_leaves_connections_and_wait_closed_waits_for_them(how, friends):
+    echoes = Echoes()
+    server, _ = await make_server(how, friends, echoes)
+    closed = asyncio.ensure_future(server.wait_closed())
+    try:
+        transport, client = await bounded(
+            friendsock.create_connection(Recorder, LOCALHOST, port_of(server))
+        )
+        served = await bounded(echoes.first)
+        transport.write(b"before")  # the round trip lets wait_closed start
+        assert await bounded(client.wait_bytes(6)) == b"before"
+        server.close()
+        # Closing the listener leaves its connections working (as TCP).
+        transport.write(b" and after")
+        assert await bounded(client.wait_bytes(16)) == b"before and after"
+        assert not closed.done()  # waits for the connection, through those loop turns
+        transport.write_eof()  # the server end closes on EOF
+        await bounded(served.lost)
+        await bounded(client.lost)
+        await bounded(closed)
+    finally:
+        closed.cancel()
+        server.close()
+
+
+async def test_several_listening_sockets(friends):
+    echoes = Echoes()
+    server = await friendsock.create_server(echoes, [LOCALHOST, "::1"], 0, friends=friends)
+    try:
+        addresses = sorted(s.getsockname()[:2] for s in server.sockets)
+        assert [host for host, _ in addresses] == ["127.0.0.1", "::1"]
+        for host, port in addresses:
+            transport, client = await bounded(friendsock.create_connection(Recorder, host, port))
+            assert friendsock.is_friend(transport) is friends
+            await echo_and_finish(transport, client)
+        await echoes.all_lost()
+    finally:
+        server.close()
+
+
+# -- arguments, as asyncio takes them -----------------------------------------
+
+
+def bound_socket(type=socket.SOCK_STREAM) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, type)
+    sock.bind((LOCALHOST, 0))
+    return sock
+
+
+@pytest.mark.parametrize("extra", [{"host": LOCALHOST}, {"port": 0}, {"host": LOCALHOST, "port": 0}])
+async def test_host_or_port_with_sock_is_a_value_error(friends, extra):
+    sock = bound_socket()
+    try:
+        with pytest.raises(ValueError, match="can not be specified at the same time"):
+            await friendsock.create_server(Recorder, sock=sock, friends=friends, **extra)
+    finally:
+        sock.close()
+
+
+async def test_datagram_sock_is_a_value_error(friends):
+    sock = bound_socket(socket.SOCK_DGRAM)
+    try:
+        with pytest.raises(ValueError, match="A Stream Socket was expected"):
+            await friendsock.create_server(Recorder, sock=sock, friends=friends)
+    finally:
+        sock.close()
+
+
+async def test_ssl_timeouts_without_ssl_are_a_value_error(how, friends):
+    sock = bound_socket() if how == "sock" else None
+    where = {"sock": sock} if sock else {"host": LOCALHOST, "port": 0}
+    try:
+        with pytest.raises(ValueError, match="only meaningful with ssl"):
+            await friendsock.create_server(Recorder, ssl_handshake_timeout=1, friends=friends, **where)
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+async def test_binding_options_are_ignored_with_sock(friends):
+    # asyncio ignores what only shapes binding when the socket is given.
+    echoes = Echoes()
+    sock = bound_socket()
+    try:
+        server = await friendsock.create_server(
+            echoes, sock=sock, family=socket.AF_INET, flags=socket.AI_PASSIVE,
+            reuse_address=True, reuse_port=None, ssl=None, backlog=5, friends=friends,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        await check_pairs(port_of(server), friends, echoes)
+    finally:
+        server.close()
+
+
+async def test_unknown_keyword_is_a_type_error(how, friends):
+    sock = bound_socket() if how == "sock" else None
+    where = {"sock": sock} if sock else {"host": LOCALHOST, "port": 0}
+    try:
+        with pytest.raises(TypeError):
+            await friendsock.create_server(Recorder, no_such_option=1, friends=friends, **where)
+    finally:
+        if sock is not None:
+            sock.close()

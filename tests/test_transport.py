@@ -1,0 +1,747 @@
+"""Transport conformance: every test runs on {friend path, real TCP} x
+{asyncio, uvloop}. Whatever TCP does here is what the friend path must do;
+exact byte thresholds are asserted on the friend path only, where the
+accounting is ours (``sndbuf + friend rcvbuf``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+from typing import List, Optional
+
+import pytest
+import uvloop
+
+import friendsock
+from support import Recorder, connected_pair
+
+TIMEOUT = 10
+MiB = 1 << 20
+
+
+async def wait(aw, timeout: float = TIMEOUT):
+    return await asyncio.wait_for(aw, timeout)
+
+
+def buffer_sizes(writer: asyncio.Transport, reader: asyncio.Transport) -> "tuple[int, int]":
+    """The writer's SO_SNDBUF and the reader's SO_RCVBUF, as their sockets say."""
+    sndbuf = writer.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    rcvbuf = reader.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    return sndbuf, rcvbuf
+
+
+async def arrived(friends: bool, reader: asyncio.Transport) -> None:
+    """Until bytes written to ``reader`` have reached its end of the connection.
+
+    On the friend path a write queues on the friend at once. On TCP, watch a
+    duplicate of the reader's socket (the transport's own fd is the loop's)
+    until the kernel holds something to read.
+    """
+    if friends:
+        return
+    loop = asyncio.get_running_loop()
+    fd = os.dup(reader.get_extra_info("socket").fileno())
+    try:
+        ready = loop.create_future()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await wait(ready)
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+
+
+class FlowRecorder(Recorder):
+    """A Recorder that also records pause_writing/resume_writing, with the
+    transport's write buffer size at each call."""
+
+    def __init__(self, eof_keep_open: bool = False) -> None:
+        super().__init__(eof_keep_open)
+        self.flow: List[str] = []
+        self.flow_sizes: List[int] = []
+        loop = asyncio.get_running_loop()
+        self.paused = loop.create_future()
+        self.resumed = loop.create_future()
+
+    def pause_writing(self) -> None:
+        self.flow.append("pause")
+        self.flow_sizes.append(self.transport.get_write_buffer_size())
+        if not self.paused.done():
+            self.paused.set_result(None)
+
+    def resume_writing(self) -> None:
+        self.flow.append("resume")
+        self.flow_sizes.append(self.transport.get_write_buffer_size())
+        if not self.resumed.done():
+            self.resumed.set_result(None)
+
+
+class BufferedRecorder(asyncio.BufferedProtocol):
+    """A BufferedProtocol reader with a fixed-size buffer, recording like
+    Recorder."""
+
+    def __init__(self, size: int, eof_keep_open: bool = False) -> None:
+        self.buffer = bytearray(size)
+        self.events: List[str] = []
+        self.data = bytearray()
+        self.sizes: List[int] = []
+        self.transport: Optional[asyncio.Transport] = None
+        self.eof_keep_open = eof_keep_open
+        loop = asyncio.get_running_loop()
+        self.made = loop.create_future()
+        self.eof = loop.create_future()
+        self.lost = loop.create_future()
+
+    def connection_made(self, transport) -> None:
+        self.events.append("made")
+        self.transport = transport
+        self.made.set_result(None)
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert 0 < nbytes <= len(self.buffer)
+        if self.events[-1] != "data":
+            self.events.append("data")
+        self.sizes.append(nbytes)
+        self.data += self.buffer[:nbytes]
+
+    def eof_received(self):
+        self.events.append("eof")
+        self.eof.set_result(None)
+        return self.eof_keep_open
+
+    def connection_lost(self, exc) -> None:
+        self.events.append("lost")
+        self.lost.set_result(exc)
+
+
+class EchoUntilEof(asyncio.Protocol):
+    """Writes back what it reads; at EOF closes (after the echo is flushed)."""
+
+    transport: Optional[asyncio.Transport] = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc) -> None:
+        # Done: keep connected_pair's cleanup abort() off this transport
+        # (asyncio 3.11's abort() fails once a flushing close() finished).
+        self.transport = None
+
+
+def chunked(payload: bytes, rng: random.Random, largest: int) -> List[object]:
+    """``payload`` cut in random sizes, as a mix of bytes, bytearray and
+    memoryview (the friend path takes bytes by reference, copies the rest)."""
+    chunks: List[object] = []
+    view = memoryview(payload)
+    pos = 0
+    while pos < len(payload):
+        size = rng.randint(1, largest)
+        piece = view[pos:pos + size]
+        kind = rng.randrange(3)
+        chunks.append(bytes(piece) if kind == 0 else bytearray(piece) if kind == 1 else piece)
+        pos += size
+    return chunks
+
+
+# -- callback order -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("side", ["client", "server"])
+@pytest.mark.parametrize("how", ["close", "write_eof", "abort"])
+async def test_callback_order(friends, how, side):
+    async with connected_pair(friends) as (transport, client, server):
+        transport.write(b"hello")
+        assert await wait(server.wait_bytes(5)) == b"hello"
+        server.transport.write(b"world")
+        assert await wait(client.wait_bytes(5)) == b"world"
+        ender, other = (client, server) if side == "client" else (server, client)
+        getattr(ender.transport, how)()
+        assert await wait(ender.lost) is None
+        assert await wait(other.lost) is None
+        # One more round of callbacks: nothing may follow connection_lost.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if how == "write_eof":
+            # The other end's eof_received() returns false: it closes, and
+            # its FIN reaches the half-closed end as EOF.
+            assert ender.events == ["made", "data", "eof", "lost"]
+        else:
+            assert ender.events == ["made", "data", "lost"]
+        assert other.events == ["made", "data", "eof", "lost"]
+
+
+# -- echo ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 100_003, 16 * MiB])
+async def test_echo_byte_exact(friends, size):
+    rng = random.Random(size)
+    payload = rng.randbytes(size)
+    async with connected_pair(friends, server_protocol=EchoUntilEof) as (transport, client, _):
+        for chunk in chunked(payload, rng, largest=max(1, size // 64)):
+            transport.write(chunk)
+        transport.write_eof()
+        assert await wait(client.lost) is None
+        assert client.data == payload
+        expected = ["made", "data", "eof", "lost"] if size else ["made", "eof", "lost"]
+        assert client.events == expected
+
+
+# -- half-close ---------------------------------------------------------------
+
+
+def keep_open() -> Recorder:
+    return Recorder(eof_keep_open=True)
+
+
+@pytest.mark.parametrize("first", ["client", "server"])
+async def test_half_close(friends, first):
+    async with connected_pair(friends, server_protocol=keep_open, client_protocol=keep_open) as (
+        _, client, server
+    ):
+        a, b = (client, server) if first == "client" else (server, client)
+        assert a.transport.can_write_eof() and b.transport.can_write_eof()
+        a.transport.write(b"before eof")
+        a.transport.write_eof()
+        await wait(b.eof)
+        assert b.data == b"before eof"
+        assert not b.transport.is_closing()
+        # The other direction still works.
+        b.transport.write(b"reply")
+        b.transport.write(b" after eof")
+        assert await wait(a.wait_bytes(15)) == b"reply after eof"
+        b.transport.write_eof()
+        await wait(a.eof)
+        assert not a.lost.done() and not b.lost.done()
+        a.transport.close()
+        b.transport.close()
+        assert await wait(a.lost) is None
+        assert await wait(b.lost) is None
+        assert a.events == ["made", "data", "eof", "lost"]
+        assert b.events == ["made", "data", "eof", "lost"]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_eof_received_return_value(friends, keep):
+    async with connected_pair(
+        friends, server_protocol=lambda: Recorder(eof_keep_open=keep), client_protocol=keep_open
+    ) as (transport, client, server):
+        transport.write_eof()
+        await wait(server.eof)
+        if keep:
+            assert not server.transport.is_closing()
+            server.transport.write(b"still open")
+            assert await wait(client.wait_bytes(10)) == b"still open"
+            assert not server.lost.done()
+            server.transport.close()
+        else:
+            assert server.transport.is_closing()
+        assert await wait(server.lost) is None
+        # Either way the client then sees the server's FIN.
+        await wait(client.eof)
+        assert server.events == ["made", "eof", "lost"]
+
+
+# -- close and abort ----------------------------------------------------------
+
+
+async def test_close_delivers_everything_then_eof(friends):
+    payload = random.Random(1).randbytes(4 * MiB)
+    async with connected_pair(friends) as (_, client, server):
+        closer = server.transport
+        for chunk in chunked(payload, random.Random(2), largest=256 * 1024):
+            closer.write(chunk)
+        closer.close()
+        assert closer.is_closing()
+        assert await wait(client.lost) is None
+        assert client.data == payload
+        assert client.events == ["made", "data", "eof", "lost"]
+        assert await wait(server.lost) is None
+        assert server.events == ["made", "lost"]
+        # Keep connected_pair's cleanup abort() off it (asyncio 3.11's
+        # abort() fails once a flushing close() finished).
+        server.transport = None
+
+
+async def test_abort_keeps_what_is_in_the_buffers(friends):
+    payload = random.Random(3).randbytes(8 * MiB)
+    async with connected_pair(friends) as (transport, client, server):
+        sndbuf, rcvbuf = buffer_sizes(transport, server.transport)
+        for chunk in chunked(payload, random.Random(4), largest=256 * 1024):
+            transport.write(chunk)
+        transport.abort()
+        assert transport.is_closing()
+        assert await wait(client.lost) is None
+        assert await wait(server.lost) is None
+        received = bytes(server.data)
+        assert payload.startswith(received)
+        if friends:
+            # Exactly what sat in sndbuf + friend rcvbuf; the own buffer is dropped.
+            assert len(received) == sndbuf + rcvbuf
+        expected = ["made", "data", "eof", "lost"] if received else ["made", "eof", "lost"]
+        assert server.events == expected
+        assert client.events == ["made", "lost"]
+
+
+@pytest.mark.parametrize("peer_reading", [True, False])
+async def test_abort_with_unread_bytes_resets_the_peer(friends, peer_reading):
+    payload = random.Random(5).randbytes(2 * MiB)
+    async with connected_pair(friends) as (transport, client, server):
+        _, rcvbuf = buffer_sizes(transport, server.transport)
+        transport.pause_reading()
+        if not peer_reading:
+            server.transport.pause_reading()
+        server.transport.write(b"never read")
+        await arrived(friends, transport)
+        for chunk in chunked(payload, random.Random(6), largest=256 * 1024):
+            transport.write(chunk)
+        transport.abort()
+        assert await wait(client.lost) is None
+        if not peer_reading:
+            # The reset is sent; what the peer still gets sat in its rcvbuf.
+            server.transport.resume_reading()
+        assert isinstance(await wait(server.lost), ConnectionResetError)
+        received = bytes(server.data)
+        assert payload.startswith(received)
+        if not peer_reading:
+            assert len(received) <= rcvbuf
+            if friends:
+                assert len(received) == rcvbuf
+        assert "eof" not in server.events
+        assert client.events == ["made", "lost"]
+
+
+# -- flow control -------------------------------------------------------------
+
+
+class Filler:
+    """Writes a deterministic stream and remembers what it wrote."""
+
+    def __init__(self, transport: asyncio.Transport, seed: int) -> None:
+        self.transport = transport
+        self.block = random.Random(seed).randbytes(MiB + 4096)
+        self.sent = bytearray()
+
+    def write(self, size: int) -> None:
+        while size:
+            start = len(self.sent) % 4096
+            piece = self.block[start:start + min(size, MiB)]
+            self.transport.write(piece)
+            self.sent += piece
+            size -= len(piece)
+
+    def until_paused(self, writer: FlowRecorder, limit: int = 256 * MiB) -> None:
+        """TCP: write until the protocol is paused (the kernel buffers fill)."""
+        while not writer.flow and len(self.sent) < limit:
+            self.write(64 * 1024)
+        assert writer.flow == ["pause"]
+
+
+async def test_pause_resume_writing(friends):
+    async with connected_pair(friends, client_protocol=FlowRecorder) as (transport, client, server):
+        server.transport.pause_reading()
+        sndbuf, rcvbuf = buffer_sizes(transport, server.transport)
+        capacity = sndbuf + rcvbuf
+        low, high = transport.get_write_buffer_limits()
+        filler = Filler(transport, seed=7)
+        if friends:
+            rng = random.Random(8)
+            while len(filler.sent) < capacity:
+                filler.write(min(rng.randint(1, 64 * 1024), capacity - len(filler.sent)))
+                assert transport.get_write_buffer_size() == 0
+            while len(filler.sent) < capacity + high:
+                filler.write(min(rng.randint(1, 8 * 1024), capacity + high - len(filler.sent)))
+                assert transport.get_write_buffer_size() == len(filler.sent) - capacity
+            assert client.flow == []
+            filler.write(1)
+            assert client.flow == ["pause"]
+            assert client.flow_sizes == [high + 1]
+            assert transport.get_write_buffer_size() == high + 1
+            # Paused protocols may still write; the buffer just grows.
+            filler.write(1000)
+            assert transport.get_write_buffer_size() == high + 1001
+        else:
+            filler.until_paused(client)
+            assert transport.get_write_buffer_size() > high
+        server.transport.resume_reading()
+        await wait(client.resumed)
+        assert client.flow == ["pause", "resume"]
+        assert client.flow_sizes[1] <= low
+        assert await wait(server.wait_bytes(len(filler.sent))) == filler.sent
+        assert client.flow == ["pause", "resume"]
+
+
+@pytest.mark.parametrize("new_rcvbuf", [32 * 1024, MiB])
+async def test_setsockopt_rcvbuf_moves_pause_point(friends, new_rcvbuf):
+    async with connected_pair(friends, client_protocol=FlowRecorder) as (transport, client, server):
+        server.transport.pause_reading()
+        sndbuf, before = buffer_sizes(transport, server.transport)
+        server.transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVBUF, new_rcvbuf
+        )
+        _, rcvbuf = buffer_sizes(transport, server.transport)
+        assert rcvbuf != before
+        _, high = transport.get_write_buffer_limits()
+        filler = Filler(transport, seed=9)
+        if friends:
+            filler.write(sndbuf + rcvbuf + high)
+            assert client.flow == []
+            assert transport.get_write_buffer_size() == high
+            filler.write(1)
+            assert client.flow == ["pause"]
+        else:
+            filler.until_paused(client)
+        server.transport.resume_reading()
+        await wait(client.resumed)
+        assert await wait(server.wait_bytes(len(filler.sent))) == filler.sent
+        assert client.flow == ["pause", "resume"]
+
+
+async def test_write_buffer_limits_zero(friends):
+    async with connected_pair(friends, client_protocol=FlowRecorder) as (transport, client, server):
+        server.transport.pause_reading()
+        transport.set_write_buffer_limits(0)
+        assert transport.get_write_buffer_limits() == (0, 0)
+        sndbuf, rcvbuf = buffer_sizes(transport, server.transport)
+        filler = Filler(transport, seed=10)
+        if friends:
+            filler.write(sndbuf + rcvbuf)
+            assert client.flow == []
+            assert transport.get_write_buffer_size() == 0
+            filler.write(1)
+            assert client.flow == ["pause"]
+            assert client.flow_sizes == [1]
+        else:
+            filler.until_paused(client)
+            assert transport.get_write_buffer_size() > 0
+        server.transport.resume_reading()
+        await wait(client.resumed)
+        assert client.flow == ["pause", "resume"]
+        assert client.flow_sizes[1] == 0
+        assert await wait(server.wait_bytes(len(filler.sent))) == filler.sent
+
+
+async def test_write_buffer_limits_invalid(friends):
+    async with connected_pair(friends) as (transport, client, server):
+        with pytest.raises(ValueError):
+            transport.set_write_buffer_limits(high=1, low=2)
+        with pytest.raises(ValueError):
+            transport.set_write_buffer_limits(high=-1)
+        with pytest.raises(ValueError):
+            transport.set_write_buffer_limits(low=-1)
+        transport.set_write_buffer_limits(high=1000, low=10)
+        assert transport.get_write_buffer_limits() == (10, 1000)
+        transport.set_write_buffer_limits(high=1000)
+        assert transport.get_write_buffer_limits() == (250, 1000)
+
+
+async def test_pause_resume_reading(friends):
+    async with connected_pair(friends) as (transport, client, server):
+        reader = server.transport
+        assert reader.is_reading()
+        reader.pause_reading()
+        assert not reader.is_reading()
+        reader.pause_reading()  # idempotent
+        transport.write(b"held back")
+        await arrived(friends, reader)
+        # A round trip the other way lets the loop run the reader's turn.
+        reader.write(b"ping")
+        assert await wait(client.wait_bytes(4)) == b"ping"
+        assert server.data == b""
+        assert server.events == ["made"]
+        reader.resume_reading()
+        assert reader.is_reading()
+        reader.resume_reading()  # idempotent
+        assert await wait(server.wait_bytes(9)) == b"held back"
+        transport.write_eof()
+        await wait(server.eof)
+        assert server.data == b"held back"
+
+
+class Streamer(asyncio.Protocol):
+    """Writes ``total`` bytes as fast as flow control lets it: refills from
+    resume_writing(), as producers do, then sends EOF."""
+
+    def __init__(self, total: int) -> None:
+        self.block = random.Random(12).randbytes(64 * 1024)
+        self.left = total
+        self.paused = False
+        self.transport: Optional[asyncio.Transport] = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def pump(self) -> None:
+        while self.left > 0 and not self.paused:
+            piece = self.block[:min(self.left, len(self.block))]
+            self.left -= len(piece)
+            self.transport.write(piece)
+        if self.left == 0:
+            self.transport.write_eof()
+            self.left = -1
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.pump()
+
+
+async def test_streaming_writer_does_not_starve_the_loop(friends):
+    loop = asyncio.get_running_loop()
+    turns = 0
+    ticking = True
+
+    def tick() -> None:  # one count per loop iteration
+        nonlocal turns
+        turns += 1
+        if ticking:
+            loop.call_soon(tick)
+
+    seen = set()
+
+    class Reader(Recorder):
+        def data_received(self, data: bytes) -> None:
+            seen.add(turns)
+            super().data_received(data)
+
+    async with connected_pair(
+        friends, server_protocol=Reader, client_protocol=lambda: Streamer(0)
+    ) as (transport, client, server):
+        # Many times what the writer may queue before it pauses.
+        sndbuf, rcvbuf = buffer_sizes(transport, server.transport)
+        total = client.left = 8 * (sndbuf + rcvbuf + transport.get_write_buffer_limits()[1])
+        tick()
+        try:
+            client.pump()
+            await wait(server.eof)
+        finally:
+            ticking = False
+        assert len(server.data) == total
+        assert server.data[:64 * 1024] == client.block
+        # Delivery spread over many loop iterations, other callbacks between.
+        assert len(seen) > 4
+
+
+# -- BufferedProtocol ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("bufsize", [100, 65536])
+async def test_buffered_protocol(friends, bufsize):
+    rng = random.Random(bufsize)
+    payload = rng.randbytes(MiB)
+    async with connected_pair(friends, server_protocol=lambda: BufferedRecorder(bufsize)) as (
+        transport, client, server
+    ):
+        transport.write(payload)  # one large write
+        tail = rng.randbytes(5000)
+        for chunk in chunked(tail, rng, largest=300):
+            transport.write(chunk)
+        transport.write_eof()
+        assert await wait(server.lost) is None
+        assert server.data == payload + tail
+        assert max(server.sizes) <= bufsize
+        assert server.events == ["made", "data", "eof", "lost"]
+        await wait(client.lost)
+
+
+# -- streams -------------------------------------------------------------------
+
+
+async def test_stream_drain_waits_for_slow_reader(friends):
+    accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def on_client(reader, writer):
+        accepted.set_result((reader, writer))
+
+    server = await friendsock.start_server(on_client, "127.0.0.1", 0, friends=friends)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        c_reader, c_writer = await friendsock.open_connection("127.0.0.1", port, friends=friends)
+        s_reader, s_writer = await wait(accepted)
+        assert friendsock.is_friend(c_writer) is friends
+        try:
+            # Far more than any socket buffers hold, so the writer pauses and
+            # only the reader can unpause it.
+            sndbuf, rcvbuf = buffer_sizes(c_writer.transport, s_writer.transport)
+            payload = random.Random(11).randbytes(max(32 * MiB, 8 * (sndbuf + rcvbuf)))
+            c_writer.write(payload)
+            drain = asyncio.ensure_future(c_writer.drain())
+            # Let the loop run a while (a round trip the other way).
+            s_writer.write(b"!")
+            assert await wait(c_reader.readexactly(1)) == b"!"
+            assert not drain.done()
+            assert c_writer.transport.get_write_buffer_size() > 0
+            received = await wait(s_reader.readexactly(len(payload)))
+            await wait(drain)
+            assert received == payload
+        finally:
+            c_writer.close()
+            s_writer.close()
+            await wait(c_writer.wait_closed())
+            await wait(s_writer.wait_closed())
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
+# -- many connections ----------------------------------------------------------
+
+
+async def test_200_concurrent_echoes(friends):
+    server = await friendsock.create_server(
+        EchoUntilEof, "127.0.0.1", 0, friends=friends, backlog=512
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+
+        async def one(i: int) -> None:
+            payload = random.Random(i).randbytes(16 * 1024 + i)
+            transport, client = await friendsock.create_connection(
+                Recorder, "127.0.0.1", port, friends=friends
+            )
+            try:
+                assert friendsock.is_friend(transport) is friends
+                transport.write(payload)
+                transport.write_eof()
+                assert await wait(client.lost) is None
+                assert client.data == payload
+            finally:
+                transport.abort()
+
+        await wait(asyncio.gather(*(one(i) for i in range(200))), 30)
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
+# -- errors --------------------------------------------------------------------
+
+
+async def test_write_errors(friends):
+    async with connected_pair(friends, server_protocol=keep_open) as (transport, client, server):
+        with pytest.raises(TypeError):
+            transport.write("text")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            transport.writelines(["text"])  # type: ignore[list-item]
+        transport.write(b"")  # empty writes are fine
+        transport.write(b"last")
+        transport.write_eof()
+        transport.write_eof()  # idempotent
+        with pytest.raises(RuntimeError):
+            transport.write(b"more")
+        await wait(server.eof)
+        assert server.data == b"last"
+        # Writes after the connection was lost (abort) do not raise.
+        server.transport.abort()
+        server.transport.write(b"into the void")
+        assert await wait(server.lost) is None
+
+
+async def test_connect_refused(friends):
+    server = await friendsock.create_server(Recorder, "127.0.0.1", 0, friends=friends)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await wait(server.wait_closed())
+    with pytest.raises(ConnectionRefusedError):
+        await wait(friendsock.create_connection(Recorder, "127.0.0.1", port, friends=friends))
+
+
+async def test_unresolvable_host(friends):
+    async with connected_pair(friends) as (transport, client, server):
+        port = transport.get_extra_info("peername")[1]
+        with pytest.raises(socket.gaierror):
+            await wait(friendsock.create_connection(
+                Recorder, "nonexistent.invalid", port, friends=friends
+            ))
+
+
+class WritesWhenLost(Recorder):
+    """Writes from inside connection_lost: the connection is gone by then."""
+
+    def connection_lost(self, exc) -> None:
+        self.transport.write(b"from connection_lost")  # must not raise
+        super().connection_lost(exc)
+
+
+async def test_write_after_peer_closed_fails(friends):
+    def client_protocol() -> Recorder:
+        return WritesWhenLost(eof_keep_open=True)
+
+    async with connected_pair(friends, client_protocol=client_protocol) as (
+        transport, client, server
+    ):
+        server.transport.close()
+        await wait(server.lost)
+        await wait(client.eof)
+        assert not transport.is_closing()
+
+        async def keep_writing() -> None:
+            # Each write may still be taken (TCP answers the first with a
+            # reset); one of the next fails the transport.
+            while not client.lost.done():
+                transport.write(b"x" * 1000)
+                await asyncio.sleep(0)
+
+        await wait(keep_writing())
+        exc = client.lost.result()
+        assert isinstance(exc, (ConnectionResetError, BrokenPipeError)), exc
+        assert client.events == ["made", "eof", "lost"]
+        assert transport.is_closing()
+        if friends or not isinstance(asyncio.get_running_loop(), uvloop.Loop):
+            # asyncio's transports (and ours) drop writes after the loss;
+            # uvloop's own raises RuntimeError once connection_lost ran.
+            transport.write(b"after connection_lost")
+
+
+# -- introspection -------------------------------------------------------------
+
+
+async def test_extra_info_and_protocol(friends):
+    async with connected_pair(friends) as (transport, client, server):
+        peer = server.transport
+        assert transport.get_extra_info("peername") == peer.get_extra_info("sockname")
+        assert transport.get_extra_info("sockname") == peer.get_extra_info("peername")
+        sock = transport.get_extra_info("socket")
+        assert sock.getsockname() == transport.get_extra_info("sockname")
+        assert sock.getpeername() == transport.get_extra_info("peername")
+        assert sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
+        assert peer.get_extra_info("socket").getpeername() == sock.getsockname()
+        assert transport.get_extra_info("no-such-key", "dflt") == "dflt"
+
+        assert transport.get_protocol() is client
+        other = Recorder()
+        transport.set_protocol(other)
+        assert transport.get_protocol() is other
+        peer.write(b"to the new protocol")
+        assert await wait(other.wait_bytes(19)) == b"to the new protocol"
+        assert client.data == b""
+
+        before = repr(transport)
+        assert type(transport).__name__ in before
+        assert not transport.is_closing()
+        transport.pause_reading()
+        paused = repr(transport)
+        assert paused != before
+        transport.close()
+        assert transport.is_closing()
+        assert not transport.is_reading()
+        await wait(other.lost)
+        assert transport.is_closing()
+        closed = repr(transport)
+        assert closed not in (before, paused)
+        if friends:
+            assert "read=polling" in before and "read=idle" in paused and "closed" in closed
