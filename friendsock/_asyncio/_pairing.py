@@ -54,6 +54,18 @@ class ListenerHandle:
         self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
 
 
+class ClientEnd:
+    """What a pending connect keeps of its client: the real socket and its
+    addresses (known before connect(), so no syscall asks for them again)."""
+
+    __slots__ = ("sock", "sockname", "peername")
+
+    def __init__(self, sock: socket.socket, sockname: Any, peername: Any) -> None:
+        self.sock = sock
+        self.sockname = sockname
+        self.peername = peername
+
+
 def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[str]:
     """The fallback reason that applies before any address is looked at."""
     if friends is False:
@@ -207,8 +219,9 @@ def _register(sock: socket.socket, address: Any, entry: ListenerEntry, only_one:
     handle: ListenerHandle = entry.handle  # type: ignore[assignment]
     client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
     link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf)
-    pending = PendingConnect(flow_key(sock.getsockname(), address), link, entry)
-    pending.handle = sock
+    sockname = sock.getsockname()
+    pending = PendingConnect(flow_key(sockname, address), link, entry)
+    pending.handle = ClientEnd(sock, sockname, address)
     link.on_done = lambda: release_sockets(sock)
     if entry.exclusive and only_one:
         link.establish()  # optimistic: the link exists from connect() on
@@ -229,7 +242,9 @@ def _start_client(
     protocol_factory: Callable[[], asyncio.BaseProtocol],
 ) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
     protocol = protocol_factory()
-    transport = FriendTransport(loop, pending.link.client, sock, protocol)
+    client: ClientEnd = pending.handle  # type: ignore[assignment]
+    transport = FriendTransport(loop, pending.link.client, sock, protocol,
+                                client.sockname, client.peername)
     transport.start()
     return transport, protocol
 

@@ -116,21 +116,23 @@ class FriendServer(asyncio.AbstractServer):
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock)
 
     def _accepted(self, conn: socket.socket, address: Any) -> None:
-        pending = None
+        pending = sockname = None
         if registry.pending_count():
             try:
-                pending = registry.claim(flow_key(conn.getsockname(), address))
+                sockname = conn.getsockname()
+                pending = registry.claim(flow_key(sockname, address))
             except OSError:  # already reset by the peer
                 pending = None
         if pending is None:
             counters.fallback("peer-not-friend")
             self._loop.create_task(self._accept_native(conn))
             return
-        self._accept_friend(conn, pending)
+        self._accept_friend(conn, sockname, address, pending)
 
-    def _accept_friend(self, conn: socket.socket, pending: PendingConnect) -> None:
+    def _accept_friend(self, conn: socket.socket, sockname: Any, address: Any,
+                       pending: PendingConnect) -> None:
         link = pending.link
-        client_sock: socket.socket = pending.handle  # type: ignore[assignment]
+        client_sock = pending.handle.sock  # type: ignore[attr-defined]
         link.on_done = lambda: release_sockets(conn, client_sock)
         link.establish()
         try:
@@ -144,7 +146,8 @@ class FriendServer(asyncio.AbstractServer):
             })
             link.server.close()
         else:
-            FriendTransport(self._loop, link.server, conn, protocol, server=self).start()
+            FriendTransport(self._loop, link.server, conn, protocol, sockname, address,
+                            server=self).start()
         if pending.on_claimed is not None:
             pending.on_claimed()
 

@@ -14,7 +14,8 @@ import asyncio
 import errno
 import logging
 import warnings
-from typing import Any, Optional, Tuple
+import weakref
+from typing import Any, Callable, List, Optional, Tuple
 
 from .._core._errors import PeerResetError
 from .._core._link import ChannelState, LinkEnd
@@ -27,7 +28,50 @@ _LOG_THRESHOLD_FOR_CONNLOST_WRITES = 5
 # Largest chunk handed to data_received in one call (asyncio's socket read
 # size); whole writes up to it go by reference, a larger one is cut.
 _MAX_CHUNK = 256 * 1024
+# Small writes are joined into one data_received up to this size; larger
+# ones go over by reference, uncopied.
+_MAX_JOIN = 64 * 1024
 _DEFAULT_HIGH_WATER = 64 * 1024
+
+
+class _DrainQueue:
+    """One loop callback per loop turn runs every drain asked for since the
+    last: many busy links cost one loop handle, not one each."""
+
+    __slots__ = ("_call_soon", "_ready", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._call_soon = loop.call_soon
+        self._ready: List[Callable[[], None]] = []
+
+    def add(self, drain: Callable[[], None]) -> None:
+        ready = self._ready
+        ready.append(drain)
+        if len(ready) == 1:
+            self._call_soon(self._run)
+
+    def _run(self) -> None:
+        ready = self._ready
+        self._ready = []  # drains asked for from here on run next turn
+        for index, drain in enumerate(ready):
+            try:
+                drain()
+            except BaseException:  # only SystemExit/KeyboardInterrupt get here
+                for later in ready[index + 1:]:
+                    self.add(later)
+                raise
+
+
+_drain_queues: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _DrainQueue]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _drain_queue(loop: asyncio.AbstractEventLoop) -> _DrainQueue:
+    queue = _drain_queues.get(loop)
+    if queue is None:
+        queue = _drain_queues[loop] = _DrainQueue(loop)
+    return queue
 
 
 def _reset_error() -> ConnectionResetError:
@@ -65,12 +109,14 @@ class FriendTransport(asyncio.Transport):
         end: LinkEnd,
         sock: Any,
         protocol: asyncio.BaseProtocol,
+        sockname: Any,
+        peername: Any,
         server: Any = None,
     ) -> None:
         extra = {
             "socket": FriendSocket(sock, end, self._buffer_sizes_changed),
-            "sockname": sock.getsockname(),
-            "peername": sock.getpeername(),
+            "sockname": sockname,
+            "peername": peername,
         }
         super().__init__(extra)
         self._loop = loop
@@ -90,9 +136,8 @@ class FriendTransport(asyncio.Transport):
         self._protocol_paused = False
         self._high_water = _DEFAULT_HIGH_WATER
         self._low_water = _DEFAULT_HIGH_WATER // 4
-        drain = self._drain
-        call_soon = loop.call_soon
-        self._schedule_drain = lambda: call_soon(drain)
+        drain, add = self._drain, _drain_queue(loop).add
+        self._schedule_drain = lambda: add(drain)
         if server is not None:
             server._attach()
 
@@ -195,7 +240,7 @@ class FriendTransport(asyncio.Transport):
                     budget -= size
                     protocol.buffer_updated(size)  # type: ignore[attr-defined]
                 else:
-                    data = channel.pull(_MAX_CHUNK)
+                    data = channel.pull(_MAX_CHUNK, _MAX_JOIN)
                     budget -= len(data)
                     protocol.data_received(data)  # type: ignore[attr-defined]
                 if self._paused_reading or self._closing:

@@ -94,9 +94,9 @@ class Channel:
             raise PeerResetError("the reading end is closed")
         self._queue.append(data)
         self.queued += len(data)
-        counters.bytes_moved += len(data)
-        if not self._reader_notified:
-            self._notify_reader()
+        if not self._reader_notified and self.notify_readable is not None:
+            self._reader_notified = True
+            self.notify_readable()
 
     def wake_writer_at(self, threshold: Optional[int]) -> bool:
         """Ask for ``notify_writable`` once ``write_buffer_size() <= threshold``
@@ -148,11 +148,14 @@ class Channel:
         """The reader is draining: the next push must notify it again."""
         self._reader_notified = False
 
-    def pull(self, limit: int) -> bytes:
+    def pull(self, limit: int, join_limit: Optional[int] = None) -> bytes:
         """Up to ``limit`` bytes: whole buffers by reference where they fit,
         a larger one in ``limit``-sized pieces. A TCP read never returns more
         than it asked for, and readers' flow control (a StreamReader pausing
-        at its limit) relies on that."""
+        at its limit) relies on that. Small buffers are joined while the
+        result stays within ``join_limit`` (default ``limit``): joining
+        saves callbacks, but copying large buffers costs more than it saves.
+        """
         queue = self._queue
         head = queue[0]
         start = self._head_offset
@@ -164,11 +167,13 @@ class Channel:
         self._head_offset = 0
         first = head[start:] if start else head
         size = len(first)
-        if not queue or size + len(queue[0]) > limit:
+        if join_limit is None or join_limit > limit:
+            join_limit = limit
+        if not queue or size + len(queue[0]) > join_limit:
             self._consumed(size)
             return bytes(first)
         chunks = [first]
-        while queue and size + len(queue[0]) <= limit:
+        while queue and size + len(queue[0]) <= join_limit:
             chunk = queue.popleft()
             chunks.append(chunk)
             size += len(chunk)
@@ -214,6 +219,7 @@ class Channel:
     # -- internals --------------------------------------------------------
     def _consumed(self, size: int) -> None:
         self.queued -= size
+        counters.bytes_moved += size  # counted per read, not per write: cheaper
         wake_at = self._writer_wake_at
         if wake_at is not None and self.queued - self.sndbuf - self.rcvbuf <= wake_at:
             self._writer_wake_at = None

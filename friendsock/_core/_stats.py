@@ -13,7 +13,7 @@ class FriendStats:
     """A snapshot of friendsock's counters (see :func:`friendsock.stats`).
 
     ``links_made``: friend links ever paired; ``links_alive``: links with at
-    least one end still open; ``bytes_moved``: payload bytes written over
+    least one end still open; ``bytes_moved``: payload bytes delivered over
     friend links; ``fallbacks``: connections that took real TCP, by reason;
     ``pending``: client connects waiting for their server to accept.
     """
