@@ -4,10 +4,11 @@ stream helpers, with one extra keyword, ``friends``."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import socket
 import sys
-from typing import Any, Awaitable, Callable, Optional, Tuple, Union
+from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 
 from .._core._registry import registry
 from .._core._stats import counters
@@ -60,7 +61,26 @@ async def create_connection_on(
     if reason is not None:
         counters.fallback(reason)
         return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
+    _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
     return await connect(loop, protocol_factory, host, port, kwargs)  # type: ignore[return-value]
+
+
+_signatures: Dict[type, inspect.Signature] = {}
+
+
+def _check_connection_arguments(
+    loop: asyncio.AbstractEventLoop, protocol_factory: Any, host: Any, port: Any, kwargs: dict
+) -> None:
+    """The friend path takes what the loop's own create_connection takes,
+    and refuses the rest with the loop's errors (TypeError for a keyword this
+    loop does not know, ValueError for TLS options without ``ssl``)."""
+    signature = _signatures.get(type(loop))
+    if signature is None:
+        signature = _signatures[type(loop)] = inspect.signature(native(loop, "create_connection"))
+    signature.bind(protocol_factory, host, port, **kwargs)
+    for name in ("server_hostname", "ssl_handshake_timeout", "ssl_shutdown_timeout"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"{name} is only meaningful with ssl")
 
 
 async def create_server(
@@ -97,10 +117,9 @@ async def create_server_on(
     start_serving = kwargs.pop("start_serving", True)
     backlog = kwargs.pop("backlog", 100)
     sock = kwargs.pop("sock", None)
-    native_kwargs = {k: kwargs[k] for k in ("ssl_handshake_timeout", "ssl_shutdown_timeout")
-                     if kwargs.get(k) is not None}
-    if native_kwargs:
-        raise ValueError(f"{next(iter(native_kwargs))} is only meaningful with ssl")
+    for name in ("ssl_handshake_timeout", "ssl_shutdown_timeout"):
+        if kwargs.pop(name, None) is not None:
+            raise ValueError(f"{name} is only meaningful with ssl")
     if sock is None:
         # The loop resolves and binds exactly as it always does; we take the
         # bound sockets over so our accept loop sees every connection.
@@ -124,7 +143,7 @@ async def create_server_on(
         exclusive = False  # a handed-in listener may be shared: confirm first
     for s in sockets:
         s.setblocking(False)
-    server = FriendServer(loop, sockets, protocol_factory, backlog, exclusive, native_kwargs)
+    server = FriendServer(loop, sockets, protocol_factory, backlog, exclusive)
     if start_serving:
         await server.start_serving()
     return server

@@ -37,7 +37,6 @@ class FriendServer(asyncio.AbstractServer):
         protocol_factory: Callable[[], asyncio.BaseProtocol],
         backlog: int,
         exclusive: bool,
-        native_kwargs: dict,
     ) -> None:
         self._loop = loop
         self._sockets: Optional[List[socket.socket]] = sockets
@@ -45,7 +44,6 @@ class FriendServer(asyncio.AbstractServer):
         self._protocol_factory = protocol_factory
         self._backlog = backlog
         self._exclusive = exclusive  # sockets we bound ourselves, no SO_REUSEPORT
-        self._native_kwargs = native_kwargs
         self._active_count = 0
         self._waiters: Optional[List[asyncio.Future]] = []
         self._serving = False
@@ -154,7 +152,7 @@ class FriendServer(asyncio.AbstractServer):
     async def _accept_native(self, conn: socket.socket) -> None:
         try:
             await self._loop.connect_accepted_socket(
-                self._protocol_factory, conn, **self._native_kwargs
+                self._protocol_factory, conn
             )
         except (SystemExit, KeyboardInterrupt):
             raise
