@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+import friendsock
 from friendsock._bench import _cli, _runner, _workloads
 from friendsock._bench._cli import main, parse_size
 
@@ -54,6 +55,7 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
     assert header["transports"] == ["tcp", "unix", "friends"]
     assert set(data["tests"]) == CASE_KEYS
 
+    fell_back = False
     for key, test in data["tests"].items():
         assert {"test", "title", "unit", "param", "higher_is_better", "rounds",
                 "results"} <= set(test)
@@ -75,10 +77,12 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
                     assert cell["unit"] == test["unit"]
                     if transport != "friends":
                         assert cell["friend_verified"] is None, where
-                    elif test["test"] == "threads":
-                        # Cross-thread friends do not exist: they fall back.
-                        assert cell["friend_verified"] is False, where
-                        assert any("fell back" in note for note in cell["notes"]), where
+                    elif test["test"] == "threads" and cell["friend_verified"] is False:
+                        # Where cross-thread friends do not exist, they fall
+                        # back, and the cell says so.
+                        assert any("fell back" in note and "other-loop" in note
+                                   for note in cell["notes"]), where
+                        fell_back = True
                     else:
                         assert cell["friend_verified"] is True, (where, cell["notes"])
 
@@ -86,7 +90,7 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
                   "threads-rr", "threads-stream", "memory-heap", "memory-rss"):
         assert f"{title} — " in out
     assert "Baseline TCP" in out and "AF_UNIX" in out and "Friends" in out
-    assert "friends fall back to real TCP" in out
+    assert ("friends fell back to real TCP across threads" in out) == fell_back
     assert "uvloop" in out and "CPUs" in out and "command:" in out
     if HAVE_MATPLOTLIB:
         assert plot.read_bytes().startswith(b"\x89PNG")
@@ -100,6 +104,22 @@ def test_selection_and_order(tmp_path):
     cells = data["tests"]["rr"]["results"]["1024"]["asyncio"]
     assert list(cells) == ["tcp", "friends"]
     assert cells["friends"]["friend_verified"] is True
+
+
+def test_friends_that_did_not_pair_are_marked(tmp_path, capsys):
+    friendsock.set_enabled(False)  # every friends connection falls back
+    try:
+        data = _run_json(tmp_path, [*TINY, "--tests", "rr,crr", "--sizes", "64",
+                                    "--loops", "asyncio"])
+    finally:
+        friendsock.set_enabled(True)
+    for key in ("rr", "crr"):
+        cell = data["tests"][key]["results"]["64"]["asyncio"]["friends"]
+        assert cell["error"] is None and cell["median"] >= 0
+        assert cell["friend_verified"] is False
+        assert any("disabled" in note for note in cell["notes"]), cell["notes"]
+    out = capsys.readouterr().out
+    assert "†" in out and "not from friend links" in out
 
 
 def test_failing_transport_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):

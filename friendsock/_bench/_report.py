@@ -172,9 +172,11 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
     if case.key in ("stream", "multi-stream") and "friends" in transports:
         caption.append("friends hand each written bytes object to the receiver by reference; "
                        "the receiver only counts bytes")
-    if case.test == "threads" and "friends" in transports:
-        caption.append("cross-thread friends do not exist yet: friends fall back to real TCP "
-                       "here (†), so the Friends column is TCP")
+    if case.test == "threads" and any(
+            _fell_back(c) for (key, _, _, t), c in run.cells.items()
+            if key == case.key and t == "friends"):
+        caption.append("friends fell back to real TCP across threads (†): this friendsock "
+                       "pairs only ends on one event loop, so the Friends column is TCP")
     table = Table(title=f"[bold]{case.key}[/bold] — {case.title}", caption="\n".join(caption),
                   box=box.SIMPLE_HEAVY, title_justify="left", caption_justify="left")
     table.add_column(PARAM_LABELS[case.param], justify="right", no_wrap=True)
