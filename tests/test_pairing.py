@@ -684,9 +684,9 @@ async def test_listener_closed_with_connect_in_backlog(listener):
 # -- ends on different loops --------------------------------------------------
 
 
-async def test_server_on_another_loop_gets_tcp():
-    """The server's loop runs in another thread: no pairing across loops, and
-    no hang either."""
+async def test_server_on_another_loop_pairs():
+    """The server's loop runs in another thread: the ends pair all the same,
+    each end's callbacks on its own loop (tests/test_threads.py goes on)."""
     new_loop = uvloop.new_event_loop if loop_kind() == "uvloop" else asyncio.new_event_loop
     server_loop = new_loop()
     server_errors = []
@@ -717,10 +717,12 @@ async def test_server_on_another_loop_gets_tcp():
         transport, client = await bounded(
             friendsock.create_connection(Recorder, LOCALHOST, port_of(server))
         )
-        assert not friendsock.is_friend(transport)
+        assert friendsock.is_friend(transport)
         await echo_and_finish(transport, client)
-        assert await on_server_loop(finish(echoes, server)) == [False]
-        assert fallbacks_since(before) == {"other-loop": 1, "peer-not-friend": 1}
+        assert await on_server_loop(finish(echoes, server)) == [True]
+        assert fallbacks_since(before) == {}
+        after = friendsock.stats()
+        assert (after.links_made, after.links_alive) == (before.links_made + 1, before.links_alive)
     finally:
         if server is not None and server.is_serving():
             with contextlib.suppress(Exception):

@@ -61,7 +61,8 @@ async def create_connection_on(
     if reason is not None:
         counters.fallback(reason)
         return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
-    _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
+    if kwargs:
+        _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
     return await connect(loop, protocol_factory, host, port, kwargs)  # type: ignore[return-value]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import socket
 import struct
 from typing import Any, Callable, List, Optional, Tuple
@@ -21,7 +22,7 @@ from .._core._stats import counters
 from .._core._switch import is_enabled
 from .._friend_socket import read_buffer_sizes
 from ._install import native
-from ._transport import FriendTransport
+from ._transport import FriendTransport, LoopState, loop_state
 
 # How long a confirmed connect (a listener that other processes may share)
 # waits for this process to claim it before it goes on as plain TCP.
@@ -30,28 +31,53 @@ CONFIRM_TIMEOUT = 0.25
 _LINGER_ABORT = struct.pack("ii", 1, 0)
 
 
-def release_sockets(*socks: socket.socket) -> None:
+class _Process:
+    """This process's id, kept current across fork() without a getpid()
+    syscall per connection."""
+
+    pid = os.getpid()
+
+    @classmethod
+    def _forked(cls) -> None:
+        cls.pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Process._forked)
+
+
+def current_pid() -> int:
+    return _Process.pid
+
+
+def release_sockets(pid: int, *socks: socket.socket) -> None:
     """Close the real sockets of a finished link without TIME_WAIT.
 
     Both ends are ours and done; an abortive close (SO_LINGER 0) ends the
     connection at once, so connect/close-heavy work cannot use up ports.
+    ``pid``: the process that made the link. A forked child that somehow
+    finishes an inherited link only drops its copies of the descriptors:
+    SO_LINGER would act on the sockets it shares with the parent.
     """
+    inherited = _Process.pid != pid
     for sock in socks:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
-        except OSError:
-            pass
+        if not inherited:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+            except OSError:
+                pass
         sock.close()
 
 
 class ListenerHandle:
     """What the registry keeps of an asyncio listener for its clients."""
 
-    __slots__ = ("sndbuf", "rcvbuf")
+    __slots__ = ("sndbuf", "rcvbuf", "state")
 
-    def __init__(self, listen_sock: socket.socket) -> None:
+    def __init__(self, listen_sock: socket.socket, state: LoopState) -> None:
         # Accepted sockets inherit the listener's buffer sizes.
         self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
+        self.state = state  # its loop's: a client on that loop shares it
 
 
 class ClientEnd:
@@ -127,8 +153,6 @@ async def connect(
             sock.setblocking(False)
             entry, only_one = registry.match_listener(address)
             reason = "no-listener"
-            if entry is not None and entry.owner is not loop:
-                entry, reason = None, "other-loop"
             if local_infos is not None:
                 _bind_local(sock, af, local_infos)
             elif entry is not None:
@@ -139,7 +163,7 @@ async def connect(
                 except OSError:
                     entry, reason = None, "not-local"
             if entry is not None:
-                pending = _register(sock, address, entry, only_one)
+                pending = _register(sock, address, entry, only_one, threaded=entry.owner is not loop)
             await _connect_socket(loop, sock, address)
         except OSError as exc:
             if pending is not None:
@@ -215,14 +239,18 @@ def _bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
     raise error or OSError(f"no matching local address with family={af} found")
 
 
-def _register(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool) -> PendingConnect:
+def _register(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool,
+              threaded: bool) -> PendingConnect:
+    """``threaded``: the listener's loop (which accepts, and runs the server
+    end) is not ours; known now, so a link on one loop never pays for locks."""
     handle: ListenerHandle = entry.handle  # type: ignore[assignment]
     client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
-    link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf)
+    link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded)
     sockname = sock.getsockname()
     pending = PendingConnect(flow_key(sockname, address), link, entry)
     pending.handle = ClientEnd(sock, sockname, address)
-    link.on_done = lambda: release_sockets(sock)
+    pid = _Process.pid
+    link.on_done = lambda: release_sockets(pid, sock)
     if entry.exclusive and only_one:
         link.establish()  # optimistic: the link exists from connect() on
     registry.add_pending(pending)
@@ -243,8 +271,11 @@ def _start_client(
 ) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
     protocol = protocol_factory()
     client: ClientEnd = pending.handle  # type: ignore[assignment]
-    transport = FriendTransport(loop, pending.link.client, sock, protocol,
-                                client.sockname, client.peername)
+    link = pending.link
+    listener: ListenerHandle = pending.listener.handle  # type: ignore[assignment]
+    state = loop_state(loop) if link.threaded else listener.state  # one loop: the same
+    transport = FriendTransport(loop, link.client, sock, protocol,
+                                client.sockname, client.peername, state=state)
     transport.start()
     return transport, protocol
 
@@ -266,7 +297,16 @@ async def _confirm(
         if not decided.done():
             decided.set_result(claimed)
 
-    pending.on_claimed = lambda: settle(True)
+    if pending.link.threaded:
+        def on_claimed() -> None:  # on the server's thread
+            try:
+                loop.call_soon_threadsafe(settle, True)
+            except RuntimeError:  # our loop closed: nobody waits any more
+                pass
+
+        pending.on_claimed = on_claimed
+    else:
+        pending.on_claimed = lambda: settle(True)
     fd = sock.fileno()
     loop.add_reader(fd, settle, False)
     try:

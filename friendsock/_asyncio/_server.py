@@ -17,8 +17,8 @@ from typing import Any, Callable, List, Optional, Tuple
 from .._core._addresses import flow_key
 from .._core._registry import ListenerEntry, PendingConnect, registry
 from .._core._stats import counters
-from ._pairing import ListenerHandle, release_sockets
-from ._transport import FriendTransport
+from ._pairing import ListenerHandle, current_pid, release_sockets
+from ._transport import FriendTransport, loop_state
 
 # As asyncio: how long to stop accepting after running out of descriptors.
 _ACCEPT_RETRY_DELAY = 1.0
@@ -48,6 +48,8 @@ class FriendServer(asyncio.AbstractServer):
         self._waiters: Optional[List[asyncio.Future]] = []
         self._serving = False
         self._serving_forever_fut: Optional[asyncio.Future] = None
+        self._state = loop_state(loop)
+        self._state.servers.add(self)
 
     def __repr__(self) -> str:
         return f"<{self.__class__.__name__} sockets={self.sockets!r}>"
@@ -83,7 +85,7 @@ class FriendServer(asyncio.AbstractServer):
                 v6only=v6only,
                 exclusive=self._exclusive,
                 owner=self._loop,
-                handle=ListenerHandle(sock),
+                handle=ListenerHandle(sock, self._state),
             )
             registry.add_listener(entry)
             self._entries.append(entry)
@@ -131,7 +133,8 @@ class FriendServer(asyncio.AbstractServer):
                        pending: PendingConnect) -> None:
         link = pending.link
         client_sock = pending.handle.sock  # type: ignore[attr-defined]
-        link.on_done = lambda: release_sockets(conn, client_sock)
+        pid = current_pid()
+        link.on_done = lambda: release_sockets(pid, conn, client_sock)
         link.establish()
         try:
             protocol = self._protocol_factory()
@@ -145,7 +148,7 @@ class FriendServer(asyncio.AbstractServer):
             link.server.close()
         else:
             FriendTransport(self._loop, link.server, conn, protocol, sockname, address,
-                            server=self).start()
+                            server=self, state=self._state).start()
         if pending.on_claimed is not None:
             pending.on_claimed()
 
@@ -172,6 +175,17 @@ class FriendServer(asyncio.AbstractServer):
         for sock in sockets:
             if self._serving:
                 self._loop.remove_reader(sock.fileno())
+        self._forget_listeners()
+        for sock in sockets:
+            sock.close()
+        self._serving = False
+        if self._serving_forever_fut is not None and not self._serving_forever_fut.done():
+            self._serving_forever_fut.cancel()
+            self._serving_forever_fut = None
+        if self._active_count == 0:
+            self._wakeup()
+
+    def _forget_listeners(self) -> None:
         for entry in self._entries:
             for orphan in registry.remove_listener(entry):
                 # The kernel resets what still waits in a closing backlog. A
@@ -181,14 +195,19 @@ class FriendServer(asyncio.AbstractServer):
                 if orphan.link.established:
                     orphan.link.server.reset()
         self._entries = []
+
+    def _loop_gone(self) -> None:
+        """Our loop closed while we listened (called on the closing thread):
+        stop listening without touching the loop. Clients on other loops
+        must not pair with an accept loop that will never run again."""
+        sockets = self._sockets
+        if sockets is None:
+            return
+        self._sockets = None
+        self._serving = False
+        self._forget_listeners()
         for sock in sockets:
             sock.close()
-        self._serving = False
-        if self._serving_forever_fut is not None and not self._serving_forever_fut.done():
-            self._serving_forever_fut.cancel()
-            self._serving_forever_fut = None
-        if self._active_count == 0:
-            self._wakeup()
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop

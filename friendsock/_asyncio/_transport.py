@@ -6,6 +6,13 @@ that pauses and resumes the protocol once each, errors to the loop's
 exception handler, ``ResourceWarning`` when left open. Bytes move through the
 link's channels; delivery is deferred to the reader's loop, one drain per
 burst, so a reply never recurses into the writer's stack.
+
+The two ends may run on different loops in different threads (the link is
+then ``threaded``): each end's callbacks run on its own loop, and what one
+end asks of the other (drain, wake the writer) is handed over with one
+``call_soon_threadsafe`` per burst. Per loop, a :class:`LoopState` knows the
+ends living there, so a loop that closes with ends open resets their friends
+instead of leaving them hanging.
 """
 
 from __future__ import annotations
@@ -13,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
+import threading
 import warnings
 import weakref
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .._core._errors import PeerResetError
 from .._core._link import ChannelState, LinkEnd
@@ -38,7 +47,7 @@ class _DrainQueue:
     """One loop callback per loop turn runs every drain asked for since the
     last: many busy links cost one loop handle, not one each."""
 
-    __slots__ = ("_call_soon", "_ready", "__weakref__")
+    __slots__ = ("_call_soon", "_ready")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._call_soon = loop.call_soon
@@ -62,16 +71,144 @@ class _DrainQueue:
                 raise
 
 
-_drain_queues: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _DrainQueue]" = (
+class _RemoteDrainQueue:
+    """Drains asked for by writers on other threads: one
+    ``call_soon_threadsafe`` (one wake-up of this loop) per batch, however
+    many links and writes fill it meanwhile."""
+
+    __slots__ = ("_lock", "_ready", "_call_soon_threadsafe", "_is_closed", "_local")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, local: _DrainQueue) -> None:
+        self._lock = threading.Lock()
+        self._ready: List[Callable[[], None]] = []
+        self._call_soon_threadsafe = loop.call_soon_threadsafe
+        self._is_closed = loop.is_closed
+        self._local = local
+
+    def add(self, drain: Callable[[], None]) -> None:
+        """Raises RuntimeError when the loop is closed."""
+        with self._lock:
+            ready = self._ready
+            ready.append(drain)
+            if len(ready) > 1 and not self._is_closed():
+                return  # a wake-up is on its way
+        try:
+            self._call_soon_threadsafe(self._run)
+        except BaseException:
+            with self._lock:
+                self._ready = []
+            raise
+
+    def _run(self) -> None:
+        with self._lock:
+            ready = self._ready
+            self._ready = []
+        for index, drain in enumerate(ready):
+            try:
+                drain()
+            except BaseException:  # only SystemExit/KeyboardInterrupt get here
+                for later in ready[index + 1:]:
+                    self._local.add(later)
+                raise
+
+
+class LoopState:
+    """What friendsock keeps per event loop: its drain queues, and the friend
+    transports and servers living on it, to tear down if the loop closes
+    with them open (their friends, on other loops, must not hang)."""
+
+    __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "transports", "servers",
+                 "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.drains = _DrainQueue(loop)
+        # A forked child inherits the object, not the loop or the links:
+        # nothing of it may be torn down there (locks another thread held,
+        # sockets shared with the parent).
+        self.pid = os.getpid()
+        self._loop = loop
+        self._remote: Optional[_RemoteDrainQueue] = None
+        self._lock = threading.Lock()
+        # The live ends, id -> weak reference (cheaper than a WeakSet): weak,
+        # so an end left open is still collected (and warns from __del__).
+        # Ends come and go on the loop's own thread only, so no lock; the
+        # lock is for loop_closed(), which the closing thread and a friend's
+        # thread (finding the loop closed) may both call.
+        self.transports: "Dict[int, weakref.ref[FriendTransport]]" = {}
+        self.servers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+    def remote(self) -> _RemoteDrainQueue:
+        if self._remote is None:
+            self._remote = _RemoteDrainQueue(self._loop, self.drains)
+        return self._remote
+
+    def loop_closed(self) -> None:
+        """The loop closed (on whatever thread): every friend end on it goes
+        away as if its process died; servers stop listening."""
+        if self.pid != os.getpid():
+            return
+        with self._lock:
+            transports = [t for t in (ref() for ref in self.transports.values()) if t is not None]
+            self.transports = {}
+            servers = list(self.servers)
+            self.servers = weakref.WeakSet()
+        # Unhook them all first: a friend on this same loop must not try to
+        # schedule anything on it.
+        for transport in transports:
+            transport._unhook()
+        for server in servers:
+            server._loop_gone()
+        for transport in transports:
+            transport._loop_gone()
+
+
+# Per loop, weakly both ways: the state lives as long as the loop is open
+# (its close watch holds it), and never keeps a loop alive.
+_states: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[LoopState]]" = (
     weakref.WeakKeyDictionary()
 )
+# Far enough never to matter; re-armed should it ever fire.
+_WATCH_DELAY = 1e6
 
 
-def _drain_queue(loop: asyncio.AbstractEventLoop) -> _DrainQueue:
-    queue = _drain_queues.get(loop)
-    if queue is None:
-        queue = _drain_queues[loop] = _DrainQueue(loop)
-    return queue
+def loop_state(loop: asyncio.AbstractEventLoop) -> LoopState:
+    """The loop's state, made on first use (on the loop's own thread)."""
+    ref = _states.get(loop)
+    state = ref() if ref is not None else None
+    if state is None:
+        state = LoopState(loop)
+        _states[loop] = weakref.ref(state)
+        _CloseWatch(state).arm(loop)
+    return state
+
+
+class _CloseWatch:
+    """Learns that a loop closed, without touching the loop object.
+
+    Neither asyncio nor uvloop tells anyone that a loop closed, and patching
+    ``close`` on the instance would leave a trace ``uninstall()`` must not
+    leave. But both drop their pending timers on ``close()`` (and with the
+    loop, if it is collected unclosed): this object waits in one far-off
+    timer, and its ``__del__`` is the notice.
+    """
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: LoopState) -> None:
+        self._state = state
+
+    def arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.call_later(_WATCH_DELAY, _rearm, loop, self)
+
+    def __del__(self) -> None:
+        try:
+            self._state.loop_closed()
+        except Exception:  # noqa: BLE001 - a finalizer must not raise
+            logger.exception("friendsock: tearing down a closed loop's links failed")
+
+
+def _rearm(loop: asyncio.AbstractEventLoop, watch: _CloseWatch) -> None:
+    watch.arm(loop)
 
 
 def _reset_error() -> ConnectionResetError:
@@ -94,12 +231,12 @@ class FriendTransport(asyncio.Transport):
         "_eof",
         "_eof_delivered",
         "_conn_lost",
-        "_peer_reset",
         "_paused_reading",
         "_protocol_paused",
         "_high_water",
         "_low_water",
         "_schedule_drain",
+        "_state",
         "__weakref__",
     )
 
@@ -112,6 +249,7 @@ class FriendTransport(asyncio.Transport):
         sockname: Any,
         peername: Any,
         server: Any = None,
+        state: Optional[LoopState] = None,
     ) -> None:
         extra = {
             "socket": FriendSocket(sock, end, self._buffer_sizes_changed),
@@ -131,20 +269,32 @@ class FriendTransport(asyncio.Transport):
         self._eof = False  # write_eof() was called
         self._eof_delivered = False
         self._conn_lost = 0
-        self._peer_reset = False  # a write hit a peer that had closed
         self._paused_reading = False
         self._protocol_paused = False
         self._high_water = _DEFAULT_HIGH_WATER
         self._low_water = _DEFAULT_HIGH_WATER // 4
-        drain, add = self._drain, _drain_queue(loop).add
-        self._schedule_drain = lambda: add(drain)
+        self._state = state = state or loop_state(loop)
+        drain, add = self._drain, state.drains.add
+        self._schedule_drain = lambda: add(drain)  # from this loop's own thread
         if server is not None:
             server._attach()
 
     def start(self) -> None:
         """Hook into the link and tell the protocol (its connection_made)."""
-        self._in.notify_readable = self._schedule_drain
-        self._out.notify_writable = self._writable
+        self._state.transports[id(self)] = weakref.ref(self)
+        incoming = self._in
+        if self._end.link.threaded:
+            # The friend runs on another thread: what it asks of us is
+            # handed to our loop (the reader's loop, for its bytes).
+            readable, writable = self._remote_hooks()
+            self._out.attach_writer(writable)
+            pending = incoming.attach_reader(readable)
+        else:  # attach_writer/attach_reader, inlined: no other thread to mind
+            self._out.notify_writable = self._writable
+            incoming.notify_readable = self._schedule_drain
+            pending = bool(incoming.queued) or incoming.state is not ChannelState.OPEN
+            if pending:
+                incoming._reader_notified = True
         # The kernel sizes a socket's buffers when the connection is set up
         # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
         self._extra["socket"].sync_buffer_sizes()
@@ -155,8 +305,39 @@ class FriendTransport(asyncio.Transport):
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.connection_made() call failed.")
             return
-        if self._in.queued or self._in.state is not ChannelState.OPEN:
+        if pending:
             self._schedule_drain()
+
+    def _remote_hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
+        """The hooks the friend's thread calls: one wake-up of our loop per
+        burst (the channel notifies once until we drain), none per write."""
+        loop, state = self._loop, self._state
+        drain, add_remote = self._drain, state.remote().add
+        call_soon_threadsafe, writable = loop.call_soon_threadsafe, self._writable
+
+        def readable() -> None:
+            try:
+                add_remote(drain)
+            except RuntimeError:
+                if not loop.is_closed():
+                    raise
+                self._loop_closed_unseen()
+
+        def wake_writer() -> None:
+            try:
+                call_soon_threadsafe(writable)
+            except RuntimeError:
+                if not loop.is_closed():
+                    raise
+                self._loop_closed_unseen()
+
+        return readable, wake_writer
+
+    def _loop_closed_unseen(self) -> None:
+        # call_soon_threadsafe refused: our loop closed and its close() was
+        # not seen (or is being handled right now): tear down, once.
+        self._state.loop_closed()
+        self._loop_gone()
 
     def __repr__(self) -> str:
         info = [self.__class__.__name__]
@@ -178,8 +359,9 @@ class FriendTransport(asyncio.Transport):
         return "<{}>".format(" ".join(info))
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        if not self._closed and not self._closing:
+        if not self._closed and not self._closing and self._state.pid == os.getpid():
             _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+            self._state.transports.pop(id(self), None)
             self._end.abort()
 
     # -- BaseTransport ----------------------------------------------------
@@ -196,7 +378,7 @@ class FriendTransport(asyncio.Transport):
         else:
             # Like asyncio: connection_lost once the own buffer is flushed,
             # i.e. once what is queued fits in sndbuf + friend rcvbuf.
-            self._out.wake_writer_at(0)
+            self._wake_me_at(0)
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:  # type: ignore[override]
         self._protocol = protocol
@@ -221,6 +403,11 @@ class FriendTransport(asyncio.Transport):
         self._schedule_drain()
 
     def _drain(self) -> None:
+        if self._paused_reading or self._closing or self._eof_delivered:
+            # The notification stays taken: no wake-ups while paused
+            # (resume_reading() drains), nor after EOF, when asyncio stops
+            # reading for good (a later reset is learnt by writing).
+            return
         channel = self._in
         # Deliver only what is queued now; a push from here on schedules the
         # next drain. A writer refilling from resume_writing() (called from
@@ -228,8 +415,6 @@ class FriendTransport(asyncio.Transport):
         channel.begin_drain()
         budget = channel.queued
         try:
-            if self._paused_reading or self._closing:
-                return
             protocol = self._protocol
             while budget > 0 and channel.queued:
                 if self._buffered:
@@ -246,20 +431,33 @@ class FriendTransport(asyncio.Transport):
                 if self._paused_reading or self._closing:
                     return
                 protocol = self._protocol
+            # The state before the count: a writer on another thread sets
+            # EOF/RESET after its last push, so EOF never overtakes bytes.
+            state = channel.state
             if channel.queued:
                 return  # newer bytes: their drain is scheduled, EOF after them
-            state = channel.state
-            if state is ChannelState.RESET:
+            if state is ChannelState.OPEN:
+                return
+            if state is ChannelState.RESET and not channel.reset_after_fin:
                 self._force_close(_reset_error())
-            elif state is ChannelState.EOF and not self._eof_delivered:
-                self._eof_delivered = True
-                if self._protocol.eof_received():  # type: ignore[attr-defined]
-                    return
-                self.close()
+                return
+            # EOF; or a reset that came after the FIN had arrived, which
+            # leaves the FIN readable (the reset shows on the next send).
+            self._eof_delivered = True
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
+            return
+        try:
+            if self._protocol.eof_received():  # type: ignore[attr-defined]
+                return
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.eof_received() call failed.")
+            return
+        self.close()
 
     # -- WriteTransport ---------------------------------------------------
     def write(self, data: Any) -> None:
@@ -294,6 +492,10 @@ class FriendTransport(asyncio.Transport):
         if self._closing or self._eof:
             return
         self._eof = True
+        if self._in.state is ChannelState.RESET:
+            # The peer's reset came in: over TCP the socket is closed and
+            # asyncio's shutdown(SHUT_WR) raises ENOTCONN out of write_eof().
+            raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
         self._end.shutdown_write()
 
     def can_write_eof(self) -> bool:
@@ -318,7 +520,7 @@ class FriendTransport(asyncio.Transport):
         self._high_water = high
         self._low_water = low
         if self._protocol_paused:
-            self._out.wake_writer_at(low)
+            self._wake_me_at(low)
         self._maybe_pause_protocol()
 
     # -- flow control -----------------------------------------------------
@@ -326,7 +528,7 @@ class FriendTransport(asyncio.Transport):
         if self._out.write_buffer_size() <= self._high_water or self._protocol_paused:
             return
         self._protocol_paused = True
-        self._out.wake_writer_at(self._low_water)
+        self._wake_me_at(self._low_water)
         try:
             self._protocol.pause_writing()
         except (SystemExit, KeyboardInterrupt):
@@ -361,21 +563,29 @@ class FriendTransport(asyncio.Transport):
             return
         out = self._out
         if out.reader_closed:
-            # Over TCP the peer's reset fails a transport that still has
-            # bytes to send; an idle one learns of it by reading or writing.
-            if self._protocol_paused or self._closing:
-                self._force_close(_reset_error())
+            # The peer closed with our bytes unread, and reset: over TCP that
+            # fails a send still pending in our own buffer; an idle end
+            # learns of it by reading or writing.
+            if out.closed_with_backlog:
+                self._force_close(self._send_error())
             return
         if self._closing:
             if out.write_buffer_size() == 0:
                 self._conn_lost += 1
                 self._call_connection_lost(None)
             else:
-                out.wake_writer_at(0)
+                self._wake_me_at(0)
             return
         self._maybe_resume_protocol()
         if self._protocol_paused:
-            out.wake_writer_at(self._low_water)
+            self._wake_me_at(self._low_water)
+
+    def _wake_me_at(self, threshold: int) -> None:
+        """Ask for _writable once our buffer falls to ``threshold``. Set, then
+        check: a reader on another thread may get there first, and then no
+        wake-up would ever come; we call ourselves on the next turn instead."""
+        if self._out.wake_writer_at(threshold):
+            self._loop.call_soon(self._writable)
 
     def _buffer_sizes_changed(self) -> None:
         """A setsockopt of SO_SNDBUF/SO_RCVBUF moved our capacity."""
@@ -388,16 +598,21 @@ class FriendTransport(asyncio.Transport):
 
     # -- errors and the end ----------------------------------------------
     def _write_to_closed_peer(self) -> None:
-        # TCP takes the first write after the peer closed and answers it with
-        # a reset; the next write fails: EPIPE once the peer's FIN came in.
-        if not self._peer_reset:
-            self._peer_reset = True
+        incoming = self._in
+        if incoming.state is not ChannelState.RESET:
+            # The peer closed cleanly. TCP takes this first write, and the
+            # peer's kernel answers it with a reset, which drops what the
+            # peer had not sent yet (beyond our rcvbuf) and fails the next.
+            incoming.reset(keep=incoming.rcvbuf)
             return
-        if self._in.state is ChannelState.EOF:
-            exc: OSError = BrokenPipeError(errno.EPIPE, "Broken pipe")
-        else:
-            exc = _reset_error()
-        self._fatal_error(exc, "Fatal write error on socket transport")
+        self._fatal_error(self._send_error(), "Fatal write error on socket transport")
+
+    def _send_error(self) -> OSError:
+        """What a send fails with after the peer's reset: EPIPE when its
+        FIN had come in first (CLOSE_WAIT), ECONNRESET otherwise."""
+        if self._in.reset_after_fin:
+            return BrokenPipeError(errno.EPIPE, "Broken pipe")
+        return _reset_error()
 
     def _fatal_error(self, exc: BaseException, message: str = "Fatal error on transport") -> None:
         if isinstance(exc, OSError):
@@ -432,7 +647,25 @@ class FriendTransport(asyncio.Transport):
             self._end.close()
             self._in.notify_readable = None
             self._out.notify_writable = None
+            self._state.transports.pop(id(self), None)
             server = self._server
             if server is not None:
                 self._server = None
                 server._detach()
+
+    def _unhook(self) -> None:
+        self._in.notify_readable = None
+        self._out.notify_writable = None
+
+    def _loop_gone(self) -> None:
+        """Our loop closed with this end open (called on whatever thread
+        closed it, or found it closed). The friend sees what a process that
+        dies leaves behind: a reset, after the bytes already in its receive
+        buffer. The protocol hears nothing: its loop can run no callback."""
+        if self._closed:
+            return
+        self._closing = self._closed = True
+        self._conn_lost += 1
+        self._server = None
+        self._unhook()
+        self._end.reset(keep=self._out.rcvbuf)

@@ -9,16 +9,23 @@ once the reader's ``rmem_alloc`` and the writer's ``wmem_queued``.
 An adapter supplies two hooks per channel: ``notify_readable`` (called once
 per burst: the reader must drain) and ``notify_writable`` (the writer asked to
 be woken when the queue falls to a threshold, or the reader went away).
+
+Threads: a link whose ends share one scheduler uses plain channels, with no
+locking at all. A link whose ends run on different threads (``threaded``)
+uses :class:`LockedChannel`: one writer thread and one reader thread per
+channel, every change under a small lock, the hooks called after it is
+released.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
-from typing import Callable, Deque, Optional
+import threading
+from typing import Callable, Deque, Optional, Type
 
 from ._errors import ChannelShutdownError, PeerResetError
-from ._stats import counters
+from ._stats import Shard, counters
 
 Hook = Optional[Callable[[], None]]
 
@@ -45,24 +52,37 @@ class Channel:
         "_queue",
         "_head_offset",
         "queued",
+        "meter",
         "sndbuf",
         "rcvbuf",
         "state",
         "reader_closed",
+        "reset_after_fin",
+        "closed_with_backlog",
         "notify_readable",
         "notify_writable",
         "_reader_notified",
         "_writer_wake_at",
     )
 
-    def __init__(self, sndbuf: int, rcvbuf: int) -> None:
+    def __init__(self, sndbuf: int, rcvbuf: int, meter: Optional[Shard] = None) -> None:
         self._queue: Deque[bytes] = collections.deque()
         self._head_offset = 0  # bytes of _queue[0] already consumed
         self.queued = 0
+        # Counts the bytes consumed: the reader's thread's counters shard
+        # (set again when the reader attaches, maybe on another thread).
+        self.meter = meter or counters.shard()
         self.sndbuf = sndbuf
         self.rcvbuf = rcvbuf
         self.state = ChannelState.OPEN
         self.reader_closed = False
+        # The reset came after the FIN had reached the reader's receive
+        # buffer: the kernel reports EPIPE then, and the reader still reads
+        # the bytes and EOF (tcp_reset() in CLOSE_WAIT).
+        self.reset_after_fin = False
+        # The reader went away while the writer had bytes beyond sndbuf +
+        # rcvbuf, its own buffer: over TCP that pending send fails.
+        self.closed_with_backlog = False
         self.notify_readable: Hook = None
         self.notify_writable: Hook = None
         self._reader_notified = False
@@ -97,6 +117,19 @@ class Channel:
         if not self._reader_notified and self.notify_readable is not None:
             self._reader_notified = True
             self.notify_readable()
+
+    def attach_reader(self, hook: Hook) -> bool:
+        """Install ``notify_readable``; True when something already waits
+        (the caller drains: no notification is sent for it)."""
+        self.notify_readable = hook
+        self.meter = counters.shard()
+        if self.queued or self.state is not ChannelState.OPEN:
+            self._reader_notified = True
+            return True
+        return False
+
+    def attach_writer(self, hook: Hook) -> None:
+        self.notify_writable = hook
 
     def wake_writer_at(self, threshold: Optional[int]) -> bool:
         """Ask for ``notify_writable`` once ``write_buffer_size() <= threshold``
@@ -139,7 +172,8 @@ class Channel:
         error (the kernel drops the sender's queue, keeps the receiver's)."""
         if self.state is ChannelState.RESET:
             return
-        self.truncate(keep)
+        self.reset_after_fin = self.state is ChannelState.EOF and self.queued <= self.rcvbuf
+        Channel.truncate(self, keep)  # not the locked override: we hold the lock
         self._move(ChannelState.RESET)
         self._notify_reader()
 
@@ -203,6 +237,7 @@ class Channel:
         """The reader is gone. Returns whether unread bytes were discarded
         (over TCP, closing with unread bytes sends a reset)."""
         had_unread = self.queued > 0
+        self.closed_with_backlog = self.queued > self.sndbuf + self.rcvbuf
         self.reader_closed = True
         self._queue.clear()
         self._head_offset = 0
@@ -219,12 +254,15 @@ class Channel:
     # -- internals --------------------------------------------------------
     def _consumed(self, size: int) -> None:
         self.queued -= size
-        counters.bytes_moved += size  # counted per read, not per write: cheaper
+        self.meter.moved += size  # counted per read, not per write: cheaper
         wake_at = self._writer_wake_at
         if wake_at is not None and self.queued - self.sndbuf - self.rcvbuf <= wake_at:
             self._writer_wake_at = None
-            if self.notify_writable is not None:
-                self.notify_writable()
+            self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if self.notify_writable is not None:
+            self.notify_writable()
 
     def _notify_reader(self) -> None:
         if self.notify_readable is not None:
@@ -237,6 +275,130 @@ class Channel:
                 f"channel cannot go from {self.state.value} to {state.value}"
             )
         self.state = state
+
+
+class LockedChannel(Channel):
+    """A channel whose writer and reader run on different threads.
+
+    Each change happens under the channel's lock, so neither side ever sees
+    the queue, the byte count or a threshold half-changed, and a wake-up
+    cannot be lost: the writer's "append, then notify unless already
+    notified" and the reader's "clear the flag, then look" are each atomic,
+    as are "set the threshold, then check it" and "consume, then check the
+    threshold". The hooks run after the lock is released: they hand a
+    callback to the other side's loop, and one that finds that loop gone
+    tears the link down, which takes the lock again.
+    """
+
+    __slots__ = ("_lock", "_read_due", "_write_due")
+
+    def __init__(self, sndbuf: int, rcvbuf: int, meter: Optional[Shard] = None) -> None:
+        super().__init__(sndbuf, rcvbuf, meter)
+        self._lock = threading.Lock()
+        self._read_due = False  # set and cleared by the writer's thread only
+        self._write_due = False  # set and cleared by the reader's thread only
+
+    # -- writer side ------------------------------------------------------
+    def push(self, data: bytes) -> None:
+        with self._lock:
+            if self.state is not ChannelState.OPEN:
+                raise ChannelShutdownError("the writing end was shut down")
+            if self.reader_closed:
+                raise PeerResetError("the reading end is closed")
+            self._queue.append(data)
+            self.queued += len(data)
+            hook = self.notify_readable
+            if self._reader_notified or hook is None:
+                return
+            self._reader_notified = True
+        hook()
+
+    def attach_writer(self, hook: Hook) -> None:
+        with self._lock:
+            self.notify_writable = hook
+
+    def wake_writer_at(self, threshold: Optional[int]) -> bool:
+        with self._lock:
+            return Channel.wake_writer_at(self, threshold)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            Channel.shutdown(self)
+        self._flush_reader()
+
+    def truncate(self, keep: int) -> None:
+        with self._lock:
+            Channel.truncate(self, keep)
+
+    def reset(self, keep: int) -> None:
+        with self._lock:
+            Channel.reset(self, keep)
+        self._flush_reader()
+
+    # -- reader side ------------------------------------------------------
+    def attach_reader(self, hook: Hook) -> bool:
+        with self._lock:
+            return Channel.attach_reader(self, hook)
+
+    def begin_drain(self) -> None:
+        with self._lock:
+            self._reader_notified = False
+
+    def pull(self, limit: int, join_limit: Optional[int] = None) -> bytes:
+        with self._lock:
+            data = Channel.pull(self, limit, join_limit)
+        if self._write_due:
+            self._flush_writer()
+        return data
+
+    def pull_into(self, buffer: memoryview) -> int:
+        with self._lock:
+            copied = Channel.pull_into(self, buffer)
+        if self._write_due:
+            self._flush_writer()
+        return copied
+
+    def close_reader(self) -> bool:
+        with self._lock:
+            had_unread = self.queued > 0
+            self.closed_with_backlog = self.queued > self.sndbuf + self.rcvbuf
+            self.reader_closed = True
+            self._queue.clear()
+            self._head_offset = 0
+            self.queued = 0
+            self._writer_wake_at = None
+        hook = self.notify_writable
+        if hook is not None:
+            hook()
+        return had_unread
+
+    def capacity_changed(self) -> None:
+        with self._lock:
+            Channel.capacity_changed(self)
+        self._flush_writer()
+
+    # -- internals: hooks are only noted under the lock ------------------
+    def _wake_writer(self) -> None:
+        self._write_due = True
+
+    def _notify_reader(self) -> None:
+        if self.notify_readable is not None:
+            self._reader_notified = True
+            self._read_due = True
+
+    def _flush_reader(self) -> None:
+        if self._read_due:
+            self._read_due = False
+            hook = self.notify_readable
+            if hook is not None:
+                hook()
+
+    def _flush_writer(self) -> None:
+        if self._write_due:
+            self._write_due = False
+            hook = self.notify_writable
+            if hook is not None:
+                hook()
 
 
 class LinkEnd:
@@ -262,36 +424,53 @@ class LinkEnd:
         keeps only what already sits in the friend's receive buffer;
         otherwise the friend gets the rest, then EOF.
         """
-        if self.closed:
+        link = self.link
+        if link._lock is None:  # _claim_close(), inlined for one-thread links
+            if self.closed:
+                return
+            self.closed = True
+        elif not link._claim_close(self):
             return
-        self.closed = True
+        # The friend's reader hears first (its bytes, then EOF or the reset),
+        # its writer after: as over TCP, where it reads what came before the
+        # FIN/RST before a pending send of its own fails.
         out = self.outgoing
-        if self.incoming.close_reader():
+        if self.incoming.queued:
             out.reset(keep=out.rcvbuf)
         elif out.state is ChannelState.OPEN:
             out.shutdown()
-        self.link._end_closed()
+        if self.incoming.close_reader() and out.state is not ChannelState.RESET:
+            out.reset(keep=out.rcvbuf)  # bytes came in meanwhile (another thread)
+        link._end_closed()
 
     def abort(self) -> None:
         """``abort()``: what fits in ``sndbuf + friend rcvbuf`` is kept."""
         self.outgoing.truncate(self.outgoing.capacity)
         self.close()
 
-    def reset(self) -> None:
-        """Close with a reset whatever is unread (a listener that closed
-        with this connection still in its backlog)."""
-        if self.closed:
-            return
-        self.closed = True
+    def reset(self, keep: int = 0) -> bool:
+        """Close with a reset whatever is unread: the friend gets at most
+        ``keep`` more bytes, then the error. ``keep=0``: a listener closed
+        with this connection still in its backlog; the friend's ``rcvbuf``:
+        the end went away at once (its loop closed), as a process that dies.
+        Returns False when the end was already closed."""
+        if not self.link._claim_close(self):
+            return False
+        self.outgoing.reset(keep=keep)
         self.incoming.close_reader()
-        self.outgoing.reset(keep=0)
         self.link._end_closed()
+        return True
 
 
 class Link:
-    """Two channels and two ends: ``client`` and ``server``."""
+    """Two channels and two ends: ``client`` and ``server``.
 
-    __slots__ = ("client", "server", "_open_ends", "established", "on_done")
+    ``threaded``: the ends run on different threads (decided when the link
+    is made: a listener's loop is known before connect()).
+    """
+
+    __slots__ = ("client", "server", "threaded", "_open_ends", "_lock", "established",
+                 "on_done", "__weakref__")
 
     def __init__(
         self,
@@ -299,31 +478,61 @@ class Link:
         client_rcvbuf: int,
         server_sndbuf: int,
         server_rcvbuf: int,
+        threaded: bool = False,
     ) -> None:
-        to_server = Channel(sndbuf=client_sndbuf, rcvbuf=server_rcvbuf)
-        to_client = Channel(sndbuf=server_sndbuf, rcvbuf=client_rcvbuf)
+        kind: Type[Channel] = LockedChannel if threaded else Channel
+        meter = counters.shard()
+        to_server = kind(client_sndbuf, server_rcvbuf, meter)
+        to_client = kind(server_sndbuf, client_rcvbuf, meter)
         self.client = LinkEnd(self, outgoing=to_server, incoming=to_client)
         self.server = LinkEnd(self, outgoing=to_client, incoming=to_server)
+        self.threaded = threaded
         self._open_ends = 2
+        # Ends on two threads close on their own threads (or on whichever
+        # finds a loop gone): "closed once" and "done once" must hold across
+        # them. Ends on one thread need no lock.
+        self._lock = threading.Lock() if threaded else None
         self.established = False
         # Called once both ends are closed: the adapter releases the sockets.
         self.on_done: Hook = None
 
     def establish(self) -> None:
-        """Both ends agree this connection is a friend link (counted once)."""
+        """Both ends agree this connection is a friend link (counted once).
+        Called before the other end can see the link (the registry hands it
+        over), so no lock."""
         if not self.established:
             self.established = True
-            counters.links_made += 1
-            counters.links_alive += 1
+            counters.shard().made += 1
 
     @property
     def done(self) -> bool:
         return self._open_ends == 0
 
+    def _claim_close(self, end: LinkEnd) -> bool:
+        lock = self._lock
+        if lock is None:
+            if end.closed:
+                return False
+            end.closed = True
+            return True
+        with lock:
+            if end.closed:
+                return False
+            end.closed = True
+            return True
+
     def _end_closed(self) -> None:
-        self._open_ends -= 1
-        if self._open_ends == 0:
-            if self.established:
-                counters.links_alive -= 1
-            if self.on_done is not None:
-                self.on_done()
+        lock = self._lock
+        if lock is None:
+            self._open_ends -= 1
+            if self._open_ends:
+                return
+        else:
+            with lock:
+                self._open_ends -= 1
+                if self._open_ends:
+                    return
+        if self.established:
+            counters.shard().done += 1
+        if self.on_done is not None:
+            self.on_done()

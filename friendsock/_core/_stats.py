@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
+import threading
 import types
-from typing import Mapping
+from typing import Dict, List, Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,28 +27,79 @@ class FriendStats:
     pending: int
 
 
-class Counters:
-    """Mutable counters, bumped by the adapters on the hot path."""
+class Shard:
+    """One thread's counters. Only that thread writes them, so counting
+    needs no lock and loses nothing, however many threads run links; a
+    snapshot adds the shards up."""
 
-    __slots__ = ("links_made", "links_alive", "bytes_moved", "fallbacks")
+    __slots__ = ("made", "done", "moved", "fallbacks")
 
     def __init__(self) -> None:
-        self.links_made = 0
-        self.links_alive = 0
-        self.bytes_moved = 0
-        self.fallbacks: collections.Counter[str] = collections.Counter()
+        self.made = 0  # links established on this thread
+        self.done = 0  # links whose last end closed on this thread
+        self.moved = 0  # bytes read by ends on this thread
+        self.fallbacks: Dict[str, int] = {}
+
+
+class Counters:
+    """Counters shared by every thread that runs friend links."""
+
+    __slots__ = ("_local", "_shards", "_lock")
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._shards: List[Shard] = []  # every thread's, kept when it ends
+        self._lock = threading.Lock()  # only to add a shard
+
+    def shard(self) -> Shard:
+        """The calling thread's shard."""
+        try:
+            return self._local.shard  # type: ignore[no-any-return]
+        except AttributeError:
+            shard = self._local.shard = Shard()
+            with self._lock:
+                self._shards.append(shard)
+            return shard
 
     def fallback(self, reason: str) -> None:
-        self.fallbacks[reason] += 1
+        fallbacks = self.shard().fallbacks
+        fallbacks[reason] = fallbacks.get(reason, 0) + 1
+
+    @property
+    def links_made(self) -> int:
+        return sum(shard.made for shard in list(self._shards))
+
+    @property
+    def links_alive(self) -> int:
+        shards = list(self._shards)
+        return sum(shard.made for shard in shards) - sum(shard.done for shard in shards)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(shard.moved for shard in list(self._shards))
 
     def snapshot(self, pending: int) -> FriendStats:
+        shards = list(self._shards)
+        fallbacks: collections.Counter[str] = collections.Counter()
+        for shard in shards:
+            fallbacks.update(dict(shard.fallbacks))  # dict(): one atomic copy
+        made = sum(shard.made for shard in shards)
         return FriendStats(
-            links_made=self.links_made,
-            links_alive=self.links_alive,
-            bytes_moved=self.bytes_moved,
-            fallbacks=types.MappingProxyType(dict(self.fallbacks)),
+            links_made=made,
+            links_alive=made - sum(shard.done for shard in shards),
+            bytes_moved=sum(shard.moved for shard in shards),
+            fallbacks=types.MappingProxyType(dict(fallbacks)),
             pending=pending,
         )
 
+    def _reset_after_fork(self) -> None:
+        # Another thread may have held the lock at fork(). The parent's
+        # links are not alive in the child: it never runs the loops they
+        # live on (and never closes them, see the adapters' pid checks).
+        self._lock = threading.Lock()
+        self.shard().done += self.links_alive
+
 
 counters = Counters()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=counters._reset_after_fork)
