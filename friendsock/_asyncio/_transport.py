@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .._core._errors import PeerResetError
 from .._core._link import ChannelState, LinkEnd
+from .._core._stats import counters
 from .._friend_socket import FriendSocket
 
 logger = logging.getLogger("friendsock")
@@ -43,32 +44,51 @@ _MAX_JOIN = 64 * 1024
 _DEFAULT_HIGH_WATER = 64 * 1024
 
 
-class _DrainQueue:
-    """One loop callback per loop turn runs every drain asked for since the
-    last: many busy links cost one loop handle, not one each."""
+# Rounds of deliveries one loop callback may run before yielding, and the
+# bytes after which it yields anyway (what asyncio reads in one turn).
+_DRAIN_ROUNDS = 16
+_DRAIN_BYTES = 256 * 1024
 
-    __slots__ = ("_call_soon", "_ready")
+
+class _DrainQueue:
+    """One loop callback runs every drain asked for since the last: many
+    busy links cost one loop handle, not one each. Replies written while
+    delivering are delivered by the same callback, for a bounded number of
+    rounds (like NAPI's poll budget); then the loop gets its turn for I/O,
+    timers and tasks. A reply never runs inside its writer's write()."""
+
+    __slots__ = ("_call_soon", "_ready", "_scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._call_soon = loop.call_soon
         self._ready: List[Callable[[], None]] = []
+        self._scheduled = False
 
     def add(self, drain: Callable[[], None]) -> None:
-        ready = self._ready
-        ready.append(drain)
-        if len(ready) == 1:
+        self._ready.append(drain)
+        if not self._scheduled:
+            self._scheduled = True
             self._call_soon(self._run)
 
     def _run(self) -> None:
-        ready = self._ready
-        self._ready = []  # drains asked for from here on run next turn
-        for index, drain in enumerate(ready):
-            try:
-                drain()
-            except BaseException:  # only SystemExit/KeyboardInterrupt get here
-                for later in ready[index + 1:]:
-                    self.add(later)
-                raise
+        meter = counters.shard()  # this thread's: what its readers consumed
+        start = meter.moved
+        for _ in range(_DRAIN_ROUNDS):
+            ready = self._ready
+            if not ready or meter.moved - start >= _DRAIN_BYTES:
+                break
+            self._ready = []  # drains asked for from here on: the next round
+            for index, drain in enumerate(ready):
+                try:
+                    drain()
+                except BaseException:  # only SystemExit/KeyboardInterrupt get here
+                    self._ready[:0] = ready[index + 1:]
+                    self._call_soon(self._run)
+                    raise
+        if self._ready:
+            self._call_soon(self._run)
+        else:
+            self._scheduled = False
 
 
 class _RemoteDrainQueue:
