@@ -236,6 +236,12 @@ class Channel:
     def close_reader(self) -> bool:
         """The reader is gone. Returns whether unread bytes were discarded
         (over TCP, closing with unread bytes sends a reset)."""
+        had_unread = self._discard_unread()
+        if self.notify_writable is not None:
+            self.notify_writable()
+        return had_unread
+
+    def _discard_unread(self) -> bool:
         had_unread = self.queued > 0
         self.closed_with_backlog = self.queued > self.sndbuf + self.rcvbuf
         self.reader_closed = True
@@ -243,8 +249,6 @@ class Channel:
         self._head_offset = 0
         self.queued = 0
         self._writer_wake_at = None
-        if self.notify_writable is not None:
-            self.notify_writable()
         return had_unread
 
     def capacity_changed(self) -> None:
@@ -360,13 +364,7 @@ class LockedChannel(Channel):
 
     def close_reader(self) -> bool:
         with self._lock:
-            had_unread = self.queued > 0
-            self.closed_with_backlog = self.queued > self.sndbuf + self.rcvbuf
-            self.reader_closed = True
-            self._queue.clear()
-            self._head_offset = 0
-            self.queued = 0
-            self._writer_wake_at = None
+            had_unread = self._discard_unread()
         hook = self.notify_writable
         if hook is not None:
             hook()
