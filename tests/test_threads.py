@@ -349,7 +349,9 @@ async def test_both_directions_at_once(other):
 
 async def test_confirmed_listener_pairs_across_loops(other, patient_confirm):  # noqa: F811
     """A listener handed in with sock= (maybe shared with other processes):
-    the client waits for the claim, made on the server's thread."""
+    the client waits for the claim, made on the server's thread, which may
+    come before the client is even waiting. A missed claim would hold each
+    connect for the whole (patient, 10 s) deadline: the bound is half that."""
     here = Here()
     sock = socket.socket()
     sock.bind((LOCALHOST, 0))
@@ -358,14 +360,16 @@ async def test_confirmed_listener_pairs_across_loops(other, patient_confirm):  #
     server = await other.run(friendsock.create_server(factory, sock=sock))
     before = friendsock.stats()
     try:
-        transport, client = await friendsock.create_connection(
-            ThreadRecorder, LOCALHOST, port_of(server)
-        )
-        assert friendsock.is_friend(transport)
-        transport.write(b"confirmed")
-        transport.write_eof()
-        assert await here.run(client.lost) is None
-        assert client.data == b"confirmed"
+        for index in range(5):
+            transport, client = await asyncio.wait_for(
+                friendsock.create_connection(ThreadRecorder, LOCALHOST, port_of(server)),
+                TIMEOUT / 2,
+            )
+            assert friendsock.is_friend(transport)
+            transport.write(b"confirmed %d" % index)
+            transport.write_eof()
+            assert await here.run(client.lost) is None
+            assert client.data == b"confirmed %d" % index
     finally:
         await close_server(other, server)
     assert fallbacks_since(before) == {}

@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from .._core._addresses import flow_key
 from .._core._link import Link
-from .._core._registry import ListenerEntry, PendingConnect, registry
+from .._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from .._core._stats import counters
 from .._core._switch import is_enabled
 from .._friend_socket import read_buffer_sizes
@@ -305,6 +305,10 @@ async def _confirm(
                 pass
 
         pending.on_claimed = on_claimed
+        # Set, then check: the server's thread may have claimed the connect
+        # before on_claimed was there to call.
+        if pending.state is PendingState.CLAIMED:
+            settle(True)
     else:
         pending.on_claimed = lambda: settle(True)
     fd = sock.fileno()
