@@ -11,11 +11,9 @@ import asyncio
 import gc
 import hashlib
 import random
-import threading
 import tracemalloc
-from typing import Dict, List, Optional, Tuple
+from typing import List
 
-import pytest
 import uvloop
 
 import friendsock
