@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from typing import AsyncIterator, List, Optional, Tuple
 
 import pytest
@@ -212,3 +213,18 @@ def patient_confirm(monkeypatch):
     cannot turn an expected pairing into a deadline fallback. A test of the
     deadline itself puts DEFAULT_CONFIRM_TIMEOUT back with monkeypatch."""
     monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", 10.0)
+
+
+def chunked(payload: bytes, rng: random.Random, largest: int) -> List[object]:
+    """``payload`` cut in random sizes, as a mix of bytes, bytearray and
+    memoryview (the friend path takes bytes by reference, copies the rest)."""
+    chunks: List[object] = []
+    view = memoryview(payload)
+    pos = 0
+    while pos < len(payload):
+        size = rng.randint(1, largest)
+        piece = view[pos:pos + size]
+        kind = rng.randrange(3)
+        chunks.append(bytes(piece) if kind == 0 else bytearray(piece) if kind == 1 else piece)
+        pos += size
+    return chunks

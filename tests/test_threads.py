@@ -24,7 +24,7 @@ import uvloop
 import friendsock
 from friendsock._core._link import ChannelState, LockedChannel
 from friendsock._core._registry import registry
-from support import Recorder, patient_confirm  # noqa: F401 (a fixture)
+from support import Recorder, chunked, patient_confirm  # noqa: F401 (a fixture)
 
 TIMEOUT = 10
 MiB = 1 << 20
@@ -179,20 +179,6 @@ async def close_server(side: Any, server: Any) -> None:
 
 def port_of(server: Any) -> int:
     return server.sockets[0].getsockname()[1]
-
-
-def chunked(payload: bytes, rng: random.Random, largest: int) -> List[object]:
-    """``payload`` cut in random sizes, as bytes, bytearray and memoryview."""
-    chunks: List[object] = []
-    view = memoryview(payload)
-    pos = 0
-    while pos < len(payload):
-        size = rng.randint(1, largest)
-        piece = view[pos:pos + size]
-        kind = rng.randrange(3)
-        chunks.append(bytes(piece) if kind == 0 else bytearray(piece) if kind == 1 else piece)
-        pos += size
-    return chunks
 
 
 def fallbacks_since(before) -> dict:

@@ -15,7 +15,7 @@ import pytest
 import uvloop
 
 import friendsock
-from support import Recorder, connected_pair
+from support import Recorder, chunked, connected_pair
 
 TIMEOUT = 10
 MiB = 1 << 20
@@ -138,21 +138,6 @@ class EchoUntilEof(asyncio.Protocol):
         # Done: keep connected_pair's cleanup abort() off this transport
         # (asyncio 3.11's abort() fails once a flushing close() finished).
         self.transport = None
-
-
-def chunked(payload: bytes, rng: random.Random, largest: int) -> List[object]:
-    """``payload`` cut in random sizes, as a mix of bytes, bytearray and
-    memoryview (the friend path takes bytes by reference, copies the rest)."""
-    chunks: List[object] = []
-    view = memoryview(payload)
-    pos = 0
-    while pos < len(payload):
-        size = rng.randint(1, largest)
-        piece = view[pos:pos + size]
-        kind = rng.randrange(3)
-        chunks.append(bytes(piece) if kind == 0 else bytearray(piece) if kind == 1 else piece)
-        pos += size
-    return chunks
 
 
 # -- callback order -----------------------------------------------------------
