@@ -2,15 +2,21 @@
 
 Teardown fails a test on any exception that reached the loop's exception
 handler and on any transport left unclosed (ResourceWarning is an error).
+
+pytest-asyncio runs in strict mode so that pytest-trio can run the tests
+marked ``trio``; every other coroutine test is an asyncio test, as in auto
+mode (see ``pytest_pycollect_makeitem``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import warnings
 
 import pytest
+import pytest_asyncio
 import uvloop
 
 
@@ -36,6 +42,20 @@ def _new_uvloop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    # Marks go on the function before pytest-asyncio sees it (it reads them
+    # while generating the items, for the loop parametrization).
+    if (
+        inspect.iscoroutinefunction(obj)
+        and collector.get_closest_marker("trio") is None
+        and not any(mark.name == "trio" for mark in getattr(obj, "pytestmark", ()))
+    ):
+        pytest.mark.usefixtures("loop_guard")(obj)
+        pytest.mark.asyncio(obj)
+    yield
+
+
 def pytest_asyncio_loop_factories(config, item):
     return {"asyncio": asyncio.new_event_loop, "uvloop": _new_uvloop}
 
@@ -52,7 +72,7 @@ def friends(path) -> bool:
     return path == "friend"
 
 
-@pytest.fixture(autouse=True)
+@pytest_asyncio.fixture
 async def loop_guard():
     """Fail on unhandled loop exceptions; collect garbage so an unclosed
     transport's ResourceWarning is raised inside this test."""

@@ -20,6 +20,7 @@ from typing import AsyncIterator, List, Tuple
 import aiohttp
 import httpx
 import pytest
+import pytest_asyncio
 import uvicorn
 from aiohttp import web
 from starlette.applications import Starlette
@@ -32,7 +33,7 @@ from websockets.asyncio.server import serve as ws_serve
 import friendsock
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def installed_loop() -> AsyncIterator[asyncio.AbstractEventLoop]:
     """Friend links on the test's loop, as an application would turn them on."""
     with friendsock.installed() as loop:

@@ -13,7 +13,8 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 from .._core._registry import registry
 from .._core._stats import counters
 from ._install import native
-from ._pairing import connect, why_not_friends
+from .._handshake import why_not_friends
+from ._pairing import connect
 from ._server import FriendServer
 from ._transport import FriendTransport
 

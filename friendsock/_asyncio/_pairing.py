@@ -10,99 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import socket
-import struct
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Tuple
 
-from .._core._addresses import flow_key
-from .._core._link import Link
-from .._core._registry import ListenerEntry, PendingConnect, PendingState, registry
+from .._core._registry import PendingConnect, PendingState, registry
 from .._core._stats import counters
-from .._core._switch import is_enabled
-from .._friend_socket import read_buffer_sizes
+from .._handshake import (
+    ClientEnd,
+    ListenerHandle,
+    bind_local,
+    numeric_address_infos,
+    register_connect,
+    withdraw_failed,
+)
 from ._install import native
-from ._transport import FriendTransport, LoopState, loop_state
+from ._transport import FriendTransport, loop_state
 
 # How long a confirmed connect (a listener that other processes may share)
 # waits for this process to claim it before it goes on as plain TCP.
 CONFIRM_TIMEOUT = 0.25
-
-_LINGER_ABORT = struct.pack("ii", 1, 0)
-
-
-class _Process:
-    """This process's id, kept current across fork() without a getpid()
-    syscall per connection."""
-
-    pid = os.getpid()
-
-    @classmethod
-    def _forked(cls) -> None:
-        cls.pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_Process._forked)
-
-
-def current_pid() -> int:
-    return _Process.pid
-
-
-def release_sockets(pid: int, *socks: socket.socket) -> None:
-    """Close the real sockets of a finished link without TIME_WAIT.
-
-    Both ends are ours and done; an abortive close (SO_LINGER 0) ends the
-    connection at once, so connect/close-heavy work cannot use up ports.
-    ``pid``: the process that made the link. A forked child that somehow
-    finishes an inherited link only drops its copies of the descriptors:
-    SO_LINGER would act on the sockets it shares with the parent.
-    """
-    inherited = _Process.pid != pid
-    for sock in socks:
-        if not inherited:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
-            except OSError:
-                pass
-        sock.close()
-
-
-class ListenerHandle:
-    """What the registry keeps of an asyncio listener for its clients."""
-
-    __slots__ = ("sndbuf", "rcvbuf", "state")
-
-    def __init__(self, listen_sock: socket.socket, state: LoopState) -> None:
-        # Accepted sockets inherit the listener's buffer sizes.
-        self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
-        self.state = state  # its loop's: a client on that loop shares it
-
-
-class ClientEnd:
-    """What a pending connect keeps of its client: the real socket and its
-    addresses (known before connect(), so no syscall asks for them again)."""
-
-    __slots__ = ("sock", "sockname", "peername")
-
-    def __init__(self, sock: socket.socket, sockname: Any, peername: Any) -> None:
-        self.sock = sock
-        self.sockname = sockname
-        self.peername = peername
-
-
-def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[str]:
-    """The fallback reason that applies before any address is looked at."""
-    if friends is False:
-        return "opted-out"
-    if not is_enabled():
-        return "disabled"
-    if kwargs.get("ssl"):
-        return "ssl"
-    if kwargs.get("sock") is not None:
-        return "sock"
-    return None
 
 
 # -- connecting -------------------------------------------------------------
@@ -132,7 +58,7 @@ async def connect(
     proto = kwargs.get("proto", 0)
     flags = kwargs.get("flags", 0)
     local_addr = kwargs.get("local_addr")
-    infos = _numeric_address_infos(host, port, family, proto) or await loop.getaddrinfo(
+    infos = numeric_address_infos(host, port, family, proto) or await loop.getaddrinfo(
         host, port, family=family, type=socket.SOCK_STREAM, proto=proto, flags=flags
     )
     if not infos:
@@ -154,7 +80,7 @@ async def connect(
             entry, only_one = registry.match_listener(address)
             reason = "no-listener"
             if local_infos is not None:
-                _bind_local(sock, af, local_infos)
+                bind_local(sock, af, local_infos)
             elif entry is not None:
                 # Bind first so the 4-tuple is known before connect(); binding
                 # to the destination IP also proves it is an address of ours.
@@ -163,18 +89,18 @@ async def connect(
                 except OSError:
                     entry, reason = None, "not-local"
             if entry is not None:
-                pending = _register(sock, address, entry, only_one, threaded=entry.owner is not loop)
+                pending = register_connect(sock, address, entry, only_one, threaded=entry.owner is not loop)
             await _connect_socket(loop, sock, address)
         except OSError as exc:
             if pending is not None:
-                _withdraw_failed(pending)
+                withdraw_failed(pending)
             if sock is not None:
                 sock.close()
             exceptions.append(exc)
             continue
         except BaseException:
             if pending is not None:
-                _withdraw_failed(pending)
+                withdraw_failed(pending)
             if sock is not None:
                 sock.close()
             raise
@@ -200,67 +126,6 @@ async def _connect_socket(loop: asyncio.AbstractEventLoop, sock: socket.socket, 
             await loop.sock_connect(sock, address)  # still in progress: wait
     elif err:
         raise OSError(err, f"Connect call failed {address}")
-
-
-def _numeric_address_infos(host: Any, port: Any, family: int, proto: int) -> Optional[list]:
-    """getaddrinfo's answer for a numeric IP, without the resolver thread
-    (asyncio skips it the same way); None when the host needs resolving."""
-    if not isinstance(host, str) or "%" in host:
-        return None
-    try:
-        port = int(port)
-    except (TypeError, ValueError):
-        return None
-    for af in (socket.AF_INET, socket.AF_INET6):
-        if family not in (0, af):
-            continue
-        try:
-            # Canonical text, as getsockname() reports it: the flow key
-            # must be the one the accepting side computes.
-            host = socket.inet_ntop(af, socket.inet_pton(af, host))
-        except OSError:
-            continue
-        address = (host, port) if af == socket.AF_INET else (host, port, 0, 0)
-        return [(af, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP, "", address)]
-    return None
-
-
-def _bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
-    error: Optional[OSError] = None
-    for laf, _, _, _, laddr in local_infos:
-        if laf != af:
-            continue
-        try:
-            sock.bind(laddr)
-            return
-        except OSError as exc:
-            error = OSError(exc.errno, f"error while attempting to bind on address "
-                                       f"{laddr!r}: {exc.strerror.lower()}")
-    raise error or OSError(f"no matching local address with family={af} found")
-
-
-def _register(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool,
-              threaded: bool) -> PendingConnect:
-    """``threaded``: the listener's loop (which accepts, and runs the server
-    end) is not ours; known now, so a link on one loop never pays for locks."""
-    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
-    client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
-    link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded)
-    sockname = sock.getsockname()
-    pending = PendingConnect(flow_key(sockname, address), link, entry)
-    pending.handle = ClientEnd(sock, sockname, address)
-    pid = _Process.pid
-    link.on_done = lambda: release_sockets(pid, sock)
-    if entry.exclusive and only_one:
-        link.establish()  # optimistic: the link exists from connect() on
-    registry.add_pending(pending)
-    return pending
-
-
-def _withdraw_failed(pending: PendingConnect) -> None:
-    # connect() failed, so nobody can have accepted it.
-    registry.withdraw(pending)
-    pending.link.on_done = None
 
 
 def _start_client(

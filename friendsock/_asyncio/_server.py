@@ -14,10 +14,9 @@ import sys
 from asyncio import trsock
 from typing import Any, Callable, List, Optional, Tuple
 
-from .._core._addresses import flow_key
 from .._core._registry import ListenerEntry, PendingConnect, registry
 from .._core._stats import counters
-from ._pairing import ListenerHandle, current_pid, release_sockets
+from .._handshake import ListenerHandle, adopt_accepted, claim_accepted
 from ._transport import FriendTransport, loop_state
 
 # As asyncio: how long to stop accepting after running out of descriptors.
@@ -116,13 +115,7 @@ class FriendServer(asyncio.AbstractServer):
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock)
 
     def _accepted(self, conn: socket.socket, address: Any) -> None:
-        pending = sockname = None
-        if registry.pending_count():
-            try:
-                sockname = conn.getsockname()
-                pending = registry.claim(flow_key(sockname, address))
-            except OSError:  # already reset by the peer
-                pending = None
+        pending, sockname = claim_accepted(conn, address)
         if pending is None:
             counters.fallback("peer-not-friend")
             self._loop.create_task(self._accept_native(conn))
@@ -132,10 +125,7 @@ class FriendServer(asyncio.AbstractServer):
     def _accept_friend(self, conn: socket.socket, sockname: Any, address: Any,
                        pending: PendingConnect) -> None:
         link = pending.link
-        client_sock = pending.handle.sock  # type: ignore[attr-defined]
-        pid = current_pid()
-        link.on_done = lambda: release_sockets(pid, conn, client_sock)
-        link.establish()
+        adopt_accepted(conn, pending)
         try:
             protocol = self._protocol_factory()
         except (SystemExit, KeyboardInterrupt):

@@ -1,0 +1,193 @@
+"""The socket-level steps of pairing, shared by the asyncio and trio adapters.
+
+No event loop here: plain sockets and the registry. A client registers its
+pending connect before the ``connect()`` syscall (:func:`register_connect`);
+the accepting side claims it by the flow key of the accepted socket
+(:func:`claim_accepted`). Either side may be asyncio or trio: what the
+other side needs of a listener or a client end is in :class:`ListenerHandle`
+and :class:`ClientEnd`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from typing import Any, Optional, Tuple
+
+from ._core._addresses import flow_key
+from ._core._link import Link
+from ._core._registry import ListenerEntry, PendingConnect, registry
+from ._core._switch import is_enabled
+from ._friend_socket import read_buffer_sizes
+
+_LINGER_ABORT = struct.pack("ii", 1, 0)
+
+
+class _Process:
+    """This process's id, kept current across fork() without a getpid()
+    syscall per connection."""
+
+    pid = os.getpid()
+
+    @classmethod
+    def _forked(cls) -> None:
+        cls.pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Process._forked)
+
+
+def current_pid() -> int:
+    return _Process.pid
+
+
+def release_sockets(pid: int, *socks: socket.socket) -> None:
+    """Close the real sockets of a finished link without TIME_WAIT.
+
+    Both ends are ours and done; an abortive close (SO_LINGER 0) ends the
+    connection at once, so connect/close-heavy work cannot use up ports.
+    ``pid``: the process that made the link. A forked child that somehow
+    finishes an inherited link only drops its copies of the descriptors:
+    SO_LINGER would act on the sockets it shares with the parent.
+    """
+    inherited = _Process.pid != pid
+    for sock in socks:
+        if not inherited:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+            except OSError:
+                pass
+        sock.close()
+
+
+class ListenerHandle:
+    """What the registry keeps of a listener for its clients: the buffer
+    sizes accepted sockets inherit, and the adapter's per-scheduler state
+    (a client on the same scheduler shares it)."""
+
+    __slots__ = ("sndbuf", "rcvbuf", "state")
+
+    def __init__(self, listen_sock: Any, state: object) -> None:
+        self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
+        self.state = state
+
+
+class ClientEnd:
+    """What a pending connect keeps of its client: the real socket and its
+    addresses (known before connect(), so no syscall asks for them again)."""
+
+    __slots__ = ("sock", "sockname", "peername")
+
+    def __init__(self, sock: socket.socket, sockname: Any, peername: Any) -> None:
+        self.sock = sock
+        self.sockname = sockname
+        self.peername = peername
+
+
+def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[str]:
+    """The fallback reason that applies before any address is looked at."""
+    if friends is False:
+        return "opted-out"
+    if not is_enabled():
+        return "disabled"
+    if kwargs.get("ssl"):
+        return "ssl"
+    if kwargs.get("sock") is not None:
+        return "sock"
+    return None
+
+
+def numeric_address_infos(host: Any, port: Any, family: int = 0, proto: int = 0) -> Optional[list]:
+    """getaddrinfo's answer for a numeric IP, without the resolver thread
+    (asyncio and trio skip it the same way); None when the host needs
+    resolving."""
+    if isinstance(host, bytes):
+        try:
+            host = host.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(host, str) or "%" in host:
+        return None
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        return None
+    for af in (socket.AF_INET, socket.AF_INET6):
+        if family not in (0, af):
+            continue
+        try:
+            # Canonical text, as getsockname() reports it: the flow key
+            # must be the one the accepting side computes.
+            host = socket.inet_ntop(af, socket.inet_pton(af, host))
+        except OSError:
+            continue
+        address = (host, port) if af == socket.AF_INET else (host, port, 0, 0)
+        return [(af, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP, "", address)]
+    return None
+
+
+def bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
+    """Bind to the first of ``local_infos`` of the socket's family."""
+    error: Optional[OSError] = None
+    for laf, _, _, _, laddr in local_infos:
+        if laf != af:
+            continue
+        try:
+            sock.bind(laddr)
+            return
+        except OSError as exc:
+            error = OSError(exc.errno, f"error while attempting to bind on address "
+                                       f"{laddr!r}: {exc.strerror.lower()}")
+    raise error or OSError(f"no matching local address with family={af} found")
+
+
+def register_connect(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool,
+                     threaded: bool) -> PendingConnect:
+    """Register ``sock``'s connect to ``address`` (bound, not yet connected).
+
+    ``threaded``: the listener's scheduler (which accepts, and runs the
+    server end) is not the caller's; known now, so a link on one scheduler
+    never pays for locks. An exclusive, only listener cannot be reached by
+    anyone else, so the link exists from connect() on (optimistic).
+    """
+    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
+    client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
+    link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded)
+    sockname = sock.getsockname()
+    pending = PendingConnect(flow_key(sockname, address), link, entry)
+    pending.handle = ClientEnd(sock, sockname, address)
+    pid = _Process.pid
+    link.on_done = lambda: release_sockets(pid, sock)
+    if entry.exclusive and only_one:
+        link.establish()
+    registry.add_pending(pending)
+    return pending
+
+
+def withdraw_failed(pending: PendingConnect) -> None:
+    """connect() failed, so nobody can have accepted it."""
+    registry.withdraw(pending)
+    pending.link.on_done = None
+
+
+def claim_accepted(conn: socket.socket, address: Any) -> Tuple[Optional[PendingConnect], Any]:
+    """The pending connect an accepted socket belongs to, claimed (or None),
+    and the socket's own address (None when nothing could be pending)."""
+    if not registry.pending_count():
+        return None, None
+    try:
+        sockname = conn.getsockname()
+    except OSError:  # already reset by the peer
+        return None, None
+    return registry.claim(flow_key(sockname, address)), sockname
+
+
+def adopt_accepted(conn: socket.socket, pending: PendingConnect) -> None:
+    """The accepting side takes over a claimed link: both real sockets are
+    released once the link is done."""
+    client_sock = pending.handle.sock  # type: ignore[attr-defined]
+    pid = _Process.pid
+    pending.link.on_done = lambda: release_sockets(pid, conn, client_sock)
+    pending.link.establish()

@@ -1,0 +1,1 @@
+"""The trio adapter: friend streams, listeners and connects on trio."""

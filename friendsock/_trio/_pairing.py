@@ -1,0 +1,358 @@
+"""Both sides of pairing on trio: listeners that claim, connects that register.
+
+Same steps as on asyncio (``friendsock._handshake``): the client registers
+its pending connect before ``connect()``, the listener claims it on accept.
+What does not pair is a ``trio.SocketStream`` over the same socket, so a
+peer outside friendsock sees plain TCP.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import Any, Awaitable, Callable, List, Optional, Union
+
+import trio
+
+from .._core._registry import ListenerEntry, PendingConnect, PendingState, registry
+from .._core._stats import counters
+from .._handshake import (
+    ListenerHandle,
+    adopt_accepted,
+    bind_local,
+    claim_accepted,
+    numeric_address_infos,
+    register_connect,
+    why_not_friends,
+    withdraw_failed,
+)
+from ._stream import FriendStream, forget_listener, run_state
+
+# As trio: how long a connect attempt waits before the next one starts.
+DEFAULT_DELAY = 0.250
+# How long a confirmed connect (a listener other processes may share) waits
+# for this process to claim it before it goes on as plain TCP.
+CONFIRM_TIMEOUT = 0.25
+
+AnyStream = Union[FriendStream, trio.SocketStream]
+
+# As trio.SocketListener: accept() errors that concern one connection only.
+_IGNORABLE_ACCEPT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
+        "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT",
+        "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET",
+    )
+    if hasattr(errno, name)
+)
+_CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
+
+
+def _socket_stream(sock: socket.socket) -> trio.SocketStream:
+    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+
+
+# -- listening ----------------------------------------------------------------
+
+
+class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
+    """A TCP listener, as ``trio.SocketListener``, whose ``accept()`` returns a
+    :class:`FriendStream` for a friendsock client in this process and a
+    ``trio.SocketStream`` for anyone else. ``socket`` is the trio socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock  # the real listening socket, non-blocking
+        self.socket = trio.socket.from_stdlib_socket(sock)
+        self._state = state = run_state()
+        v6only = False
+        if sock.family == socket.AF_INET6:
+            v6only = bool(sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
+        # Bound by us without SO_REUSEPORT: a connect to it can only land here.
+        self._entry: Optional[ListenerEntry] = ListenerEntry(
+            sock.getsockname(), v6only=v6only, exclusive=True, owner=state.token,
+            handle=ListenerHandle(sock, state),
+        )
+        registry.add_listener(self._entry)
+        state.listeners[id(self)] = self._entry
+
+    def __repr__(self) -> str:
+        return f"<friendsock.trio.FriendListener {self.socket!r}>"
+
+    async def accept(self) -> trio.abc.HalfCloseableStream:
+        while True:
+            try:
+                conn, address = await self._accept_socket()
+            except OSError as exc:
+                if exc.errno in _CLOSED_ERRNOS:
+                    raise trio.ClosedResourceError from None
+                if exc.errno not in _IGNORABLE_ACCEPT_ERRNOS:
+                    raise
+            else:
+                return self._stream_for(conn, address)
+
+    async def _accept_socket(self) -> "tuple[socket.socket, Any]":
+        await trio.lowlevel.checkpoint_if_cancelled()
+        parked = False
+        while True:
+            try:
+                conn, address = self._sock.accept()
+                break
+            except BlockingIOError:
+                # aclose() wakes this with ClosedResourceError.
+                await trio.lowlevel.wait_readable(self._sock)
+                parked = True
+        if not parked:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return conn, address
+
+    def _stream_for(self, conn: socket.socket, address: Any) -> trio.abc.HalfCloseableStream:
+        conn.setblocking(False)
+        pending, sockname = claim_accepted(conn, address)
+        if pending is None:
+            counters.fallback("peer-not-friend")
+            return _socket_stream(conn)
+        adopt_accepted(conn, pending)
+        stream = FriendStream(pending.link.server, conn, sockname, address, self._state)
+        stream.start()
+        if pending.on_claimed is not None:
+            pending.on_claimed()
+        return stream
+
+    async def aclose(self) -> None:
+        self._forget()
+        self.socket.close()
+        await trio.lowlevel.checkpoint()
+
+    def _forget(self) -> None:
+        entry = self._entry
+        if entry is not None:
+            self._entry = None
+            self._state.listeners.pop(id(self), None)
+            forget_listener(entry)
+
+
+def _compute_backlog(backlog: Optional[int]) -> int:
+    # As trio.open_tcp_listeners.
+    if not isinstance(backlog, int) and backlog is not None:
+        raise TypeError(f"backlog must be an int or None, not {backlog!r}")
+    if backlog is None:
+        return 0xFFFF
+    return min(backlog, 0xFFFF)
+
+
+async def open_tcp_listeners(
+    port: int,
+    *,
+    host: Union[str, bytes, None] = None,
+    backlog: Optional[int] = None,
+    friends: Optional[bool] = None,
+) -> List[Any]:
+    """``trio.open_tcp_listeners``, returning :class:`FriendListener` objects
+    (``trio.SocketListener`` objects with ``friends=False``)."""
+    if why_not_friends(friends, {}) is not None:
+        return await trio.open_tcp_listeners(port, host=host, backlog=backlog)
+    if not isinstance(port, int):
+        raise TypeError(f"port must be an int not {port!r}")
+    computed_backlog = _compute_backlog(backlog)
+    addresses = await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    socks: List[socket.socket] = []
+    unsupported: List[OSError] = []
+    try:
+        for family, type_, proto, _, sockaddr in addresses:
+            try:
+                sock = socket.socket(family, type_, proto)
+            except OSError as exc:
+                if exc.errno == errno.EAFNOSUPPORT:
+                    unsupported.append(exc)
+                    continue
+                raise
+            socks.append(sock)
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(sockaddr)
+            sock.listen(computed_backlog)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    if unsupported and not socks:
+        message = "This system doesn't support any of the kinds of socket that that address could use"
+        raise OSError(errno.EAFNOSUPPORT, message) from ExceptionGroup(message, unsupported)  # type: ignore[name-defined]  # noqa: F821
+    await trio.lowlevel.checkpoint()
+    return [FriendListener(sock) for sock in socks]
+
+
+async def serve_tcp(
+    handler: Callable[[Any], Awaitable[object]],
+    port: int,
+    *,
+    host: Union[str, bytes, None] = None,
+    backlog: Optional[int] = None,
+    handler_nursery: Optional[trio.Nursery] = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+    friends: Optional[bool] = None,
+) -> None:
+    """``trio.serve_tcp`` over :func:`open_tcp_listeners`."""
+    listeners = await open_tcp_listeners(port, host=host, backlog=backlog, friends=friends)
+    await trio.serve_listeners(handler, listeners, handler_nursery=handler_nursery,
+                               task_status=task_status)
+
+
+# -- connecting ---------------------------------------------------------------
+
+
+async def open_tcp_stream(
+    host: Union[str, bytes],
+    port: int,
+    *,
+    happy_eyeballs_delay: Optional[float] = DEFAULT_DELAY,
+    local_address: Optional[str] = None,
+    friends: Optional[bool] = None,
+) -> AnyStream:
+    """``trio.open_tcp_stream``: a :class:`FriendStream` when a friendsock
+    listener in this process accepts, a ``trio.SocketStream`` otherwise."""
+    if not isinstance(host, (str, bytes)):
+        raise ValueError(f"host must be str or bytes, not {host!r}")
+    if not isinstance(port, int):
+        raise TypeError(f"port must be int, not {port!r}")
+    reason = why_not_friends(friends, {})
+    if reason is None and not registry.has_port(port):
+        reason = "no-listener"
+    if reason is None:
+        outcome = await _connect(host, port, local_address)
+        if not isinstance(outcome, str):
+            return outcome
+        reason = outcome
+    counters.fallback(reason)
+    return await trio.open_tcp_stream(host, port, happy_eyeballs_delay=happy_eyeballs_delay,
+                                      local_address=local_address)
+
+
+async def _connect(host: Union[str, bytes], port: int,
+                   local_address: Optional[str]) -> Union[AnyStream, str]:
+    """Connect to a friendsock listener if ``host`` names one; else the
+    fallback reason (nothing connected: trio's own connect takes over)."""
+    infos = numeric_address_infos(host, port) or await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    )
+    local_infos = None
+    if local_address is not None:
+        local_infos = await trio.socket.getaddrinfo(local_address, 0, type=socket.SOCK_STREAM)
+    token = trio.lowlevel.current_trio_token()
+    reason = "no-listener"
+    for af, socktype, proto, _, address in infos:
+        entry, only_one = registry.match_listener(address)
+        if entry is None:
+            continue
+        sock = socket.socket(af, socktype, proto)
+        pending = None
+        try:
+            sock.setblocking(False)
+            if local_infos is not None:
+                bind_local(sock, af, local_infos)
+            else:
+                # Binding to the destination IP proves it is an address of ours
+                # and fixes the 4-tuple before connect().
+                try:
+                    sock.bind((address[0], 0))
+                except OSError:
+                    sock.close()
+                    reason = "not-local"
+                    continue
+            pending = register_connect(sock, address, entry, only_one,
+                                       threaded=entry.owner is not token)
+            await _connect_socket(sock, address)
+        except OSError:
+            if pending is not None:
+                withdraw_failed(pending)
+            sock.close()
+            reason = "connect-failed"
+            continue
+        except BaseException:
+            if pending is not None:
+                withdraw_failed(pending)
+            sock.close()
+            raise
+        if pending.listener.exclusive and only_one:
+            return _start_client(pending, sock)
+        return await _confirm(pending, sock, token)
+    return reason
+
+
+async def _connect_socket(sock: socket.socket, address: Any) -> None:
+    """connect(), without a wait when the loopback handshake is already done
+    (it completes inside the call, though a non-blocking connect still says
+    EINPROGRESS)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    err = sock.connect_ex(address)
+    if err == errno.EINPROGRESS:
+        try:
+            sock.getpeername()
+        except OSError:
+            await trio.lowlevel.wait_writable(sock)
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise OSError(err, f"Error connecting to {address!r}: {errno.errorcode.get(err, err)}")
+            return
+    elif err:
+        raise OSError(err, f"Error connecting to {address!r}: {errno.errorcode.get(err, err)}")
+    await trio.lowlevel.cancel_shielded_checkpoint()
+
+
+def _start_client(pending: PendingConnect, sock: socket.socket) -> FriendStream:
+    client = pending.handle
+    stream = FriendStream(pending.link.client, sock, client.sockname,  # type: ignore[attr-defined]
+                          client.peername, run_state())  # type: ignore[attr-defined]
+    stream.start()
+    return stream
+
+
+async def _confirm(pending: PendingConnect, sock: socket.socket,
+                   token: trio.lowlevel.TrioToken) -> AnyStream:
+    """A listener other processes may share: pair only once this process
+    claims the connect. Anything arriving on the real socket means another
+    process accepted it; so does silence past the deadline."""
+    claimed = trio.Event()
+    if pending.link.threaded:
+        def on_claimed() -> None:  # on the accepting thread
+            try:
+                token.run_sync_soon(claimed.set)
+            except trio.RunFinishedError:  # nobody waits any more
+                pass
+
+        pending.on_claimed = on_claimed
+        # Set, then check: the other thread may have claimed before.
+        if pending.state is PendingState.CLAIMED:
+            claimed.set()
+    else:
+        pending.on_claimed = claimed.set
+
+    async def watch_socket(cancel_scope: trio.CancelScope) -> None:
+        await trio.lowlevel.wait_readable(sock)
+        cancel_scope.cancel()
+
+    async def watch_claim(cancel_scope: trio.CancelScope) -> None:
+        await claimed.wait()
+        cancel_scope.cancel()
+
+    try:
+        with trio.move_on_after(CONFIRM_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch_socket, nursery.cancel_scope)
+                nursery.start_soon(watch_claim, nursery.cancel_scope)
+    except BaseException:
+        if registry.withdraw(pending):
+            sock.close()
+        else:  # claimed meanwhile: the server end sees us go away
+            pending.link.client.close()
+        raise
+    if claimed.is_set() or not registry.withdraw(pending):
+        return _start_client(pending, sock)
+    pending.link.on_done = None
+    counters.fallback("unconfirmed")
+    return _socket_stream(sock)
