@@ -120,24 +120,6 @@ def broken(exc: OSError) -> trio.BrokenResourceError:
     return error
 
 
-class _ConflictDetector:
-    """BusyResourceError when a second task enters the same direction."""
-
-    __slots__ = ("_held", "_message")
-
-    def __init__(self, message: str) -> None:
-        self._held = False
-        self._message = message
-
-    def __enter__(self) -> None:
-        if self._held:
-            raise trio.BusyResourceError(self._message)
-        self._held = True
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._held = False
-
-
 class FriendStream(trio.abc.HalfCloseableStream):
     """One end of a friend link, as a ``trio.abc.HalfCloseableStream``.
 
@@ -159,10 +141,9 @@ class FriendStream(trio.abc.HalfCloseableStream):
         self._eof_sent = False
         self._reader: Optional[trio.lowlevel.Task] = None  # parked in receive_some
         self._writer: Optional[trio.lowlevel.Task] = None  # parked waiting for room
-        self._send_conflict = _ConflictDetector(
-            "another task is currently sending data on this FriendStream")
-        self._receive_conflict = _ConflictDetector(
-            "another task is currently receiving data on this FriendStream")
+        # One task per direction at a time (BusyResourceError otherwise).
+        self._sending = False
+        self._receiving = False
 
     def start(self) -> None:
         """Hook into the link (on the run's thread)."""
@@ -245,7 +226,10 @@ class FriendStream(trio.abc.HalfCloseableStream):
 
     # -- receiving ---------------------------------------------------------
     async def receive_some(self, max_bytes: Optional[int] = None) -> bytes:
-        with self._receive_conflict:
+        if self._receiving:
+            raise trio.BusyResourceError("another task is currently receiving data on this FriendStream")
+        self._receiving = True
+        try:
             if max_bytes is None:
                 max_bytes = DEFAULT_RECEIVE_SIZE
             else:
@@ -280,12 +264,20 @@ class FriendStream(trio.abc.HalfCloseableStream):
             if not parked:
                 await _cancel_shielded_checkpoint()
             return data
+        finally:
+            self._receiving = False
 
     # -- sending -----------------------------------------------------------
+    def _enter_send(self) -> None:
+        if self._sending:
+            raise trio.BusyResourceError("another task is currently sending data on this FriendStream")
+        self._sending = True
+
     async def send_all(self, data: Union[bytes, bytearray, memoryview]) -> None:
         if self._eof_sent and not self._closed:
             raise trio.ClosedResourceError("can't send data after sending EOF")
-        with self._send_conflict:
+        self._enter_send()
+        try:
             if self._closed:
                 raise trio.ClosedResourceError("this stream was already closed")
             if type(data) is not bytes:
@@ -294,23 +286,30 @@ class FriendStream(trio.abc.HalfCloseableStream):
                 await trio.lowlevel.checkpoint()
                 return
             await _checkpoint_if_cancelled()
+            out = self._out
             try:
-                self._out.push(data)
+                out.push(data)
             except PeerResetError:
                 self._write_to_closed_peer()
             # What send() could not fit in sndbuf + friend rcvbuf waits in our
             # own buffer; send_all returns once it fits. Cancelled meanwhile,
             # the bytes stay queued and still arrive, in order.
-            if not await self._wait_for_room(raise_broken=True):
+            if (out.queued <= out.sndbuf + out.rcvbuf and not out.reader_closed) or \
+                    not await self._wait_for_room(raise_broken=True):
                 await _cancel_shielded_checkpoint()
+        finally:
+            self._sending = False
 
     async def wait_send_all_might_not_block(self) -> None:
-        with self._send_conflict:
+        self._enter_send()
+        try:
             if self._closed:
                 raise trio.ClosedResourceError("this stream was already closed")
             await _checkpoint_if_cancelled()
             if not await self._wait_for_room(raise_broken=False):
                 await _cancel_shielded_checkpoint()
+        finally:
+            self._sending = False
 
     async def _wait_for_room(self, raise_broken: bool) -> bool:
         """Until what we queued fits in sndbuf + friend rcvbuf, or the friend
@@ -349,7 +348,8 @@ class FriendStream(trio.abc.HalfCloseableStream):
         return reset_error()
 
     async def send_eof(self) -> None:
-        with self._send_conflict:
+        self._enter_send()
+        try:
             await trio.lowlevel.checkpoint()
             if self._closed:
                 raise trio.ClosedResourceError("this stream was already closed")
@@ -360,6 +360,8 @@ class FriendStream(trio.abc.HalfCloseableStream):
                 # As shutdown(SHUT_WR) on a socket the peer has reset.
                 raise broken(OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN)))
             self._end.shutdown_write()
+        finally:
+            self._sending = False
 
     # -- closing -----------------------------------------------------------
     async def aclose(self) -> None:
