@@ -2,7 +2,10 @@
 JSON has its documented shape, friend figures come from friend links, and
 bad arguments exit 2. No test asserts a speed.
 
-Plain sync tests: the tool makes and runs its own event loops.
+Plain sync tests: the tool makes and runs its own event loops (asyncio,
+uvloop, and trio through ``trio.run``). This module does not import trio
+(no module imports both asyncio and trio): the trio workloads are patched
+through ``_trio_workloads``.
 """
 
 from __future__ import annotations
@@ -23,10 +26,16 @@ from friendsock._bench import _cli, _runner, _workloads
 from friendsock._bench._cli import main, parse_size
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+HAVE_TRIO = _cli._trio_installed()
+if HAVE_TRIO:
+    from friendsock._bench import _trio_workloads
+needs_trio = pytest.mark.skipif(not HAVE_TRIO, reason="trio is not installed")
 CASE_KEYS = {
     "stream", "rr", "crr", "streams-rr", "multi-rr", "multi-stream",
     "threads-rr", "threads-stream", "memory-heap", "memory-rss",
 }
+TRIO_CASE_KEYS = {"stream", "rr", "crr"}
+LOOPS = ["asyncio", "uvloop"] + (["trio"] if HAVE_TRIO else [])
 CELL_KEYS = {"median", "min", "max", "rounds", "unit", "friend_verified", "error", "notes"}
 TINY = ["--seconds", "0.02", "--rounds", "1", "--no-progress"]
 
@@ -48,11 +57,11 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
 
     assert data["format"] == "friendsock-bench/1"
     header = data["header"]
-    for key in ("command", "python", "friendsock", "uvloop", "cpus", "mode", "seconds",
+    for key in ("command", "python", "friendsock", "uvloop", "trio", "cpus", "mode", "seconds",
                 "rounds", "transports", "loops", "elapsed_s", "interrupted"):
         assert key in header
-    assert header["loops"] == ["asyncio", "uvloop"]
-    assert header["transports"] == ["tcp", "unix", "friends"]
+    assert header["loops"] == LOOPS
+    assert header["transports"] == ["tcp", "unix", "friends", "memory"]
     assert set(data["tests"]) == CASE_KEYS
 
     fell_back = False
@@ -62,9 +71,12 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
         assert test["results"], key
         for param, per_loop in test["results"].items():
             assert int(param) > 0
-            assert set(per_loop) == {"asyncio", "uvloop"}, (key, param)
+            loops = set(LOOPS) if key in TRIO_CASE_KEYS else {"asyncio", "uvloop"}
+            assert set(per_loop) == loops, (key, param)
             for loop, per_transport in per_loop.items():
-                assert set(per_transport) == {"tcp", "unix", "friends"}, (key, param, loop)
+                # memory_stream_pair exists on trio only.
+                transports = {"tcp", "unix", "friends"} | ({"memory"} if loop == "trio" else set())
+                assert set(per_transport) == transports, (key, param, loop)
                 for transport, cell in per_transport.items():
                     where = (key, param, loop, transport)
                     assert set(cell) == CELL_KEYS, where
@@ -92,8 +104,23 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
     assert "Baseline TCP" in out and "AF_UNIX" in out and "Friends" in out
     assert ("friends fell back to real TCP across threads" in out) == fell_back
     assert "uvloop" in out and "CPUs" in out and "command:" in out
+    if HAVE_TRIO:
+        assert "Memory pair" in out and "% mem" in out and "targets" in out
+        assert "the trio loop runs stream, rr, crr only" in out
+        _check_targets(data, met_known=True)
     if HAVE_MATPLOTLIB:
         assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def _check_targets(data, met_known):
+    targets = {(t["transport"], t["baseline"]): t for t in data["targets"]}
+    assert set(targets) == {("friends", "tcp"), ("friends", "memory")}
+    for target in targets.values():
+        assert (target["test"], target["param"], target["loop"]) == ("rr", 64, "trio")
+        assert target["required_ratio"] in (3.0, 0.75)
+        if met_known:  # no speed: only that a verdict came out of two figures
+            assert target["met"] in (True, False)
+            assert target["ratio"] == pytest.approx(target["value"] / target["baseline_value"])
 
 
 def test_selection_and_order(tmp_path):
@@ -166,6 +193,134 @@ def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
         assert rr[size]["asyncio"]["friends"]["friend_verified"] is True
 
 
+@needs_trio
+def test_trio_loop_alone(tmp_path, capsys):
+    data = _run_json(tmp_path, [*TINY, "--loops", "trio", "--sizes", "64"])
+    out = capsys.readouterr().out
+    assert data["header"]["loops"] == ["trio"]
+    # Only the tables trio has; the rest are not in the JSON at all.
+    assert set(data["tests"]) == TRIO_CASE_KEYS
+    for key, test in data["tests"].items():
+        cells = test["results"]["64"]["trio"]
+        assert list(cells) == ["tcp", "unix", "friends", "memory"]
+        for transport, cell in cells.items():
+            assert cell["error"] is None, (key, transport, cell["error"])
+            assert cell["median"] >= 0 and len(cell["rounds"]) == 1
+        assert cells["friends"]["friend_verified"] is True, (key, cells["friends"]["notes"])
+        assert cells["memory"]["friend_verified"] is None
+    _check_targets(data, met_known=True)
+    for title in ("stream — ", "rr — ", "crr — ", "targets"):
+        assert title in out
+    for title in ("streams-rr — ", "multi-rr — ", "threads-rr — ", "memory-heap — "):
+        assert title not in out
+    assert "streams-rr" not in out.split("mode:")[1].split("\n")[0]  # no trimmed rows told
+
+
+@needs_trio
+def test_trio_selection_without_memory(tmp_path, capsys):
+    data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "1K",
+                                "--loops", "asyncio,trio", "--transports", "friends,tcp"])
+    per_loop = data["tests"]["rr"]["results"]["1024"]
+    assert list(per_loop) == ["asyncio", "trio"]
+    assert list(per_loop["trio"]) == ["tcp", "friends"]
+    assert per_loop["trio"]["friends"]["friend_verified"] is True
+    assert data["targets"] == []  # rr 64 B was not run
+    out = capsys.readouterr().out
+    assert "Memory pair" not in out and "targets" not in out
+
+
+@needs_trio
+def test_trio_memory_transport_alone(tmp_path, capsys):
+    # memory_stream_pair has no asyncio counterpart: asyncio rows have no cells.
+    data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "64",
+                                "--loops", "asyncio,trio", "--transports", "memory"])
+    per_loop = data["tests"]["rr"]["results"]["64"]
+    assert list(per_loop) == ["trio"]
+    assert per_loop["trio"]["memory"]["error"] is None
+    assert "Memory pair" in capsys.readouterr().out
+
+
+@needs_trio
+def test_trio_friends_that_did_not_pair_are_marked(tmp_path, capsys):
+    friendsock.set_enabled(False)  # every friends connection falls back
+    try:
+        data = _run_json(tmp_path, [*TINY, "--tests", "stream,rr,crr", "--sizes", "64",
+                                    "--loops", "trio"])
+    finally:
+        friendsock.set_enabled(True)
+    for key in ("stream", "rr", "crr"):
+        cell = data["tests"][key]["results"]["64"]["trio"]["friends"]
+        assert cell["error"] is None and cell["median"] >= 0
+        assert cell["friend_verified"] is False
+        assert any("disabled" in note for note in cell["notes"]), cell["notes"]
+    target = next(t for t in data["targets"] if t["baseline"] == "tcp")
+    assert target["friend_verified"] is False and target["met"] is False
+    out = capsys.readouterr().out
+    assert "†" in out and "not from friend links" in out
+
+
+@needs_trio
+def test_trio_failing_and_stuck_transports_are_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(_runner, "MEASURE_SLACK", 0.3)
+    measure = _trio_workloads.TrioRRWorkload.measure
+
+    async def failing(self, seconds, warmup):
+        if self.transport == "friends":
+            raise RuntimeError("boom")
+        if self.transport == "memory":  # awaits (trio's timeout can fire), never ends
+            await _trio_workloads.until(lambda: False, "the sky to fall", timeout=3600)
+        return await measure(self, seconds, warmup)
+
+    monkeypatch.setattr(_trio_workloads.TrioRRWorkload, "measure", failing)
+    data = _run_json(tmp_path, [*TINY, "--tests", "rr,crr", "--sizes", "64", "--loops", "trio"])
+    rr = data["tests"]["rr"]["results"]["64"]["trio"]
+    assert "boom" in rr["friends"]["error"] and rr["friends"]["median"] is None
+    assert rr["memory"]["error"].startswith("timed out")
+    for transport in ("tcp", "unix"):
+        assert rr[transport]["error"] is None and rr[transport]["median"] > 0
+    target = next(t for t in data["targets"] if t["baseline"] == "tcp")
+    assert target["met"] is None  # a failed cell: no verdict
+    crr = data["tests"]["crr"]["results"]["64"]["trio"]
+    assert crr["friends"]["error"] is None and crr["friends"]["friend_verified"] is True
+
+
+@needs_trio
+def test_a_hung_trio_step_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(_runner, "WATCHDOG_GRACE", 0.3)
+    monkeypatch.setattr(_runner, "MEASURE_SLACK", 0.3)
+    measure = _trio_workloads.TrioRRWorkload.measure
+
+    async def hanging(self, seconds, warmup):
+        if self.transport == "unix":
+            while True:  # a task that never yields: no trio timeout can fire
+                time.sleep(0.001)
+        return await measure(self, seconds, warmup)
+
+    monkeypatch.setattr(_trio_workloads.TrioRRWorkload, "measure", hanging)
+    data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "64,1K",
+                                "--loops", "asyncio,trio"])
+    rr = data["tests"]["rr"]["results"]
+    assert rr["64"]["trio"]["unix"]["error"].startswith("hung")
+    assert rr["1024"]["trio"]["unix"]["error"].startswith("skipped")
+    for size in ("64", "1024"):
+        assert rr[size]["trio"]["tcp"]["median"] > 0
+        assert rr[size]["trio"]["memory"]["median"] > 0
+        assert rr[size]["trio"]["friends"]["friend_verified"] is True
+        assert rr[size]["asyncio"]["unix"]["error"] is None  # only trio's unix hung
+
+
+def test_trio_missing_is_skipped_with_a_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(_cli, "_trio_installed", lambda: False)
+    data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "64"])
+    assert "trio" not in data["header"]["loops"]
+    assert "trio" not in data["tests"]["rr"]["results"]["64"]
+    assert "trio is not installed: no trio rows" in data["notes"]
+    capsys.readouterr()
+    assert main([*TINY, "--loops", "trio"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trio is not installed" in err[0]
+
+
 @pytest.mark.parametrize("argv", [
     ["--tests", "nope"],
     ["--tests", "stream,"],
@@ -176,7 +331,7 @@ def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
     ["--seconds", "-1"],
     ["--seconds", "soon"],
     ["--transports", "pigeon"],
-    ["--loops", "trio"],
+    ["--loops", "tokio"],
     ["--conns", "0"],
     ["--idle", "many"],
     ["--quick", "--full"],
@@ -234,6 +389,9 @@ def test_python_m_friendsock():
     assert done.returncode == 2 and "unknown subcommand" in done.stderr
     done = _python_m("bench", "--tests", "nope")
     assert done.returncode == 2 and "error:" in done.stderr
-    done = _python_m("bench", *TINY, "--tests", "rr", "--sizes", "64", "--loops", "asyncio")
+    loops = "asyncio,trio" if HAVE_TRIO else "asyncio"
+    done = _python_m("bench", *TINY, "--tests", "rr", "--sizes", "64", "--loops", loops)
     assert done.returncode == 0, done.stderr
     assert "rr — " in done.stdout and "finished in" in done.stdout
+    if HAVE_TRIO:
+        assert "trio" in done.stdout and "targets" in done.stdout

@@ -12,7 +12,7 @@ import sys
 from typing import Callable, List, Optional, Sequence, TypeVar
 
 from ._runner import FULL, MODES, QUICK, TESTS, Config, Runner, default_cases, format_size
-from ._transports import LOOPS, TRANSPORTS
+from ._transports import LOOPS, TRANSPORTS, TRIO_CASES
 
 T = TypeVar("T")
 
@@ -94,12 +94,15 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         prog=prog or "friendsock-bench",
         description=(
             "netperf-style comparison of real TCP, AF_UNIX and friendsock's friend links on "
-            "asyncio and uvloop, printed in the form of the kernel TCP friends patch's tables."),
+            "asyncio, uvloop and trio (trio also: trio.testing.memory_stream_pair), printed "
+            "in the form of the kernel TCP friends patch's tables."),
         epilog=(
             f"tests: {', '.join(TESTS)}. Quick (the default): {QUICK.seconds:g} s per cell, "
             f"median of {QUICK.rounds} rounds (memory: {QUICK.memory_rounds}), streams-rr "
             f"at 64 B and 1 KiB. Full: {FULL.seconds:g} s per cell, {FULL.rounds} rounds "
             f"(memory: {FULL.memory_rounds}). Default sizes: {sizes_help}. "
+            f"The trio loop runs {', '.join(TRIO_CASES)}; the memory transport "
+            "(memory_stream_pair) runs on trio only. "
             "See benchmarks/README.md for the JSON shape."),
     )
     mode = parser.add_mutually_exclusive_group()
@@ -114,9 +117,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                              "e.g. 64,1K,64K,1M")
     parser.add_argument("--transports", type=_choice(TRANSPORTS, "transport"),
                         default=list(TRANSPORTS), metavar="LIST",
-                        help=f"comma-separated: {','.join(TRANSPORTS)} (default all)")
+                        help=f"comma-separated: {','.join(TRANSPORTS)} (default all; memory: "
+                             "trio.testing.memory_stream_pair, trio loop only)")
     parser.add_argument("--loops", type=_choice(LOOPS, "loop"), metavar="LIST",
-                        help=f"comma-separated: {','.join(LOOPS)} (default all installed)")
+                        help=f"comma-separated: {','.join(LOOPS)} (default all installed; "
+                             f"trio runs {','.join(TRIO_CASES)})")
     parser.add_argument("--seconds", type=_seconds, metavar="S",
                         help="measured time per cell and round")
     parser.add_argument("--rounds", type=_count(1, 1000, "round count"), metavar="N",
@@ -143,6 +148,16 @@ def _uvloop_installed() -> bool:
     return importlib.util.find_spec("uvloop") is not None
 
 
+def _trio_installed() -> bool:
+    """Whether the trio loop can run: its runner imports trio (not this
+    module: no module imports both asyncio and trio)."""
+    try:
+        from . import _trio_runner  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _check_output(path: str) -> Optional[str]:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
@@ -162,10 +177,14 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     prog = parser.prog
     args = parser.parse_args(argv)  # exits 2 on bad arguments
 
+    installed = {"asyncio": True, "uvloop": _uvloop_installed(), "trio": _trio_installed()}
+    missing = [] if args.loops is not None else [loop for loop in LOOPS if not installed[loop]]
     if args.loops is None:
-        args.loops = [loop for loop in LOOPS if loop != "uvloop" or _uvloop_installed()]
-    elif "uvloop" in args.loops and not _uvloop_installed():
+        args.loops = [loop for loop in LOOPS if installed[loop]]
+    elif "uvloop" in args.loops and not installed["uvloop"]:
         return _fail(prog, "uvloop is not installed (pip install uvloop, or --loops asyncio)")
+    elif "trio" in args.loops and not installed["trio"]:
+        return _fail(prog, "trio is not installed (pip install trio, or --loops asyncio)")
     if importlib.util.find_spec("rich") is None:
         return _fail(prog, "the benchmark needs rich: pip install 'friendsock[bench]'")
     if args.plot is not None:
@@ -203,8 +222,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     runner = Runner(config, progress)
     header = _report.collect_header(config, command)
     _report.print_header(console, header, runner.run)
-    if "uvloop" not in config.loops and _uvloop_installed() is False:
-        runner.run.note("uvloop is not installed: asyncio loop only")
+    for loop in missing:
+        runner.run.note(f"{loop} is not installed: no {loop} rows")
+    if "trio" in config.loops:
+        without = [c.key for c in runner.run.cases if c.key not in TRIO_CASES]
+        if without:
+            runner.run.note(f"the trio loop runs {', '.join(TRIO_CASES)} only: no trio rows in "
+                            + ", ".join(without))
     status = 0
     try:
         runner.execute()

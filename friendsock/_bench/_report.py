@@ -1,9 +1,11 @@
 """Everything a run hands out: the header, the tables (the kernel patch's
 form: Baseline TCP | AF_UNIX (% of TCP) | Friends (% of TCP) | Friends as %
-of AF_UNIX), the progress bar, the JSON file and the plot."""
+of AF_UNIX; with trio rows also Memory pair | Friends as % of it), the
+targets, the progress bar, the JSON file and the plot."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
@@ -26,9 +28,11 @@ from rich.text import Text
 import friendsock
 
 from ._runner import Case, Cell, Config, Progress, Run, cpu_counts, format_param
+from ._transports import loop_runs
 
 JSON_FORMAT = "friendsock-bench/1"
-TRANSPORT_LABELS = {"tcp": "Baseline TCP", "unix": "AF_UNIX", "friends": "Friends"}
+TRANSPORT_LABELS = {"tcp": "Baseline TCP", "unix": "AF_UNIX", "friends": "Friends",
+                    "memory": "Memory pair"}
 PARAM_LABELS = {"bytes": "size", "connections": "N", "idle connections": "idle"}
 _ERROR_WIDTH = 28  # an error in a cell is cut here; the full text is a note
 
@@ -50,6 +54,7 @@ def collect_header(config: Config, command: str) -> Dict[str, Any]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "friendsock": friendsock.__version__,
         "uvloop": _version("uvloop"),
+        "trio": _version("trio"),
         "platform": platform.platform(),
         "cpus": cpus,
         "cpus_usable": usable,
@@ -64,8 +69,9 @@ def collect_header(config: Config, command: str) -> Dict[str, Any]:
 
 
 def make_console() -> Console:
-    # Piped to a file, rich would assume 80 columns and squeeze the tables.
-    return Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    # Piped to a file, rich would assume 80 columns and squeeze the tables
+    # (the widest, with trio's Memory pair and % mem, needs about 130).
+    return Console(width=None if sys.stdout.isatty() else 140, highlight=False)
 
 
 def print_header(console: Console, header: Dict[str, Any], run: Run) -> None:
@@ -75,7 +81,8 @@ def print_header(console: Console, header: Dict[str, Any], run: Run) -> None:
     console.print(Text("friendsock bench", style="bold"))
     console.print(f"command:    {header['command']}", soft_wrap=True)
     console.print(f"python:     {header['python']}   friendsock: {header['friendsock']}   "
-                  f"uvloop: {header['uvloop'] or 'not installed'}   CPUs: {cpus}")
+                  f"uvloop: {header['uvloop'] or 'not installed'}   "
+                  f"trio: {header.get('trio') or 'not installed'}   CPUs: {cpus}")
     console.print(f"platform:   {header['platform']}   started: {header['started']}")
     console.print(f"mode:       {describe_mode(run)}", soft_wrap=True)
     console.print()
@@ -88,7 +95,8 @@ def describe_mode(run: Run) -> str:
         memory = f" (memory: {config.memory_rounds} round{'s' if config.memory_rounds > 1 else ''})"
     parts = [f"{config.mode.name}: {config.seconds:g} s per cell after a {config.warmup:g} s "
              f"warm-up, median of {config.rounds} round{'s' if config.rounds > 1 else ''}{memory}"]
-    trimmed = [c for c in run.cases if c.params != _full_params(c)]
+    trimmed = [c for c in run.cases if c.params != _full_params(c)
+               and any(loop_runs(loop, c.key) for loop in config.loops)]
     if trimmed:
         parts.append("; rows limited to: " + "; ".join(
             f"{c.key} " + ", ".join(format_param(c, p) for p in c.params) for c in trimmed))
@@ -161,9 +169,14 @@ def _value_cell(cell: Optional[Cell], transport: str, unit: str, footnotes: _Foo
     return text
 
 
+def _has_cells(run: Run, case: Case, transport: str) -> bool:
+    return any(key == case.key and t == transport for (key, _, _, t) in run.cells)
+
+
 def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
     config = run.config
     transports = config.transports
+    loops = [loop for loop in config.loops if loop_runs(loop, case.key)]
     footnotes = _Footnotes()
     rounds = config.memory_rounds if case.test == "memory" else config.rounds
     caption = [f"{case.unit}, median of {rounds} round{'s' if rounds > 1 else ''}"
@@ -177,32 +190,41 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
             if key == case.key and t == "friends"):
         caption.append("friends fell back to real TCP across threads (†): this friendsock "
                        "pairs only ends on one event loop, so the Friends column is TCP")
+    has = {t: t in transports for t in ("tcp", "unix", "friends")}
+    # The memory pair exists on trio only: a column where it ran.
+    has["memory"] = "memory" in transports and _has_cells(run, case, "memory")
+    if has["memory"]:
+        caption.append("Memory pair: trio.testing.memory_stream_pair() (trio only); "
+                       "% mem: Friends as % of it")
     table = Table(title=f"[bold]{case.key}[/bold] — {case.title}", caption="\n".join(caption),
                   box=box.SIMPLE_HEAVY, title_justify="left", caption_justify="left")
     table.add_column(PARAM_LABELS[case.param], justify="right", no_wrap=True)
     table.add_column("loop", no_wrap=True)
-    has = {t: t in transports for t in ("tcp", "unix", "friends")}
     if has["tcp"]:
         table.add_column("Baseline TCP", justify="right")
     if has["unix"]:
         table.add_column("AF_UNIX", justify="right")
         if has["tcp"]:
             table.add_column("% TCP", justify="right")
+    if has["memory"]:
+        table.add_column("Memory pair", justify="right")
     if has["friends"]:
         table.add_column("Friends", justify="right")
         if has["tcp"]:
             table.add_column("% TCP", justify="right")
         if has["unix"]:
             table.add_column("% AF_UNIX", justify="right")
+        if has["memory"]:
+            table.add_column("% mem", justify="right")
     for param in case.params:
-        for i, loop in enumerate(config.loops):
+        for i, loop in enumerate(loops):
             cells = {t: run.cell(case.key, param, loop, t) for t in transports}
             medians = {t: (c.median if c is not None and c.error is None else None)
                        for t, c in cells.items()}
             label = format_param(case, param) if i == 0 else ""
             row: List[Any] = [label, loop]
             where = f"{format_param(case, param)} {loop}"
-            for transport in ("tcp", "unix", "friends"):
+            for transport in ("tcp", "unix", "memory", "friends"):
                 if not has[transport]:
                     continue
                 row.append(_value_cell(cells[transport], transport, case.unit, footnotes,
@@ -214,7 +236,9 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
                         row.append(_percent(medians["friends"], medians["tcp"]))
                     if has["unix"]:
                         row.append(_percent(medians["friends"], medians["unix"]))
-            table.add_row(*row, end_section=i == len(config.loops) - 1)
+                    if has["memory"]:
+                        row.append(_percent(medians["friends"], medians.get("memory")))
+            table.add_row(*row, end_section=i == len(loops) - 1)
     notes = footnotes.render()
     if any(c is not None and c.friend_verified is False
            for (key, _, _, t), c in run.cells.items() if key == case.key and t == "friends"):
@@ -231,6 +255,86 @@ def print_tables(console: Console, run: Run) -> None:
         for note in notes:
             console.print(Text("  " + note, style="yellow"), soft_wrap=True)
         console.print()
+    print_targets(console, run)
+
+
+# -- targets ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """``transport`` >= ``ratio`` x ``baseline`` in one cell of one table."""
+
+    name: str
+    case: str
+    param: int
+    loop: str
+    transport: str
+    baseline: str
+    ratio: float
+
+
+TARGETS = (
+    Target("trio rr 64 B: Friends >= 3x Baseline TCP", "rr", 64, "trio", "friends", "tcp", 3.0),
+    Target("trio rr 64 B: Friends >= 75% of Memory pair (memory_stream_pair)",
+           "rr", 64, "trio", "friends", "memory", 0.75),
+)
+
+
+def _median(cell: Optional[Cell]) -> Optional[float]:
+    return cell.median if cell is not None and cell.error is None else None
+
+
+def evaluate_targets(run: Run) -> List[Dict[str, Any]]:
+    """The targets whose cells this run has (measured or failed). ``met`` is
+    None when either figure is missing; a figure not from friend links
+    (friend_verified false) does not meet a target."""
+    results = []
+    for target in TARGETS:
+        cell = run.cell(target.case, target.param, target.loop, target.transport)
+        base = run.cell(target.case, target.param, target.loop, target.baseline)
+        if cell is None or base is None:
+            continue
+        value, base_value = _median(cell), _median(base)
+        ratio = value / base_value if value is not None and base_value else None
+        met = None if ratio is None else bool(
+            ratio >= target.ratio and cell.friend_verified is not False)
+        results.append({
+            "target": target.name, "test": target.case, "param": target.param,
+            "loop": target.loop, "transport": target.transport, "baseline": target.baseline,
+            "required_ratio": target.ratio, "value": value, "baseline_value": base_value,
+            "ratio": ratio, "friend_verified": cell.friend_verified, "met": met,
+        })
+    return results
+
+
+def _ratio_text(ratio: Optional[float], required: float) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}x" if required >= 1 else f"{100 * ratio:.0f}%"
+
+
+def print_targets(console: Console, run: Run) -> None:
+    results = evaluate_targets(run)
+    if not results:
+        return
+    table = Table(title="[bold]targets[/bold]", box=box.SIMPLE_HEAVY, title_justify="left")
+    for name, justify in (("target", "left"), ("measured", "right"), ("ratio", "right"),
+                          ("met", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for result in results:
+        unit = next((c.unit for c in run.cases if c.key == result["test"]), "")
+        measured = (f"{format_value(result['value'], unit)} / "
+                    f"{format_value(result['baseline_value'], unit)}")
+        met = result["met"]
+        verdict = (Text("not measured", style="yellow") if met is None
+                   else Text("yes", style="green") if met
+                   else Text("no" + (" (not from friend links)"
+                                     if result["friend_verified"] is False else ""), style="red"))
+        table.add_row(result["target"], measured,
+                      _ratio_text(result["ratio"], result["required_ratio"]), verdict)
+    console.print(table)
+    console.print()
 
 
 def print_footer(console: Console, run: Run) -> None:
@@ -283,6 +387,8 @@ def to_json(run: Run, header: Dict[str, Any]) -> Dict[str, Any]:
     """The machine-readable form; its shape is documented in benchmarks/README.md."""
     tests: Dict[str, Any] = {}
     for case in run.cases:
+        if not any(loop_runs(loop, case.key) for loop in run.config.loops):
+            continue  # no selected loop has this table (--loops trio)
         rounds = run.config.memory_rounds if case.test == "memory" else run.config.rounds
         results: Dict[str, Any] = {}
         for param in case.params:
@@ -321,6 +427,7 @@ def to_json(run: Run, header: Dict[str, Any]) -> Dict[str, Any]:
         "header": dict(header, elapsed_s=round(run.elapsed, 3), interrupted=run.interrupted,
                        test_elapsed_s={t: round(v, 3) for t, v in run.timings.items()}),
         "notes": list(run.notes),
+        "targets": evaluate_targets(run),
         "tests": tests,
     }
 
@@ -348,8 +455,8 @@ def plot(run: Run, path: str) -> None:
     ncols = min(3, len(cases))
     nrows = (len(cases) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
-    colors = {"tcp": "tab:gray", "unix": "tab:blue", "friends": "tab:red"}
-    styles = {"asyncio": "-", "uvloop": "--"}
+    colors = {"tcp": "tab:gray", "unix": "tab:blue", "friends": "tab:red", "memory": "tab:green"}
+    styles = {"asyncio": "-", "uvloop": "--", "trio": ":"}
     relative = "tcp" in run.config.transports
     for ax, case in zip(axes.flat, cases):
         xs = list(range(len(case.params)))
@@ -358,6 +465,9 @@ def plot(run: Run, path: str) -> None:
             if relative and transport == "tcp":
                 continue
             for loop in run.config.loops:
+                if not any(run.cell(case.key, p, loop, transport) is not None
+                           for p in case.params):
+                    continue  # not run on this loop (memory off trio, trio's missing tests)
                 ys: List[float] = []
                 for param in case.params:
                     cell = run.cell(case.key, param, loop, transport)
@@ -398,4 +508,4 @@ def plot(run: Run, path: str) -> None:
 
 
 __all__ = ["collect_header", "make_console", "print_header", "print_tables", "print_footer",
-           "RichProgress", "to_json", "plot"]
+           "print_targets", "evaluate_targets", "RichProgress", "to_json", "plot"]

@@ -10,6 +10,11 @@ rounds.
 Every step runs under a timeout, and under a watchdog thread for a callback
 that never returns (then no timeout can fire): a transport that fails or
 hangs gets ``error: ...`` in its cell and the run goes on.
+
+The trio loop runs only some tables (``TRIO_CASES``) and has one more
+transport (``memory``); its runner and workloads live in ``_trio_runner``
+and ``_trio_workloads`` (they import trio, this module asyncio), imported
+only when the trio loop runs.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 from typing import Any, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
 
 from ._memory import IdleWorkload, raise_fd_limit
-from ._transports import LOOPS, TRANSPORTS, Endpoint, loop_factory
+from ._transports import LOOPS, TRANSPORTS, Endpoint, loop_factory, loop_runs, loop_transports
 from ._workloads import (
     CRRWorkload,
     LoopThread,
@@ -300,6 +305,10 @@ class LoopRunner:
         self._taken = 0
         self.broken = False
 
+    def make_workload(self, case: Case, param: int, transport: str, tmpdir: str,
+                      server_side: Any) -> Workload:
+        return make_workload(case, param, Endpoint(transport, tmpdir), server_side, self.kind)
+
     def take_exceptions(self) -> List[Dict[str, Any]]:
         """What the loops reported since the last call."""
         new = self.exceptions[self._taken:]
@@ -367,6 +376,16 @@ class LoopRunner:
             loop.close()
 
 
+def make_loop_runner(kind: str, watchdog: Watchdog) -> Any:
+    """A :class:`LoopRunner`, or for trio a ``_trio_runner.TrioRunner``
+    (same interface); ImportError when trio is missing."""
+    if kind == "trio":
+        from ._trio_runner import TrioRunner
+
+        return TrioRunner(watchdog)
+    return LoopRunner(kind, watchdog)
+
+
 def describe_error(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if not isinstance(exc, (Hung, TimeoutError)) and type(exc).__name__ not in text:
@@ -415,7 +434,9 @@ class Runner:
     def total_steps(self) -> int:
         config = self.config
         return sum(len(case.params) * rounds_for(case, config)
-                   for case in self.run.cases) * len(config.loops) * len(config.transports)
+                   * len(loop_transports(kind, config.transports))
+                   for case in self.run.cases for kind in config.loops
+                   if loop_runs(kind, case.key))
 
     def execute(self) -> Run:
         """Run everything; on KeyboardInterrupt the results so far stay in
@@ -435,12 +456,15 @@ class Runner:
             with tempfile.TemporaryDirectory(prefix="fsbench-") as tmpdir:
                 for test in TESTS:
                     cases = [c for c in run.cases if c.test == test]
-                    if not cases:
+                    if not any(loop_runs(kind, c.key) for c in cases
+                               for kind in self.config.loops):
                         continue
                     test_started = time.perf_counter()
                     try:
                         for kind in self.config.loops:
-                            self._run_test(cases, kind, tmpdir, watchdog)
+                            on_loop = [c for c in cases if loop_runs(kind, c.key)]
+                            if on_loop and loop_transports(kind, self.config.transports):
+                                self._run_test(on_loop, kind, tmpdir, watchdog)
                     finally:
                         run.timings[test] = time.perf_counter() - test_started
         except KeyboardInterrupt:
@@ -467,9 +491,8 @@ class Runner:
         return fitted
 
     def _run_test(self, cases: List[Case], kind: str, tmpdir: str, watchdog: Watchdog) -> None:
-        config = self.config
         try:
-            runner = LoopRunner(kind, watchdog)
+            runner = make_loop_runner(kind, watchdog)
         except Exception as exc:
             self._fail_all(cases, kind, f"could not create the {kind} loop: {describe_error(exc)}")
             return
@@ -492,13 +515,14 @@ class Runner:
             self._report_loop_exceptions(runner, cases[0].test)
 
     def _fail_all(self, cases: Sequence[Case], kind: str, error: str) -> None:
+        transports = loop_transports(kind, self.config.transports)
         for case in cases:
             for param in case.params:
-                for transport in self.config.transports:
+                for transport in transports:
                     self.run.cells[(case.key, param, kind, transport)] = Cell(error=error)
-                self.progress.advance(rounds_for(case, self.config) * len(self.config.transports))
+                self.progress.advance(rounds_for(case, self.config) * len(transports))
 
-    def _run_row(self, runner: LoopRunner, case: Case, param: int, tmpdir: str,
+    def _run_row(self, runner: Any, case: Case, param: int, tmpdir: str,
                  server_side: Any) -> None:
         config = self.config
         progress = self.progress
@@ -511,15 +535,20 @@ class Runner:
             30 + conns * 0.02 if case.test == "memory" else 0)
         workloads: Dict[str, Workload] = {}
         cells: Dict[str, Cell] = {}
-        for transport in config.transports:
+        for transport in loop_transports(kind, config.transports):
             cell = cells[transport] = Cell()
             self.run.cells[(case.key, param, kind, transport)] = cell
             if (case.test, kind, transport) in self._hung:
                 cell.error = "skipped: hung earlier in this test"
                 progress.advance(rounds)
                 continue
-            workload = make_workload(case, param, Endpoint(transport, tmpdir), server_side, kind)
             progress.describe(f"{label} {transport}: setting up")
+            try:
+                workload = runner.make_workload(case, param, transport, tmpdir, server_side)
+            except Exception as exc:
+                cell.error = describe_error(exc)
+                progress.advance(rounds)
+                continue
             try:
                 runner.run(workload.setup(), setup_timeout)
             except Exception as exc:
@@ -557,7 +586,7 @@ class Runner:
             self._close(runner, workload, cells[transport])
 
     @staticmethod
-    def _close(runner: LoopRunner, workload: Workload, cell: Cell) -> None:
+    def _close(runner: Any, workload: Workload, cell: Cell) -> None:
         try:
             runner.run(workload.close(abort=cell.error is not None), 30)
         except Exception as exc:
@@ -565,14 +594,14 @@ class Runner:
         finally:
             _attach_exceptions(runner, cell)
 
-    def _report_loop_exceptions(self, runner: LoopRunner, test: str) -> None:
+    def _report_loop_exceptions(self, runner: Any, test: str) -> None:
         # Whatever came after the last step (loop and thread shut-down).
         for context in runner.take_exceptions():
             self.run.note(f"{test} on {runner.kind}: event loop reported: "
                           + describe_context(context))
 
 
-def _attach_exceptions(runner: LoopRunner, cell: Cell) -> None:
+def _attach_exceptions(runner: Any, cell: Cell) -> None:
     for context in runner.take_exceptions():
         note = "event loop reported: " + describe_context(context)
         if note not in cell.notes:

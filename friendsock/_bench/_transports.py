@@ -1,9 +1,14 @@
-"""The three transports under test, behind one small interface.
+"""The transports under test on the asyncio loops, behind one small interface.
 
 ``tcp`` is friendsock with ``friends=False`` (the loop's own TCP transport),
 ``unix`` is the loop's AF_UNIX transport, ``friends`` is friendsock as a user
 gets it. A server may run on another loop (the ``threads`` test): ``serve``
 runs on the server's loop, ``connect`` on the client's.
+
+The ``trio`` loop has its own endpoints (``_trio_workloads``: that module
+imports trio, this one asyncio) and a fourth transport, ``memory``
+(``trio.testing.memory_stream_pair()``), and runs only the tests in
+``TRIO_CASES``.
 """
 
 from __future__ import annotations
@@ -11,12 +16,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import friendsock
 
-TRANSPORTS = ("tcp", "unix", "friends")
-LOOPS = ("asyncio", "uvloop")
+TRANSPORTS = ("tcp", "unix", "friends", "memory")
+LOOPS = ("asyncio", "uvloop", "trio")
+# What the trio loop runs (the tables' keys); the rest of the tables have
+# no trio rows. ``memory`` runs only on trio.
+TRIO_CASES = ("stream", "rr", "crr")
+TRIO_ONLY_TRANSPORTS = ("memory",)
 HOST = "127.0.0.1"
 # Large enough that hundreds of concurrent connects never overflow it.
 BACKLOG = 1024
@@ -27,11 +36,21 @@ StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]
 _socket_names = itertools.count()
 
 
+def loop_transports(kind: str, transports: Sequence[str]) -> List[str]:
+    """The selected transports that run on loop ``kind``."""
+    return [t for t in transports if kind == "trio" or t not in TRIO_ONLY_TRANSPORTS]
+
+
+def loop_runs(kind: str, case_key: str) -> bool:
+    """Whether loop ``kind`` has rows in table ``case_key``."""
+    return kind != "trio" or case_key in TRIO_CASES
+
+
 class Endpoint:
     """One server of one transport, and how clients reach it."""
 
     def __init__(self, transport: str, tmpdir: str) -> None:
-        if transport not in TRANSPORTS:
+        if transport not in TRANSPORTS or transport in TRIO_ONLY_TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}")
         self.transport = transport
         self._tmpdir = tmpdir
@@ -104,4 +123,6 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
         import uvloop
 
         return uvloop.new_event_loop
+    if kind == "trio":
+        raise ValueError("the trio loop is no asyncio loop: it runs in _trio_runner")
     raise ValueError(f"unknown loop {kind!r}")
