@@ -12,9 +12,11 @@ read) reschedules it, directly on the same run, with one
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import operator
 import os
+import socket
 import threading
 import warnings
 import weakref
@@ -134,7 +136,7 @@ class FriendStream(trio.abc.HalfCloseableStream):
         self._out = end.outgoing
         self._in = end.incoming
         self._state = state
-        self.socket = FriendSocket(sock, end, self._buffer_sizes_changed)
+        self.socket = FriendSocket(sock, end, self._buffer_sizes_changed)  # a cycle: collectable
         self._sockname = sockname
         self._peername = peername
         self._closed = False
@@ -149,35 +151,55 @@ class FriendStream(trio.abc.HalfCloseableStream):
         """Hook into the link (on the run's thread)."""
         state = self._state
         state.streams[id(self)] = weakref.ref(self)
-        if self._end.link.threaded:
-            readable, writable = self._remote_hooks()
-        else:
-            readable, writable = self._wake_reader, self._wake_writer
+        readable, writable = self._hooks()
         self._out.attach_writer(writable)
         self._in.attach_reader(readable)
+        # As trio.SocketStream: the real socket is configured alike, so
+        # getsockopt() answers the same on both paths.
+        sock = self.socket
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        if hasattr(socket, "TCP_NOTSENT_LOWAT"):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, 2**14)
         # The kernel sizes a socket's buffers when the connection is set up;
         # the link was made before that.
-        self.socket.sync_buffer_sizes()
+        sock.sync_buffer_sizes()
 
-    def _remote_hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
-        """The hooks the friend's thread calls: one hand-over to our run per
-        burst (the channel notifies once until we look again)."""
+    def _hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
+        """The hooks the friend calls. They hold this stream weakly: a
+        stream its owner dropped is collected (and resets its friend) even
+        while the friend lives. A friend on another thread hands each wake-up
+        to our run (one per burst: the channel notifies once until we look
+        again)."""
+        ref = weakref.ref(self)
+
+        def wake_reader() -> None:
+            stream = ref()
+            if stream is not None:
+                stream._wake_reader()
+
+        def wake_writer() -> None:
+            stream = ref()
+            if stream is not None:
+                stream._wake_writer()
+
+        if not self._end.link.threaded:
+            return wake_reader, wake_writer
         run_sync_soon = self._state.token.run_sync_soon
-        wake_reader, wake_writer = self._wake_reader, self._wake_writer
 
-        def readable() -> None:
-            try:
-                run_sync_soon(wake_reader)
-            except trio.RunFinishedError:
-                self._run_gone()
+        def hand_over(wake: Callable[[], None]) -> Callable[[], None]:
+            def remote() -> None:
+                try:
+                    run_sync_soon(wake)
+                except trio.RunFinishedError:
+                    stream = ref()
+                    if stream is not None:
+                        stream._run_gone()
 
-        def writable() -> None:
-            try:
-                run_sync_soon(wake_writer)
-            except trio.RunFinishedError:
-                self._run_gone()
+            return remote
 
-        return readable, writable
+        return hand_over(wake_reader), hand_over(wake_writer)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

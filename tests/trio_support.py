@@ -1,0 +1,236 @@
+"""Shared pieces of the trio tests: a connected pair of streams on either
+path, pairing assertions, clogging, leak checks, and an asyncio loop in a
+thread that a trio test can drive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import socket
+import threading
+import warnings
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
+
+import pytest
+import trio
+import trio.testing
+import uvloop
+
+import friendsock
+import friendsock.trio as fst
+
+LOCALHOST = "127.0.0.1"
+TIMEOUT = 10
+MiB = 1 << 20
+
+
+# -- pairing assertions -----------------------------------------------------------
+
+
+def assert_path(friends: bool, *streams: Any) -> None:
+    """Each stream took the path under test: a FriendStream on the friend
+    path, trio's own SocketStream on real TCP."""
+    for stream in streams:
+        assert fst.is_friend(stream) is friends, stream
+        if friends:
+            assert isinstance(stream, fst.FriendStream), stream
+        else:
+            assert type(stream) is trio.SocketStream, stream
+        assert isinstance(stream, trio.abc.HalfCloseableStream)
+
+
+def fallbacks_since(before: friendsock.FriendStats) -> Dict[str, int]:
+    after = friendsock.stats().fallbacks
+    moved = {k: after.get(k, 0) - before.fallbacks.get(k, 0) for k in set(after) | set(before.fallbacks)}
+    return {k: v for k, v in moved.items() if v}
+
+
+def assert_paired_since(before: friendsock.FriendStats, friends: bool, count: int = 1) -> None:
+    """``count`` connections made since ``before`` paired (friends) or all
+    took real TCP because both ends opted out (not friends)."""
+    after = friendsock.stats()
+    if friends:
+        assert after.links_made - before.links_made == count
+        assert fallbacks_since(before) == {}, fallbacks_since(before)
+    else:
+        assert after.links_made == before.links_made
+        assert fallbacks_since(before) == {"opted-out": count}, fallbacks_since(before)
+
+
+def sockopt(stream: Any, option: int) -> int:
+    return stream.getsockopt(socket.SOL_SOCKET, option)
+
+
+def capacity(writer: Any, reader: Any) -> int:
+    """What ``writer`` may queue toward ``reader`` before send_all blocks."""
+    return sockopt(writer, socket.SO_SNDBUF) + sockopt(reader, socket.SO_RCVBUF)
+
+
+# -- a connected pair ---------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def listening(friends: Optional[bool], host: str = LOCALHOST, **kwargs: Any):
+    """friendsock listeners on ``host``, port 0; yields (first listener, its port)."""
+    listeners = await fst.open_tcp_listeners(0, host=host, friends=friends, **kwargs)
+    try:
+        yield listeners[0], listeners[0].socket.getsockname()[1]
+    finally:
+        for listener in listeners:
+            await listener.aclose()
+
+
+@contextlib.asynccontextmanager
+async def stream_pair(
+    friends: bool, host: str = LOCALHOST
+) -> AsyncIterator[Tuple[trio.abc.HalfCloseableStream, trio.abc.HalfCloseableStream]]:
+    """A (client, server) pair on the path under test, connect then accept
+    in this one task; both closed (forcefully) afterwards."""
+    before = friendsock.stats()
+    async with listening(friends, host) as (listener, port):
+        with trio.fail_after(TIMEOUT):
+            client = await fst.open_tcp_stream(host, port, friends=friends)
+        try:
+            with trio.fail_after(TIMEOUT):
+                server = await listener.accept()
+            try:
+                assert_path(friends, client, server)
+                assert_paired_since(before, friends)
+                assert client.socket.getsockname() == server.socket.getpeername()
+                assert client.socket.getpeername() == server.socket.getsockname()
+                yield client, server
+            finally:
+                await trio.aclose_forcefully(server)
+        finally:
+            await trio.aclose_forcefully(client)
+
+
+async def fill(stream: trio.abc.SendStream, chunk: int = 64 * 1024) -> int:
+    """Send until send_all blocks (nothing else runnable), then cancel it.
+    Returns how many bytes were handed to send_all (the cancelled call's
+    included; on the friend path they all stay queued)."""
+    handed = 0
+
+    async def sender() -> None:
+        nonlocal handed
+        while True:
+            handed += chunk
+            await stream.send_all(b"x" * chunk)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    return handed
+
+
+async def shrink_buffers(writer: Any, reader: Any) -> None:
+    writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+
+async def receive_exactly(stream: trio.abc.ReceiveStream, size: int, max_bytes: int = 256 * 1024) -> bytes:
+    got = bytearray()
+    while len(got) < size:
+        data = await stream.receive_some(min(max_bytes, size - len(got)))
+        assert data, f"EOF after {len(got)} of {size} bytes"
+        got += data
+    return bytes(got)
+
+
+async def receive_until_eof(stream: trio.abc.ReceiveStream, max_bytes: Optional[int] = None) -> bytes:
+    got = bytearray()
+    while True:
+        data = await stream.receive_some(max_bytes)
+        if not data:
+            return bytes(got)
+        if max_bytes is not None:
+            assert len(data) <= max_bytes
+        got += data
+
+
+# -- leak checks ------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    """After the test (and its trio.run, and its other fixtures): no link
+    alive that was not alive before, no pending connect, nothing that warns
+    when collected (ResourceWarning is an error in this suite)."""
+    before = friendsock.stats()
+    yield
+    gc.collect()
+    after = friendsock.stats()
+    assert after.links_alive == before.links_alive, "friend links left alive"
+    assert after.pending == 0, "pending connects left behind"
+
+
+# -- an asyncio loop in another thread, driven from trio ------------------------------
+
+
+LOOP_FACTORIES: Dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+class AsyncioThread:
+    """An asyncio (or uvloop) loop running forever in a thread of its own."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.loop = LOOP_FACTORIES[kind]()
+        self.errors: List[dict] = []
+        self.loop.set_exception_handler(lambda _loop, context: self.errors.append(context))
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"asyncio-{kind}", daemon=True)
+        self.thread.start()
+        self.leaked: List[str] = []
+
+    async def run(self, aw: Awaitable[Any], timeout: float = TIMEOUT) -> Any:
+        """Await ``aw`` on this loop from a trio task, bounded by ``timeout``."""
+
+        async def wrapper() -> Any:
+            return await aw
+
+        future = asyncio.run_coroutine_threadsafe(wrapper(), self.loop)
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        def wake(_future: Any) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        future.add_done_callback(wake)
+        try:
+            with trio.fail_after(timeout):
+                await done.wait()
+        except BaseException:
+            future.cancel()
+            raise
+        return future.result()
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on this loop's thread; its result."""
+
+        async def invoke() -> Any:
+            return fn(*args)
+
+        return await self.run(invoke())
+
+    def close(self) -> None:
+        """Stop the loop (bounded join), then close it, recording what
+        uvloop/asyncio report as left open instead of raising inside C."""
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(TIMEOUT)
+            assert not self.thread.is_alive(), "the asyncio loop did not stop"
+        if not self.loop.is_closed():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ResourceWarning)
+                self.loop.close()
+            self.leaked += [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+    async def aclose(self) -> None:
+        """close() without blocking the trio thread."""
+        await trio.to_thread.run_sync(self.close)
