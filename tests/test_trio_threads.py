@@ -376,3 +376,78 @@ async def test_trio_run_ends_under_an_open_link(trio_side):
         warnings.simplefilter("always")
         kept.clear()
         gc.collect()
+
+
+# -- a listener other processes may share: the trio client confirms ------------------------
+
+
+async def shared_listener_server(aio: AsyncioThread) -> Tuple[Any, int]:
+    """An asyncio echo server on a listening socket handed in with ``sock=``
+    (it may be shared with other processes, so clients wait for the claim)."""
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.read(100))
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    listen_sock = socket.socket()
+    listen_sock.bind((LOCALHOST, 0))
+    listen_sock.listen(16)
+    server = await aio.run(friendsock.start_server(echo, sock=listen_sock))
+    return server, listen_sock.getsockname()[1]
+
+
+@pytest.mark.trio
+async def test_confirmed_connect_pairs_once_claimed(aio, monkeypatch):
+    """The asyncio thread claims the connect and tells the trio run, which
+    only then pairs."""
+    from friendsock._trio import _pairing
+
+    monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", TIMEOUT)  # a loaded machine
+    server, port = await shared_listener_server(aio)
+    before = friendsock.stats()
+    try:
+        with trio.fail_after(TIMEOUT):
+            async with await fst.open_tcp_stream(LOCALHOST, port) as stream:
+                assert_path(True, stream)
+                await stream.send_all(b"confirmed")
+                assert await receive_until_eof(stream) == b"confirmed"
+    finally:
+        await aio.call(server.close)
+        await aio.run(server.wait_closed())
+    assert friendsock.stats().links_made == before.links_made + 1
+    assert fallbacks_since(before) == {}
+
+
+@pytest.mark.trio
+async def test_unclaimed_connect_goes_on_over_tcp(aio, monkeypatch):
+    """Nobody in this process claims the connect before the deadline (here:
+    the server's loop is busy; as when another process accepts it): the
+    stream is TCP on the same socket, and works once it is accepted."""
+    from friendsock._trio import _pairing
+
+    monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", 0.01)
+    server, port = await shared_listener_server(aio)
+    before = friendsock.stats()
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        busy.set()
+        release.wait(TIMEOUT)
+
+    aio.loop.call_soon_threadsafe(hold_the_loop)  # the loop cannot accept
+    assert await trio.to_thread.run_sync(busy.wait, TIMEOUT)
+    try:
+        with trio.fail_after(TIMEOUT):
+            async with await fst.open_tcp_stream(LOCALHOST, port) as stream:
+                assert_path(False, stream)
+                release.set()
+                await stream.send_all(b"over tcp")
+                assert await receive_until_eof(stream) == b"over tcp"
+    finally:
+        release.set()
+        await aio.call(server.close)
+        await aio.run(server.wait_closed())
+    assert friendsock.stats().links_made == before.links_made
+    assert fallbacks_since(before) == {"unconfirmed": 1, "peer-not-friend": 1}
