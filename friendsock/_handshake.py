@@ -144,8 +144,9 @@ def bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
 
 
 def register_connect(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool,
-                     threaded: bool) -> PendingConnect:
-    """Register ``sock``'s connect to ``address`` (bound, not yet connected).
+                     threaded: bool) -> Optional[PendingConnect]:
+    """Register ``sock``'s connect to ``address`` (bound, not yet connected);
+    None when the listener went away meanwhile (the connect is plain TCP).
 
     ``threaded``: the listener's scheduler (which accepts, and runs the
     server end) is not the caller's; known now, so a link on one scheduler
@@ -160,16 +161,29 @@ def register_connect(sock: socket.socket, address: Any, entry: ListenerEntry, on
     pending.handle = ClientEnd(sock, sockname, address)
     pid = _Process.pid
     link.on_done = lambda: release_sockets(pid, sock)
-    if entry.exclusive and only_one:
-        link.establish()
-    registry.add_pending(pending)
+    if not registry.add_pending(pending, establish=entry.exclusive and only_one):
+        link.on_done = None
+        return None
     return pending
 
 
-def withdraw_failed(pending: PendingConnect) -> None:
-    """connect() failed, so nobody can have accepted it."""
-    registry.withdraw(pending)
-    pending.link.on_done = None
+def abandon_connect(pending: PendingConnect, sock: socket.socket) -> None:
+    """The connecting side gives up (its connect failed, or was cancelled).
+
+    Withdrawn in time: the socket is closed here, and an optimistic link
+    (counted as made) is finished. Claimed first, by a listener on another
+    thread: the link is the accepting side's too, so the client end closes
+    and the server end sees it go (the link releases both sockets).
+    """
+    link = pending.link
+    if registry.withdraw(pending):
+        link.on_done = None
+        if link.established:
+            link.client.close()
+            link.server.close()
+        sock.close()
+    else:
+        link.client.close()
 
 
 def claim_accepted(conn: socket.socket, address: Any) -> Tuple[Optional[PendingConnect], Any]:

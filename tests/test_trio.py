@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import os
 import random
 import socket
 import sys
@@ -17,10 +18,11 @@ from typing import List
 import pytest
 import trio
 import trio.testing
-from trio.testing import wait_all_tasks_blocked
+from trio.testing import assert_checkpoints, wait_all_tasks_blocked
 
 import friendsock
 import friendsock.trio as fst
+from friendsock._core._registry import registry as _registry
 from support import chunked
 from trio_support import (  # noqa: F401 (nothing_left_behind: an autouse fixture)
     LOCALHOST,
@@ -956,3 +958,73 @@ async def test_unclosed_friend_stream_warns_and_closes_as_a_collected_socket(unr
                         await server.receive_some()
                 else:
                     assert await server.receive_some() == b""
+
+# -- what review found: send_eof after a reset, a collection on another thread ----------------
+
+
+async def test_send_eof_after_a_reset_stays_broken(friends):
+    async with stream_pair(friends) as (client, server):
+        await server.send_all(b"never read")
+        await arrived(friends, client)
+        await client.aclose()  # unread bytes: a reset
+        with trio.fail_after(TIMEOUT):
+            with pytest.raises(trio.BrokenResourceError):
+                await server.receive_some(10)
+            for _ in range(2):
+                with pytest.raises(trio.BrokenResourceError):
+                    await server.send_eof()
+            with pytest.raises(trio.BrokenResourceError):
+                await server.send_all(b"x")
+
+
+async def test_send_eof_stays_idempotent_after_aclose(friends):
+    async with stream_pair(friends) as (client, server):
+        await client.send_eof()
+        await client.aclose()
+        with assert_checkpoints():
+            await client.send_eof()
+        with trio.fail_after(TIMEOUT):
+            assert await receive_until_eof(server) == b""
+
+
+async def test_a_stream_collected_on_another_thread_closes_through_its_run():
+    """The collector may run on any thread, while the friend waits in
+    receive_some: the friend still gets the bytes and EOF."""
+    async with listening(None) as (listener, port):
+        client = await fst.open_tcp_stream(LOCALHOST, port)
+        async with await listener.accept() as server:
+            assert_path(True, client, server)
+            await client.send_all(b"last words")
+            received = []
+
+            async def receive() -> None:
+                received.append(await receive_until_eof(server))
+
+            with trio.fail_after(TIMEOUT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(receive)
+                    await wait_all_tasks_blocked()  # the friend is parked
+                    gc.disable()  # only the other thread's collection may free it
+                    try:
+                        with warnings.catch_warnings(record=True) as caught:
+                            warnings.simplefilter("always")
+                            del client
+                            await trio.to_thread.run_sync(gc.collect)
+                    finally:
+                        gc.enable()
+            assert [w for w in caught if issubclass(w.category, ResourceWarning)], caught
+            assert received == [b"last words"]
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_cancelled_open_tcp_listeners_leaves_no_socket():
+    listeners_before, fds_before = _registry.listener_count(), open_descriptors()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await fst.open_tcp_listeners(0, host=LOCALHOST)
+    assert scope.cancelled_caught
+    assert open_descriptors() == fds_before
+    assert _registry.listener_count() == listeners_before

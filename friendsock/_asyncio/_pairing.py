@@ -18,10 +18,10 @@ from .._core._stats import counters
 from .._handshake import (
     ClientEnd,
     ListenerHandle,
+    abandon_connect,
     bind_local,
     numeric_address_infos,
     register_connect,
-    withdraw_failed,
 )
 from ._install import native
 from ._transport import FriendTransport, loop_state
@@ -93,15 +93,15 @@ async def connect(
             await _connect_socket(loop, sock, address)
         except OSError as exc:
             if pending is not None:
-                withdraw_failed(pending)
-            if sock is not None:
+                abandon_connect(pending, sock)  # type: ignore[arg-type]
+            elif sock is not None:
                 sock.close()
             exceptions.append(exc)
             continue
         except BaseException:
             if pending is not None:
-                withdraw_failed(pending)
-            if sock is not None:
+                abandon_connect(pending, sock)  # type: ignore[arg-type]
+            elif sock is not None:
                 sock.close()
             raise
         if pending is None:

@@ -128,9 +128,21 @@ class Registry:
             return found[0], len(found) == 1
 
     # -- pending connects -------------------------------------------------
-    def add_pending(self, pending: PendingConnect) -> None:
+    def add_pending(self, pending: PendingConnect, establish: bool = False) -> bool:
+        """Register a connect to ``pending.listener``; False (nothing
+        registered) when that listener is already gone: another thread
+        closed it since the match, and nobody would ever claim the connect.
+        ``establish``: the link exists from now on (optimistic pairing),
+        decided under the lock so no claim can come first."""
         with self._lock:
+            listener = pending.listener
+            if listener not in self._listeners.get(listener.endpoint, ()):
+                pending.state = PendingState.WITHDRAWN
+                return False
+            if establish:
+                pending.link.establish()
             self._pending[pending.key] = pending
+            return True
 
     def claim(self, key: FlowKey) -> Optional[PendingConnect]:
         """The accepting side takes the connect, if it is still waiting."""

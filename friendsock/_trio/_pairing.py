@@ -18,13 +18,13 @@ from .._core._registry import ListenerEntry, PendingConnect, PendingState, regis
 from .._core._stats import counters
 from .._handshake import (
     ListenerHandle,
+    abandon_connect,
     adopt_accepted,
     bind_local,
     claim_accepted,
     numeric_address_infos,
     register_connect,
     why_not_friends,
-    withdraw_failed,
 )
 from ._stream import FriendStream, forget_listener, run_state
 
@@ -176,14 +176,14 @@ async def open_tcp_listeners(
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(sockaddr)
             sock.listen(computed_backlog)
+        if unsupported and not socks:
+            message = "This system doesn't support any of the kinds of socket that that address could use"
+            raise OSError(errno.EAFNOSUPPORT, message) from ExceptionGroup(message, unsupported)  # type: ignore[name-defined]  # noqa: F821
+        await trio.lowlevel.checkpoint()
     except BaseException:
         for sock in socks:
             sock.close()
         raise
-    if unsupported and not socks:
-        message = "This system doesn't support any of the kinds of socket that that address could use"
-        raise OSError(errno.EAFNOSUPPORT, message) from ExceptionGroup(message, unsupported)  # type: ignore[name-defined]  # noqa: F821
-    await trio.lowlevel.checkpoint()
     return [FriendListener(sock) for sock in socks]
 
 
@@ -266,17 +266,22 @@ async def _connect(host: Union[str, bytes], port: int,
                     continue
             pending = register_connect(sock, address, entry, only_one,
                                        threaded=entry.owner is not token)
+            if pending is None:  # the listener just went away
+                sock.close()
+                continue
             await _connect_socket(sock, address)
         except OSError:
             if pending is not None:
-                withdraw_failed(pending)
-            sock.close()
+                abandon_connect(pending, sock)
+            else:
+                sock.close()
             reason = "connect-failed"
             continue
         except BaseException:
             if pending is not None:
-                withdraw_failed(pending)
-            sock.close()
+                abandon_connect(pending, sock)
+            else:
+                sock.close()
             raise
         if pending.listener.exclusive and only_one:
             return _start_client(pending, sock)

@@ -209,11 +209,19 @@ class FriendStream(trio.abc.HalfCloseableStream):
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         state = getattr(self, "_state", None)  # None: __init__ failed
-        if state is not None and not self._closed and state.pid == os.getpid():
-            _warn(f"unclosed friend stream {self!r}", ResourceWarning, source=self)
-            self._closed = True
-            state.streams.pop(id(self), None)
-            self._end.abort()
+        if state is None or self._closed or state.pid != os.getpid():
+            return
+        _warn(f"unclosed friend stream {self!r}", ResourceWarning, source=self)
+        self._closed = True
+        state.streams.pop(id(self), None)
+        # As a socket collected unclosed: closed, what was queued still goes.
+        # The collector may run on any thread, even inside a channel's lock:
+        # the run does the closing.
+        end = self._end
+        try:
+            state.token.run_sync_soon(end.abort)
+        except trio.RunFinishedError:
+            end.reset(keep=self._out.rcvbuf)
 
     # -- waking ------------------------------------------------------------
     def _wake_reader(self) -> None:
@@ -373,14 +381,14 @@ class FriendStream(trio.abc.HalfCloseableStream):
         self._enter_send()
         try:
             await trio.lowlevel.checkpoint()
+            if self._eof_sent:  # idempotent, as shutdown(SHUT_WR) done once
+                return
             if self._closed:
                 raise trio.ClosedResourceError("this stream was already closed")
-            if self._eof_sent:
-                return
-            self._eof_sent = True
             if self._in.state is ChannelState.RESET:
                 # As shutdown(SHUT_WR) on a socket the peer has reset.
                 raise broken(OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN)))
+            self._eof_sent = True
             self._end.shutdown_write()
         finally:
             self._sending = False
