@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import random
 import socket
 import sys
 import threading
+import warnings
 from typing import Any, Awaitable, Callable, List, Optional, Set
 
 import pytest
 import uvloop
 
 import friendsock
+from friendsock._asyncio import _transport
 from friendsock._core._link import ChannelState, LockedChannel
 from friendsock._core._registry import registry
 from support import Recorder, chunked, patient_confirm  # noqa: F401 (a fixture)
@@ -448,17 +451,25 @@ async def test_setsockopt_on_the_reader_thread_moves_the_writer(other):
         await close_server(other, server)
 
 
-async def test_a_burst_costs_the_reader_one_wakeup(other):
+async def test_a_burst_costs_the_reader_one_wakeup(other, monkeypatch):
     """1000 writes while the reader's loop is busy: its loop is woken once
-    (one call_soon_threadsafe), and one drain delivers them all."""
-    wakeups: List[str] = []
+    (one write of its wake-up fd, no call_soon_threadsafe), and one drain
+    delivers them all."""
+    signals: List[int] = []
+    signal = _transport._signal
+
+    def counting_signal(fd: int, value: int) -> None:
+        signals.append(fd)
+        signal(fd, value)
+
+    monkeypatch.setattr(_transport, "_signal", counting_signal)
+    threadsafe: List[str] = []
     original = other.loop.call_soon_threadsafe
 
     def counting(callback, *args, **kwargs):
-        wakeups.append(getattr(callback, "__qualname__", repr(callback)))
+        threadsafe.append(getattr(callback, "__qualname__", repr(callback)))
         return original(callback, *args, **kwargs)
 
-    # Before friendsock first sees the loop: the wake-up it keeps is ours.
     other.loop.call_soon_threadsafe = counting
     factory = Factory(ThreadRecorder)
     server = await make_server(other, factory)
@@ -467,22 +478,24 @@ async def test_a_burst_costs_the_reader_one_wakeup(other):
             ThreadRecorder, LOCALHOST, port_of(server)
         )
         reader = await other.run(factory.wait_first())
+        wakeup = wakeup_of(other.loop)
         busy, release = threading.Event(), threading.Event()
 
         def block() -> None:  # keeps the reader's loop inside one callback
             busy.set()
             release.wait(TIMEOUT)
 
-        other.loop.call_soon_threadsafe(block)
+        original(block)
         assert await asyncio.get_running_loop().run_in_executor(None, busy.wait, TIMEOUT)
-        del wakeups[:]
+        del signals[:], threadsafe[:]
         for index in range(1000):
             transport.write(b"%04d" % index)
-        drains = [name for name in wakeups if "_run" in name]
+        woken, handed = list(signals), list(threadsafe)
         release.set()
         expected = b"".join(b"%04d" % i for i in range(1000))
         assert await other.run(reader.wait_bytes(len(expected))) == expected
-        assert drains == ["_RemoteDrainQueue._run"]
+        assert woken == [wakeup._signal_fd]
+        assert handed == []
         assert reader.events == ["made", "data"]
         transport.close()
         await other.run(reader.lost)
@@ -557,6 +570,139 @@ async def test_no_lock_is_held_while_a_protocol_callback_runs(other):
     finally:
         await close_server(other, server)
     assert "pause" in peer.flow or "pause" in client.flow
+
+
+async def test_the_writer_is_woken_through_its_loops_wakeup(other, monkeypatch):
+    """A paused writer here, its reader on the other thread: the reader's
+    drain wakes the writer through this loop's wake-up fd, as drains come,
+    not through call_soon_threadsafe."""
+    signals: List[int] = []
+    signal = _transport._signal
+
+    def counting_signal(fd: int, value: int) -> None:
+        signals.append(fd)
+        signal(fd, value)
+
+    monkeypatch.setattr(_transport, "_signal", counting_signal)
+    loop = asyncio.get_running_loop()
+    threadsafe: List[str] = []
+    original = loop.call_soon_threadsafe
+
+    def counting(callback, *args, **kwargs):
+        threadsafe.append(getattr(callback, "__qualname__", repr(callback)))
+        return original(callback, *args, **kwargs)
+
+    factory = Factory(ThreadRecorder)
+    server = await make_server(other, factory)
+    loop.call_soon_threadsafe = counting
+    try:
+        transport, client = await friendsock.create_connection(
+            ThreadRecorder, LOCALHOST, port_of(server)
+        )
+        reader = await other.run(factory.wait_first())
+        await other.call(reader.transport.pause_reading)
+        transport.set_write_buffer_limits(high=64 * 1024)
+        sent = 0
+        while not client.flow:
+            transport.write(b"w" * 64 * 1024)
+            sent += 64 * 1024
+        del signals[:], threadsafe[:]
+        await other.call(reader.transport.resume_reading)
+        await asyncio.wait_for(client.resumed, TIMEOUT)
+        assert client.flow == ["pause", "resume"]
+        assert client.threads == {threading.get_ident()}
+        assert wakeup_of(loop)._signal_fd in signals
+        assert [name for name in threadsafe if "Friend" in name or "Drain" in name] == []
+        assert len(await other.run(reader.wait_bytes(sent))) == sent
+        transport.close()
+        await asyncio.wait_for(client.lost, TIMEOUT)
+        await other.run(reader.lost)
+    finally:
+        del loop.call_soon_threadsafe
+        await close_server(other, server)
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+def test_a_wakeup_outstanding_when_its_loop_closed_still_finds_it_closed(kind):
+    """A loop closes with a wake-up written and never read (a callback was
+    handed over, the loop never ran it), and nobody saw the close: the next
+    hand-over finds the loop closed and tears it down instead of trusting
+    the outstanding wake-up; the fd is closed."""
+    loop = LOOP_FACTORIES[kind]()
+    torn_down: List[bool] = []
+    queue = _transport._RemoteDrainQueue(loop, _transport._DrainQueue(loop),
+                                         lambda: torn_down.append(True))
+    ran: List[int] = []
+    queue.add(lambda: ran.append(1))  # the wake-up is written, and outstanding
+    fd = queue._fd
+    assert fd_is_open(fd)
+    loop.close()
+    queue.add(lambda: ran.append(2))
+    assert torn_down == [True] and ran == []
+    queue.close()
+    assert not fd_is_open(fd)
+    queue.close()  # once is enough
+
+
+def wakeup_of(loop: asyncio.AbstractEventLoop) -> Any:
+    """The remote queue (and wake-up fd) friendsock keeps for ``loop``;
+    looked up without making one (any thread may look)."""
+    ref = _transport._states.get(loop)
+    state = ref() if ref is not None else None
+    assert state is not None and state._remote is not None
+    return state._remote
+
+
+def fd_is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("server_kind", ["asyncio", "uvloop"])
+async def test_a_loop_closed_under_open_links_leaves_no_wakeup_fd(other, server_kind):
+    """Client and server on loops in two threads of their own, the link
+    open both ways. The server's loop closes: the client gets a reset, and
+    the closed loop's wake-up fd is closed with it (and uvloop finds nothing
+    left open). Then the client's loop closes: its fd goes too."""
+    before = friendsock.stats()
+    doomed = LoopThread(server_kind)
+    try:
+        factory = Factory(ThreadRecorder)
+        server = await make_server(doomed, factory)
+        transport, client = await other.run(
+            friendsock.create_connection(ThreadRecorder, LOCALHOST, port_of(server))
+        )
+        peer = await doomed.run(factory.wait_first())
+        assert transport._end.link.threaded
+        await other.call(transport.write, b"ping")
+        assert await doomed.run(peer.wait_bytes(4)) == b"ping"
+        await doomed.call(peer.transport.write, b"pong")
+        assert await other.run(client.wait_bytes(4)) == b"pong"
+        wakeups = [wakeup_of(doomed.loop), wakeup_of(other.loop)]
+        fds = [wakeup._fd for wakeup in wakeups]
+        assert fds[0] != fds[1] and all(fd_is_open(fd) for fd in fds)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            doomed.close()
+        assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+        assert isinstance(await other.run(client.lost), ConnectionResetError)
+        assert client.events == ["made", "data", "lost"]
+        assert wakeups[0]._fd == wakeups[0]._signal_fd == -1
+        assert not fd_is_open(fds[0])
+        assert fd_is_open(fds[1])  # the client's loop lives on
+        assert friendsock.stats().links_alive == before.links_alive
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            other.close()
+        assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+        assert wakeups[1]._fd == wakeups[1]._signal_fd == -1
+        assert not fd_is_open(fds[1])
+    finally:
+        doomed.close()
+    assert doomed.errors == []
 
 
 # -- endings across threads -----------------------------------------------------

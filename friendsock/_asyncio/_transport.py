@@ -10,7 +10,8 @@ burst, so a reply never recurses into the writer's stack.
 The two ends may run on different loops in different threads (the link is
 then ``threaded``): each end's callbacks run on its own loop, and what one
 end asks of the other (drain, wake the writer) is handed over with one
-``call_soon_threadsafe`` per burst. Per loop, a :class:`LoopState` knows the
+wake-up of the other loop per burst (an eventfd it watches, see
+:class:`_RemoteDrainQueue`). Per loop, a :class:`LoopState` knows the
 ends living there, so a loop that closes with ends open resets their friends
 instead of leaving them hanging.
 """
@@ -18,12 +19,14 @@ instead of leaving them hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
 import threading
 import warnings
 import weakref
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .._core._errors import PeerResetError
@@ -91,45 +94,182 @@ class _DrainQueue:
             self._scheduled = False
 
 
+# A loop's wake-up fd: written with ``_signal(fd, 1)``, read with
+# ``_consume(fd)`` (BlockingIOError when nothing was written).
+if hasattr(os, "eventfd"):  # Linux: one fd, an 8-byte counter
+
+    def _wakeup_fds() -> Tuple[int, int]:
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        return fd, fd
+
+    _signal = os.eventfd_write
+    _consume = os.eventfd_read
+
+else:  # pragma: no cover - elsewhere: a pipe
+
+    def _wakeup_fds() -> Tuple[int, int]:
+        read_fd, write_fd = os.pipe()
+        for fd in (read_fd, write_fd):
+            os.set_blocking(fd, False)
+            os.set_inheritable(fd, False)
+        return read_fd, write_fd
+
+    def _signal(fd: int, value: int) -> None:
+        os.write(fd, b"\0")
+
+    def _consume(fd: int) -> None:
+        os.read(fd, 64)
+
+
 class _RemoteDrainQueue:
-    """Drains asked for by writers on other threads: one
-    ``call_soon_threadsafe`` (one wake-up of this loop) per batch, however
-    many links and writes fill it meanwhile."""
+    """Callbacks handed to this loop by other threads (a drain for a writer
+    there, or a wake-up for a reader there): one wake-up of this loop per
+    batch, however many links and writes fill it meanwhile.
 
-    __slots__ = ("_lock", "_ready", "_call_soon_threadsafe", "_is_closed", "_local")
+    The wake-up is the queue's own: an eventfd (a pipe where there is none)
+    this loop watches with ``add_reader``, written only when no wake-up is
+    outstanding (``_armed``, under the lock): one syscall per batch for the
+    writer and no Handle, one read for the woken loop. While ``_armed``
+    holds nobody writes the fd, so the read takes the batch's one write;
+    callbacks added before the flag drops are run by this loop without
+    another write. The write is made outside the lock: it lets go of the
+    GIL, and a woken loop that found the lock taken would sleep on it.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, local: _DrainQueue) -> None:
+    The fd is closed with the loop (:meth:`LoopState.loop_closed`). A writer
+    that finds the loop closed before that was seen (``call_soon_threadsafe``
+    would raise RuntimeError) runs ``on_closed``, which tears it all down.
+    """
+
+    __slots__ = ("_lock", "_ready", "_armed", "_signalling", "_fd", "_read_fd", "_signal_fd",
+                 "_loop", "_is_closed", "_call_soon", "_local", "_on_closed")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, local: _DrainQueue,
+                 on_closed: Callable[[], None]) -> None:
         self._lock = threading.Lock()
+        self._on_closed = on_closed
         self._ready: List[Callable[[], None]] = []
-        self._call_soon_threadsafe = loop.call_soon_threadsafe
+        self._armed = False  # a wake-up is outstanding: the fd was written, or a run is due
+        self._loop = loop
         self._is_closed = loop.is_closed
+        self._call_soon = loop.call_soon
         self._local = local
-
-    def add(self, drain: Callable[[], None]) -> None:
-        """Raises RuntimeError when the loop is closed."""
-        with self._lock:
-            ready = self._ready
-            ready.append(drain)
-            if len(ready) > 1 and not self._is_closed():
-                return  # a wake-up is on its way
+        self._signalling = 0  # writers writing the fd right now (not under the lock)
+        # _fd: the fd this loop reads, -1 once closed (_read_fd keeps it
+        # until the last writer is done with _signal_fd).
+        self._fd = self._read_fd = self._signal_fd = -1
+        self._read_fd, self._signal_fd = _wakeup_fds()
         try:
-            self._call_soon_threadsafe(self._run)
+            loop.add_reader(self._read_fd, self._run)  # on the loop's own thread
         except BaseException:
-            with self._lock:
-                self._ready = []
+            self._close_fds()
             raise
+        self._fd = self._read_fd
+
+    def add(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on this queue's loop, soon; from any thread. A
+        loop found closed (its close not seen yet) is torn down instead."""
+        lock = self._lock  # acquire()/release(): see LockedChannel.push
+        lock.acquire()
+        try:
+            if self._fd < 0 or self._is_closed():
+                self._ready = []
+                gone = True
+            else:
+                self._ready.append(callback)
+                if self._armed:
+                    return  # a wake-up is on its way
+                self._armed = True
+                self._signalling += 1  # close() leaves the fd to us meanwhile
+                gone = False
+        finally:
+            lock.release()
+        if gone:
+            self._on_closed()
+            return
+        try:
+            _signal(self._signal_fd, 1)
+        finally:
+            lock.acquire()
+            try:
+                self._signalling -= 1
+                if self._fd < 0 and not self._signalling:
+                    self._close_fds()  # close() came meanwhile
+            finally:
+                lock.release()
 
     def _run(self) -> None:
-        with self._lock:
+        """The fd is readable: the one wake-up ``add`` wrote. The batch runs
+        before the fd is read (a reply it writes is on its way sooner); the
+        queue stays armed until after the read, so nothing writes the fd
+        meanwhile and the read takes just that one write."""
+        lock = self._lock
+        lock.acquire()
+        try:
             ready = self._ready
             self._ready = []
-        for index, drain in enumerate(ready):
+        finally:
+            lock.release()
+        try:
+            self._call_all(ready)
+        finally:
             try:
-                drain()
+                _consume(self._fd)
+            except BlockingIOError:
+                pass
+        self._pump()
+
+    def _pump(self) -> None:
+        """Run what was handed over meanwhile (a friend on another thread
+        may answer while this loop still runs the batch: it finds the queue
+        armed and writes nothing), for a bounded number of rounds; then the
+        loop gets its turn, the queue still armed."""
+        lock = self._lock
+        for _ in range(_DRAIN_ROUNDS):
+            lock.acquire()
+            try:
+                ready = self._ready
+                if not ready:
+                    self._armed = False  # from here, the next add writes the fd
+                    return
+                self._ready = []
+            finally:
+                lock.release()
+            self._call_all(ready)
+        self._call_soon(self._pump)
+
+    def _call_all(self, ready: List[Callable[[], None]]) -> None:
+        for index, callback in enumerate(ready):
+            try:
+                callback()
             except BaseException:  # only SystemExit/KeyboardInterrupt get here
                 for later in ready[index + 1:]:
                     self._local.add(later)
+                self._call_soon(self._pump)  # still armed: the rest comes from there
                 raise
+
+    def close(self) -> None:
+        """The loop closed: no more wake-ups; the fd is closed (from
+        whatever thread saw the loop close: the loop no longer polls), or
+        by the last writer still writing it."""
+        with self._lock:
+            self._ready = []
+            self._armed = True
+            fd, self._fd = self._fd, -1
+            if fd < 0:
+                return
+            with contextlib.suppress(Exception):  # whatever the loop thinks, the fd goes
+                self._loop.remove_reader(fd)  # a closed loop: nothing to do
+            if not self._signalling:
+                self._close_fds()
+
+    def _close_fds(self) -> None:
+        """Under the lock (or before anyone else can see the queue)."""
+        read_fd, signal_fd = self._read_fd, self._signal_fd
+        self._read_fd = self._signal_fd = -1
+        if read_fd >= 0:
+            os.close(read_fd)
+        if signal_fd >= 0 and signal_fd != read_fd:
+            os.close(signal_fd)
 
 
 class LoopState:
@@ -158,9 +298,14 @@ class LoopState:
         self.servers: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
     def remote(self) -> _RemoteDrainQueue:
-        if self._remote is None:
-            self._remote = _RemoteDrainQueue(self._loop, self.drains)
-        return self._remote
+        """The queue other threads hand this loop's callbacks to (made on
+        the loop's own thread, by the first end whose friend is elsewhere)."""
+        remote = self._remote
+        if remote is None:
+            remote = _RemoteDrainQueue(self._loop, self.drains, self.loop_closed)
+            with self._lock:
+                self._remote = remote
+        return remote
 
     def loop_closed(self) -> None:
         """The loop closed (on whatever thread): every friend end on it goes
@@ -180,6 +325,10 @@ class LoopState:
             server._loop_gone()
         for transport in transports:
             transport._loop_gone()
+        with self._lock:
+            remote, self._remote = self._remote, None
+        if remote is not None:
+            remote.close()
 
 
 # Per loop, weakly both ways: the state lives as long as the loop is open
@@ -330,34 +479,11 @@ class FriendTransport(asyncio.Transport):
 
     def _remote_hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
         """The hooks the friend's thread calls: one wake-up of our loop per
-        burst (the channel notifies once until we drain), none per write."""
-        loop, state = self._loop, self._state
-        drain, add_remote = self._drain, state.remote().add
-        call_soon_threadsafe, writable = loop.call_soon_threadsafe, self._writable
-
-        def readable() -> None:
-            try:
-                add_remote(drain)
-            except RuntimeError:
-                if not loop.is_closed():
-                    raise
-                self._loop_closed_unseen()
-
-        def wake_writer() -> None:
-            try:
-                call_soon_threadsafe(writable)
-            except RuntimeError:
-                if not loop.is_closed():
-                    raise
-                self._loop_closed_unseen()
-
-        return readable, wake_writer
-
-    def _loop_closed_unseen(self) -> None:
-        # call_soon_threadsafe refused: our loop closed and its close() was
-        # not seen (or is being handled right now): tear down, once.
-        self._state.loop_closed()
-        self._loop_gone()
+        burst (the channel notifies once until we drain), none per write;
+        both through the loop's one remote queue, which also finds a loop
+        that closed unseen (and tears it down)."""
+        add_remote = self._state.remote().add
+        return partial(add_remote, self._drain), partial(add_remote, self._writable)
 
     def __repr__(self) -> str:
         info = [self.__class__.__name__]
@@ -432,9 +558,16 @@ class FriendTransport(asyncio.Transport):
         # Deliver only what is queued now; a push from here on schedules the
         # next drain. A writer refilling from resume_writing() (called from
         # this loop) must not keep the event loop in one callback forever.
-        channel.begin_drain()
-        budget = channel.queued
         try:
+            if self._buffered:
+                channel.begin_drain()
+                budget = channel.queued
+            else:  # the first chunk with the same lock round trip
+                data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
+                if data:
+                    self._protocol.data_received(data)  # type: ignore[attr-defined]
+                    if self._paused_reading or self._closing:
+                        return
             protocol = self._protocol
             while budget > 0 and channel.queued:
                 if self._buffered:

@@ -187,6 +187,27 @@ def links_verdict(transport: str, ends: Sequence[Any], before: friendsock.Friend
                    f"connection ends are not friends (fallbacks: {fallback_delta(before)})")
 
 
+def cross_thread_verdict(client_ends: Sequence[Any], server_ends: Sequence[Any],
+                         server_loop: Optional[asyncio.AbstractEventLoop]
+                         ) -> Tuple[Optional[bool], Optional[str]]:
+    """For the ``threads`` test, on top of :func:`links_verdict`: every end
+    is a friend end on its own side's loop (the client's here, the server's
+    in the server thread), over a link friendsock made for two threads. A
+    friend figure from links within one loop would not be a cross-thread one."""
+    client_loop = asyncio.get_running_loop()
+    ends = [(end, client_loop) for end in client_ends] + [(end, server_loop) for end in server_ends]
+    wrong = 0
+    for end, loop in ends:
+        link_end = getattr(end, "_end", None)
+        if not (friendsock.is_friend(end) and getattr(end, "_loop", None) is loop
+                and link_end is not None and link_end.link.threaded):
+            wrong += 1
+    if server_loop is None or server_loop is client_loop or wrong or not ends:
+        return False, (f"friends did not cross threads: {wrong} of {len(ends)} connection ends "
+                       "are not friend ends on their own thread's loop")
+    return True, None
+
+
 def moved_verdict(links_ok: Optional[bool], note: Optional[str],
                   moved_before: int) -> Tuple[Optional[bool], Optional[str]]:
     """Links that paired must also have carried the round's bytes."""
@@ -460,6 +481,11 @@ class _Connected(Workload):
         await until(lambda: len(self.tally.ends) >= self.conns, "the server to accept")
         ends = [t for t, _ in self.clients] + list(self.tally.ends)
         self.links_ok, self.links_note = links_verdict(self.transport, ends, before)
+        if self.links_ok and isinstance(self.server_side, LoopThread):
+            # The threads test: the friend figure must come from links
+            # across the two threads.
+            self.links_ok, self.links_note = cross_thread_verdict(
+                [t for t, _ in self.clients], list(self.tally.ends), self.server_side.loop)
 
     async def close(self, abort: bool = False) -> None:
         clients, self.clients = getattr(self, "clients", []), []
