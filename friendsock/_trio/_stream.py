@@ -236,23 +236,15 @@ class FriendStream(trio.abc.HalfCloseableStream):
             self._writer = None
             _reschedule(task)
 
-    async def _park_reader(self) -> None:
-        self._reader = _current_task()
+    # Parked: the task waits in wait_task_rescheduled (a checkpoint); the
+    # friend's wake-up or our aclose() reschedules it, a cancel aborts it.
+    def _abort_reader(self, _: Any) -> trio.lowlevel.Abort:
+        self._reader = None
+        return _ABORTED
 
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            self._reader = None
-            return _ABORTED
-
-        await _wait_task_rescheduled(abort)
-
-    async def _park_writer(self) -> None:
-        self._writer = _current_task()
-
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            self._writer = None
-            return _ABORTED
-
-        await _wait_task_rescheduled(abort)
+    def _abort_writer(self, _: Any) -> trio.lowlevel.Abort:
+        self._writer = None
+        return _ABORTED
 
     # -- receiving ---------------------------------------------------------
     async def receive_some(self, max_bytes: Optional[int] = None) -> bytes:
@@ -283,7 +275,8 @@ class FriendStream(trio.abc.HalfCloseableStream):
                     channel.begin_drain()  # the next push notifies us again
                     if channel.queued or channel.state is not ChannelState.OPEN:
                         continue
-                    await self._park_reader()
+                    self._reader = _current_task()
+                    await _wait_task_rescheduled(self._abort_reader)
                     parked = True
                     continue
                 if state is ChannelState.RESET and not channel.reset_after_fin:
@@ -357,7 +350,8 @@ class FriendStream(trio.abc.HalfCloseableStream):
                 return parked
             if out.wake_writer_at(0):
                 return parked
-            await self._park_writer()
+            self._writer = _current_task()
+            await _wait_task_rescheduled(self._abort_writer)
             parked = True
 
     def _write_to_closed_peer(self) -> None:
