@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import sys
 from typing import Any, Awaitable, Callable, List, Optional, Union
 
 import trio
@@ -27,6 +28,9 @@ from .._handshake import (
     why_not_friends,
 )
 from ._stream import FriendStream, forget_listener, run_state
+
+if sys.version_info < (3, 11):  # trio depends on the backport there
+    from exceptiongroup import ExceptionGroup
 
 # As trio: how long a connect attempt waits before the next one starts.
 DEFAULT_DELAY = 0.250
@@ -178,7 +182,7 @@ async def open_tcp_listeners(
             sock.listen(computed_backlog)
         if unsupported and not socks:
             message = "This system doesn't support any of the kinds of socket that that address could use"
-            raise OSError(errno.EAFNOSUPPORT, message) from ExceptionGroup(message, unsupported)  # type: ignore[name-defined]  # noqa: F821
+            raise OSError(errno.EAFNOSUPPORT, message) from ExceptionGroup(message, unsupported)
         await trio.lowlevel.checkpoint()
     except BaseException:
         for sock in socks:
