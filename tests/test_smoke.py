@@ -1,4 +1,3 @@
-import asyncio
 
 from support import connected_pair
 

@@ -302,7 +302,6 @@ async def test_echo_across_loops(other, server_on):
 async def test_both_directions_at_once(other):
     """Both ends stream 4 MiB at each other at the same time, each from its
     own thread; every byte arrives, in order, on the right thread."""
-    here = Here()
     rng = random.Random(3)
     up, down = rng.randbytes(4 * MiB), rng.randbytes(4 * MiB)
     factory = Factory(lambda: ThreadRecorder(eof_keep_open=True))
@@ -451,26 +450,41 @@ async def test_setsockopt_on_the_reader_thread_moves_the_writer(other):
         await close_server(other, server)
 
 
+class WakeupCounter:
+    """Counts the writes of every loop's wake-up fd, and the callbacks handed
+    to ``loop`` with call_soon_threadsafe (``original`` is the real one)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, loop: asyncio.AbstractEventLoop) -> None:
+        self.signals: List[int] = []
+        self.threadsafe: List[str] = []
+        signal = _transport._signal
+
+        def counting_signal(fd: int, value: int) -> None:
+            self.signals.append(fd)
+            signal(fd, value)
+
+        monkeypatch.setattr(_transport, "_signal", counting_signal)
+        self._loop = loop
+        self.original = original = loop.call_soon_threadsafe
+
+        def counting(callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            self.threadsafe.append(getattr(callback, "__qualname__", repr(callback)))
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+
+    def clear(self) -> None:
+        del self.signals[:], self.threadsafe[:]
+
+    def restore(self) -> None:
+        del self._loop.call_soon_threadsafe  # the class's method again
+
+
 async def test_a_burst_costs_the_reader_one_wakeup(other, monkeypatch):
     """1000 writes while the reader's loop is busy: its loop is woken once
     (one write of its wake-up fd, no call_soon_threadsafe), and one drain
     delivers them all."""
-    signals: List[int] = []
-    signal = _transport._signal
-
-    def counting_signal(fd: int, value: int) -> None:
-        signals.append(fd)
-        signal(fd, value)
-
-    monkeypatch.setattr(_transport, "_signal", counting_signal)
-    threadsafe: List[str] = []
-    original = other.loop.call_soon_threadsafe
-
-    def counting(callback, *args, **kwargs):
-        threadsafe.append(getattr(callback, "__qualname__", repr(callback)))
-        return original(callback, *args, **kwargs)
-
-    other.loop.call_soon_threadsafe = counting
+    counted = WakeupCounter(monkeypatch, other.loop)
     factory = Factory(ThreadRecorder)
     server = await make_server(other, factory)
     try:
@@ -485,12 +499,12 @@ async def test_a_burst_costs_the_reader_one_wakeup(other, monkeypatch):
             busy.set()
             release.wait(TIMEOUT)
 
-        original(block)
+        counted.original(block)
         assert await asyncio.get_running_loop().run_in_executor(None, busy.wait, TIMEOUT)
-        del signals[:], threadsafe[:]
+        counted.clear()
         for index in range(1000):
             transport.write(b"%04d" % index)
-        woken, handed = list(signals), list(threadsafe)
+        woken, handed = list(counted.signals), list(counted.threadsafe)
         release.set()
         expected = b"".join(b"%04d" % i for i in range(1000))
         assert await other.run(reader.wait_bytes(len(expected))) == expected
@@ -502,7 +516,7 @@ async def test_a_burst_costs_the_reader_one_wakeup(other, monkeypatch):
         await asyncio.wait_for(client.lost, TIMEOUT)
     finally:
         await close_server(other, server)
-        del other.loop.call_soon_threadsafe
+        counted.restore()
 
 
 class LockChecker(ThreadRecorder):
@@ -576,25 +590,10 @@ async def test_the_writer_is_woken_through_its_loops_wakeup(other, monkeypatch):
     """A paused writer here, its reader on the other thread: the reader's
     drain wakes the writer through this loop's wake-up fd, as drains come,
     not through call_soon_threadsafe."""
-    signals: List[int] = []
-    signal = _transport._signal
-
-    def counting_signal(fd: int, value: int) -> None:
-        signals.append(fd)
-        signal(fd, value)
-
-    monkeypatch.setattr(_transport, "_signal", counting_signal)
     loop = asyncio.get_running_loop()
-    threadsafe: List[str] = []
-    original = loop.call_soon_threadsafe
-
-    def counting(callback, *args, **kwargs):
-        threadsafe.append(getattr(callback, "__qualname__", repr(callback)))
-        return original(callback, *args, **kwargs)
-
     factory = Factory(ThreadRecorder)
     server = await make_server(other, factory)
-    loop.call_soon_threadsafe = counting
+    counted = WakeupCounter(monkeypatch, loop)
     try:
         transport, client = await friendsock.create_connection(
             ThreadRecorder, LOCALHOST, port_of(server)
@@ -606,19 +605,19 @@ async def test_the_writer_is_woken_through_its_loops_wakeup(other, monkeypatch):
         while not client.flow:
             transport.write(b"w" * 64 * 1024)
             sent += 64 * 1024
-        del signals[:], threadsafe[:]
+        counted.clear()
         await other.call(reader.transport.resume_reading)
         await asyncio.wait_for(client.resumed, TIMEOUT)
         assert client.flow == ["pause", "resume"]
         assert client.threads == {threading.get_ident()}
-        assert wakeup_of(loop)._signal_fd in signals
-        assert [name for name in threadsafe if "Friend" in name or "Drain" in name] == []
+        assert wakeup_of(loop)._signal_fd in counted.signals
+        assert [name for name in counted.threadsafe if "Friend" in name or "Drain" in name] == []
         assert len(await other.run(reader.wait_bytes(sent))) == sent
         transport.close()
         await asyncio.wait_for(client.lost, TIMEOUT)
         await other.run(reader.lost)
     finally:
-        del loop.call_soon_threadsafe
+        counted.restore()
         await close_server(other, server)
 
 

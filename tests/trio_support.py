@@ -8,17 +8,16 @@ import asyncio
 import contextlib
 import gc
 import socket
-import threading
 import warnings
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Tuple
 
 import pytest
 import trio
 import trio.testing
-import uvloop
 
 import friendsock
 import friendsock.trio as fst
+from test_threads import LoopThread
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10
@@ -169,22 +168,13 @@ def nothing_left_behind():
 # -- an asyncio loop in another thread, driven from trio ------------------------------
 
 
-LOOP_FACTORIES: Dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
-
-class AsyncioThread:
-    """An asyncio (or uvloop) loop running forever in a thread of its own."""
+class AsyncioThread(LoopThread):
+    """An asyncio (or uvloop) loop running forever in a thread of its own,
+    driven from trio: ``run`` awaits from a trio task, and ``close`` records
+    what the loop reports left open instead of raising inside C."""
 
     def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.loop = LOOP_FACTORIES[kind]()
-        self.errors: List[dict] = []
-        self.loop.set_exception_handler(lambda _loop, context: self.errors.append(context))
-        self.thread = threading.Thread(target=self.loop.run_forever, name=f"asyncio-{kind}", daemon=True)
-        self.thread.start()
+        super().__init__(kind)
         self.leaked: List[str] = []
 
     async def run(self, aw: Awaitable[Any], timeout: float = TIMEOUT) -> Any:
@@ -210,21 +200,8 @@ class AsyncioThread:
             raise
         return future.result()
 
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on this loop's thread; its result."""
-
-        async def invoke() -> Any:
-            return fn(*args)
-
-        return await self.run(invoke())
-
     def close(self) -> None:
-        """Stop the loop (bounded join), then close it, recording what
-        uvloop/asyncio report as left open instead of raising inside C."""
-        if self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(TIMEOUT)
-            assert not self.thread.is_alive(), "the asyncio loop did not stop"
+        self.stop()
         if not self.loop.is_closed():
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ResourceWarning)
