@@ -174,15 +174,22 @@ class FriendStream(trio.abc.HalfCloseableStream):
         again)."""
         ref = weakref.ref(self)
 
+        # _wake_reader/_wake_writer, inlined: one call less per burst.
         def wake_reader() -> None:
             stream = ref()
             if stream is not None:
-                stream._wake_reader()
+                task = stream._reader
+                if task is not None:
+                    stream._reader = None
+                    _reschedule(task)
 
         def wake_writer() -> None:
             stream = ref()
             if stream is not None:
-                stream._wake_writer()
+                task = stream._writer
+                if task is not None:
+                    stream._writer = None
+                    _reschedule(task)
 
         if not self._end.link.threaded:
             return wake_reader, wake_writer
