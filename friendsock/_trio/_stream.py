@@ -174,22 +174,15 @@ class FriendStream(trio.abc.HalfCloseableStream):
         again)."""
         ref = weakref.ref(self)
 
-        # _wake_reader/_wake_writer, inlined: one call less per burst.
         def wake_reader() -> None:
             stream = ref()
             if stream is not None:
-                task = stream._reader
-                if task is not None:
-                    stream._reader = None
-                    _reschedule(task)
+                stream._wake_reader()
 
         def wake_writer() -> None:
             stream = ref()
             if stream is not None:
-                task = stream._writer
-                if task is not None:
-                    stream._writer = None
-                    _reschedule(task)
+                stream._wake_writer()
 
         if not self._end.link.threaded:
             return wake_reader, wake_writer
