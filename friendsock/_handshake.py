@@ -10,6 +10,7 @@ and :class:`ClientEnd`.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -141,6 +142,21 @@ def bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
             error = OSError(exc.errno, f"error while attempting to bind on address "
                                        f"{laddr!r}: {exc.strerror.lower()}")
     raise error or OSError(f"no matching local address with family={af} found")
+
+
+def start_connect(sock: socket.socket, address: Any) -> int:
+    """connect() on a non-blocking socket: 0 when the connection is up
+    already (on loopback the handshake completes inside the call, though a
+    non-blocking connect still says EINPROGRESS), EINPROGRESS when the caller
+    must wait for it, any other errno when it failed at once."""
+    err = sock.connect_ex(address)
+    if err == errno.EINPROGRESS:
+        try:
+            sock.getpeername()
+            return 0
+        except OSError:
+            pass
+    return err
 
 
 def register_connect(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool,

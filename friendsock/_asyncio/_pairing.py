@@ -22,6 +22,7 @@ from .._handshake import (
     bind_local,
     numeric_address_infos,
     register_connect,
+    start_connect,
 )
 from ._install import native
 from ._transport import FriendTransport, loop_state
@@ -114,16 +115,10 @@ async def connect(
 
 
 async def _connect_socket(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> None:
-    """``loop.sock_connect``, minus the wait when the handshake is already
-    done: on loopback it completes inside the connect() call, though a
-    non-blocking connect still says EINPROGRESS."""
-    err = sock.connect_ex(address)
+    """``loop.sock_connect``, minus the wait when the handshake is already done."""
+    err = start_connect(sock, address)
     if err == errno.EINPROGRESS:
-        try:
-            sock.getpeername()
-            return
-        except OSError:
-            await loop.sock_connect(sock, address)  # still in progress: wait
+        await loop.sock_connect(sock, address)
     elif err:
         raise OSError(err, f"Connect call failed {address}")
 

@@ -25,6 +25,7 @@ from .._handshake import (
     claim_accepted,
     numeric_address_infos,
     register_connect,
+    start_connect,
     why_not_friends,
 )
 from ._stream import FriendStream, forget_listener, run_state
@@ -294,21 +295,15 @@ async def _connect(host: Union[str, bytes], port: int,
 
 
 async def _connect_socket(sock: socket.socket, address: Any) -> None:
-    """connect(), without a wait when the loopback handshake is already done
-    (it completes inside the call, though a non-blocking connect still says
-    EINPROGRESS)."""
+    """connect(), without a wait when the loopback handshake is already done."""
     await trio.lowlevel.checkpoint_if_cancelled()
-    err = sock.connect_ex(address)
+    err = start_connect(sock, address)
     if err == errno.EINPROGRESS:
-        try:
-            sock.getpeername()
-        except OSError:
-            await trio.lowlevel.wait_writable(sock)
-            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if err:
-                raise OSError(err, f"Error connecting to {address!r}: {errno.errorcode.get(err, err)}")
+        await trio.lowlevel.wait_writable(sock)
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if not err:
             return
-    elif err:
+    if err:
         raise OSError(err, f"Error connecting to {address!r}: {errno.errorcode.get(err, err)}")
     await trio.lowlevel.cancel_shielded_checkpoint()
 
