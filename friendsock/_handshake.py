@@ -23,6 +23,10 @@ from ._core._switch import is_enabled
 from ._friend_socket import read_buffer_sizes
 
 _LINGER_ABORT = struct.pack("ii", 1, 0)
+# struct tcp_info's tcpi_unacked and tcpi_sacked, which a listening socket
+# fills with its accept queue's length and limit (min(backlog, somaxconn)).
+_ACCEPT_QUEUE = struct.Struct("II")
+_ACCEPT_QUEUE_OFFSET = 24
 
 
 class _Process:
@@ -64,15 +68,34 @@ def release_sockets(pid: int, *socks: socket.socket) -> None:
 
 
 class ListenerHandle:
-    """What the registry keeps of a listener for its clients: the buffer
-    sizes accepted sockets inherit, and the adapter's per-scheduler state
-    (a client on the same scheduler shares it)."""
+    """What the registry keeps of a listener for its clients: the listening
+    socket, the buffer sizes accepted sockets inherit, and the adapter's
+    per-scheduler state (a client on the same scheduler shares it)."""
 
-    __slots__ = ("sndbuf", "rcvbuf", "state")
+    __slots__ = ("sock", "sndbuf", "rcvbuf", "state")
 
-    def __init__(self, listen_sock: Any, state: object) -> None:
+    def __init__(self, listen_sock: socket.socket, state: object) -> None:
+        self.sock = listen_sock
         self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
         self.state = state
+
+    def accept_queue_room(self) -> int:
+        """How many more connects the listener's accept queue takes now.
+
+        A TCP client that overflows it recovers by itself: its SYN or its
+        final ACK is dropped, and a retransmission (or its first data
+        segment, which completes a SYN-cookie handshake) gets it in later. A
+        friend client never sends on its real socket, so its connection
+        would never be accepted: it waits for room instead. One slot is kept
+        spare (the kernel holds limit + 1) for a connect of another thread
+        that looked at the same time.
+        """
+        try:
+            info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
+        except OSError:  # closed meanwhile: the connect finds out
+            return 1
+        queued, limit = _ACCEPT_QUEUE.unpack_from(info, _ACCEPT_QUEUE_OFFSET)
+        return max(limit, 1) - queued
 
 
 class ClientEnd:

@@ -115,6 +115,18 @@ def _abort(transport: asyncio.BaseTransport) -> None:
 # -- shared by the pairing and server tests -----------------------------------
 
 PAYLOAD = b"hello, friend\n"
+LOCALHOST = "127.0.0.1"
+
+
+def port_of(server) -> int:
+    return server.sockets[0].getsockname()[1]
+
+
+def fallbacks_since(before) -> dict:
+    """Fallback reasons counted since the snapshot ``before``."""
+    after = friendsock.stats().fallbacks
+    moved = {k: after.get(k, 0) - before.fallbacks.get(k, 0) for k in set(after) | set(before.fallbacks)}
+    return {k: v for k, v in moved.items() if v}
 
 # The transports made while no_transport_left_open is active.
 _tracked: Optional[List[asyncio.BaseTransport]] = None

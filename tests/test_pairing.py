@@ -28,32 +28,23 @@ import friendsock
 from friendsock._asyncio import _pairing
 from support import (  # noqa: F401 (two fixtures)
     DEFAULT_CONFIRM_TIMEOUT,
+    LOCALHOST,
     PAYLOAD,
     Echoes,
     Recorder,
     bounded,
     connected_pair,
     echo_and_finish,
+    fallbacks_since,
     no_transport_left_open,
     patient_confirm,
+    port_of,
     track,
 )
 
 pytestmark = pytest.mark.usefixtures("no_transport_left_open", "patient_confirm")
 
 MIB = 1 << 20
-LOCALHOST = "127.0.0.1"
-
-
-def port_of(server) -> int:
-    return server.sockets[0].getsockname()[1]
-
-
-def fallbacks_since(before) -> dict:
-    """Fallback reasons counted since the snapshot ``before``."""
-    after = friendsock.stats().fallbacks
-    moved = {k: after.get(k, 0) - before.fallbacks.get(k, 0) for k in set(after) | set(before.fallbacks)}
-    return {k: v for k, v in moved.items() if v}
 
 
 # -- the kernel's view: struct tcp_info (linux/tcp.h) -------------------------

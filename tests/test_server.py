@@ -15,17 +15,18 @@ import pytest
 
 import friendsock
 from support import (  # noqa: F401 (two fixtures)
+    LOCALHOST,
     Echoes,
     Recorder,
     bounded,
     echo_and_finish,
     no_transport_left_open,
     patient_confirm,
+    port_of,
 )
 
 pytestmark = pytest.mark.usefixtures("no_transport_left_open", "patient_confirm")
 
-LOCALHOST = "127.0.0.1"
 
 
 @pytest.fixture(params=["host", "sock"])
@@ -41,10 +42,6 @@ async def make_server(how: str, friends: bool, factory=None, **kwargs):
     sock = socket.socket()
     sock.bind((LOCALHOST, 0))
     return await friendsock.create_server(factory, sock=sock, friends=friends, **kwargs), sock
-
-
-def port_of(server) -> int:
-    return server.sockets[0].getsockname()[1]
 
 
 async def check_pairs(port: int, friends: bool, echoes: Echoes) -> None:

@@ -27,11 +27,17 @@ import friendsock
 from friendsock._asyncio import _transport
 from friendsock._core._link import ChannelState, LockedChannel
 from friendsock._core._registry import registry
-from support import Recorder, chunked, patient_confirm  # noqa: F401 (a fixture)
+from support import (  # noqa: F401 (a fixture)
+    LOCALHOST,
+    Recorder,
+    chunked,
+    fallbacks_since,
+    patient_confirm,
+    port_of,
+)
 
 TIMEOUT = 10
 MiB = 1 << 20
-LOCALHOST = "127.0.0.1"
 LOOP_FACTORIES = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
@@ -178,16 +184,6 @@ async def make_server(side: Any, factory: Any, **kwargs: Any) -> Any:
 
 async def close_server(side: Any, server: Any) -> None:
     await side.call(server.close)
-
-
-def port_of(server: Any) -> int:
-    return server.sockets[0].getsockname()[1]
-
-
-def fallbacks_since(before) -> dict:
-    after = friendsock.stats().fallbacks
-    moved = {k: after.get(k, 0) - before.fallbacks.get(k, 0) for k in set(after) | set(before.fallbacks)}
-    return {k: v for k, v in moved.items() if v}
 
 
 # -- the core channel, one writer thread and one reader thread ----------------

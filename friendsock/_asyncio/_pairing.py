@@ -13,7 +13,7 @@ import errno
 import socket
 from typing import Any, Callable, List, Tuple
 
-from .._core._registry import PendingConnect, PendingState, registry
+from .._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from .._core._stats import counters
 from .._handshake import (
     ClientEnd,
@@ -30,6 +30,9 @@ from ._transport import FriendTransport, loop_state
 # How long a confirmed connect (a listener that other processes may share)
 # waits for this process to claim it before it goes on as plain TCP.
 CONFIRM_TIMEOUT = 0.25
+# How often a connect held back by a full accept queue looks again, in case
+# room was made by an accept friendsock did not see.
+ROOM_RECHECK = 1.0
 
 
 # -- connecting -------------------------------------------------------------
@@ -90,8 +93,11 @@ async def connect(
                 except OSError:
                     entry, reason = None, "not-local"
             if entry is not None:
+                await _wait_for_room(loop, entry)
                 pending = register_connect(sock, address, entry, only_one, threaded=entry.owner is not loop)
             await _connect_socket(loop, sock, address)
+            if pending is not None and pending.listener.exclusive and only_one:
+                await _turn_after_connect(loop, sock)
         except OSError as exc:
             if pending is not None:
                 abandon_connect(pending, sock)  # type: ignore[arg-type]
@@ -112,6 +118,60 @@ async def connect(
             return _start_client(loop, pending, sock, protocol_factory)
         return await _confirm(loop, pending, sock, protocol_factory)
     raise _combined_error(exceptions, kwargs.get("all_errors", False))
+
+
+async def _wait_for_room(loop: asyncio.AbstractEventLoop, entry: ListenerEntry) -> None:
+    """Hold the connect back while the listener's accept queue is full (see
+    ``ListenerHandle.accept_queue_full``), until its server accepts."""
+    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
+    while handle.accept_queue_room() <= 0:
+        woken = loop.create_future()
+
+        def settle() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        if entry.owner is loop:
+            wake = settle
+        else:
+            def wake() -> None:  # on the accepting thread
+                try:
+                    loop.call_soon_threadsafe(settle)
+                except RuntimeError:  # our loop closed: nobody waits any more
+                    pass
+
+        if not registry.wait_for_room(entry, wake):
+            return  # the listener is gone: the connect finds out
+        try:
+            await asyncio.wait_for(woken, ROOM_RECHECK)
+        except asyncio.TimeoutError:
+            pass
+        except BaseException:
+            if woken.done() and not woken.cancelled():  # woken for room we will not take: pass it on
+                registry.room_made(entry, 1)
+            raise
+        finally:
+            registry.cancel_wait_for_room(entry, wake)
+
+
+async def _turn_after_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """The turn of the loop a TCP connect takes: ``create_connection`` waits
+    for its socket to become writable, and in that turn a server on this
+    loop accepts. Taken here too, so the program sees the same state when
+    ``create_connection`` returns (a ``server.close()`` right after finds
+    the connection accepted, not in its backlog)."""
+    writable = loop.create_future()
+
+    def settle() -> None:
+        if not writable.done():
+            writable.set_result(None)
+
+    fd = sock.fileno()
+    loop.add_writer(fd, settle)
+    try:
+        await writable
+    finally:
+        loop.remove_writer(fd)
 
 
 async def _connect_socket(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> None:

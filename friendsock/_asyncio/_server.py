@@ -11,7 +11,7 @@ import asyncio
 import errno
 import socket
 import sys
-from asyncio import trsock
+from asyncio import selector_events, trsock
 from typing import Any, Callable, List, Optional, Tuple
 
 from .._core._registry import ListenerEntry, PendingConnect, registry
@@ -24,6 +24,37 @@ _ACCEPT_RETRY_DELAY = 1.0
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 # 3.12.1 made wait_closed() wait for the connections even after close().
 _WAIT_CLOSED_WAITS_FOR_CONNECTIONS = sys.version_info >= (3, 12, 1)
+
+
+def _count_until_lost(protocol: asyncio.BaseProtocol, server: "FriendServer") -> Callable[[], None]:
+    """Count a connection in ``server`` until ``protocol`` loses it; returns
+    what undoes that for a connection that never got its transport."""
+    lost = protocol.connection_lost
+    counted = True
+
+    def uncount() -> None:
+        nonlocal counted
+        if counted:
+            counted = False
+            server._detach()
+
+    def connection_lost(exc: Optional[BaseException]) -> None:
+        try:
+            lost(exc)
+        finally:
+            uncount()
+
+    try:
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
+    except AttributeError:  # a protocol without __dict__: not counted
+        return lambda: None
+    server._attach()
+
+    def forget() -> None:
+        vars(protocol).pop("connection_lost", None)
+        uncount()
+
+    return forget
 
 
 class FriendServer(asyncio.AbstractServer):
@@ -42,6 +73,11 @@ class FriendServer(asyncio.AbstractServer):
         self._entries: List[ListenerEntry] = []
         self._protocol_factory = protocol_factory
         self._backlog = backlog
+        # As asyncio.Server's, for code that reads them (test helpers do):
+        # TLS servers are the loop's own.
+        self._ssl_context = None
+        self._ssl_handshake_timeout = None
+        self._ssl_shutdown_timeout = None
         self._exclusive = exclusive  # sockets we bound ourselves, no SO_REUSEPORT
         self._active_count = 0
         self._waiters: Optional[List[asyncio.Future]] = []
@@ -54,10 +90,11 @@ class FriendServer(asyncio.AbstractServer):
         return f"<{self.__class__.__name__} sockets={self.sockets!r}>"
 
     # -- connection bookkeeping (called by transports) ---------------------
-    def _attach(self) -> None:
+    # Python 3.12 passes the transport; earlier versions and uvloop do not.
+    def _attach(self, transport: Any = None) -> None:
         self._active_count += 1
 
-    def _detach(self) -> None:
+    def _detach(self, transport: Any = None) -> None:
         self._active_count -= 1
         if self._active_count == 0 and self._sockets is None:
             self._wakeup()
@@ -88,9 +125,17 @@ class FriendServer(asyncio.AbstractServer):
             )
             registry.add_listener(entry)
             self._entries.append(entry)
-            self._loop.add_reader(sock.fileno(), self._accept_ready, sock)
+            self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
-    def _accept_ready(self, sock: socket.socket) -> None:
+    def _accept_ready(self, sock: socket.socket, entry: ListenerEntry) -> None:
+        try:
+            self._accept_batch(sock, entry)
+        finally:
+            # Connects held back by a full accept queue may go on now.
+            if entry.room_waiters:
+                registry.room_made(entry, entry.handle.accept_queue_room())  # type: ignore[attr-defined]
+
+    def _accept_batch(self, sock: socket.socket, entry: ListenerEntry) -> None:
         for _ in range(self._backlog):
             try:
                 conn, address = sock.accept()
@@ -105,20 +150,20 @@ class FriendServer(asyncio.AbstractServer):
                     "socket": trsock.TransportSocket(sock),
                 })
                 self._loop.remove_reader(sock.fileno())
-                self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accepting, sock)
+                self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accepting, sock, entry)
                 return
             conn.setblocking(False)
             self._accepted(conn, address)
 
-    def _resume_accepting(self, sock: socket.socket) -> None:
+    def _resume_accepting(self, sock: socket.socket, entry: ListenerEntry) -> None:
         if self._sockets is not None and self._serving:
-            self._loop.add_reader(sock.fileno(), self._accept_ready, sock)
+            self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
     def _accepted(self, conn: socket.socket, address: Any) -> None:
         pending, sockname = claim_accepted(conn, address)
         if pending is None:
             counters.fallback("peer-not-friend")
-            self._loop.create_task(self._accept_native(conn))
+            self._loop.create_task(self._accept_native(conn, address))
             return
         self._accept_friend(conn, sockname, address, pending)
 
@@ -142,19 +187,47 @@ class FriendServer(asyncio.AbstractServer):
         if pending.on_claimed is not None:
             pending.on_claimed()
 
-    async def _accept_native(self, conn: socket.socket) -> None:
+    async def _accept_native(self, conn: socket.socket, address: Any) -> None:
+        """A peer that is not a friend: the loop's own transport, counted in
+        this server (``wait_closed()`` waits for it as for a friend)."""
+        protocol = None
+        transport = None
         try:
-            await self._loop.connect_accepted_socket(
-                self._protocol_factory, conn
-            )
+            protocol = self._protocol_factory()
+            if isinstance(self._loop, selector_events.BaseSelectorEventLoop):
+                # What asyncio.Server's own accept does: the transport
+                # attaches to the server and detaches when it is lost.
+                waiter = self._loop.create_future()
+                transport = self._loop._make_socket_transport(  # type: ignore[attr-defined]
+                    conn, protocol, waiter=waiter, extra={"peername": address}, server=self)
+                try:
+                    await waiter
+                except BaseException:
+                    transport.close()
+                    raise
+            else:
+                # uvloop's transports only attach to uvloop's own servers:
+                # count the connection through its protocol instead.
+                forget = _count_until_lost(protocol, self)
+                try:
+                    await self._loop.connect_accepted_socket(lambda: protocol, conn)
+                except BaseException:
+                    forget()
+                    raise
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            conn.close()
-            self._loop.call_exception_handler({
+            if transport is None:
+                conn.close()
+            context = {
                 "message": "Error on transport creation for incoming connection",
                 "exception": exc,
-            })
+            }
+            if protocol is not None:
+                context["protocol"] = protocol
+            if transport is not None:
+                context["transport"] = transport
+            self._loop.call_exception_handler(context)
 
     # -- asyncio.AbstractServer -------------------------------------------
     def close(self) -> None:

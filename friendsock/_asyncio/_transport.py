@@ -23,6 +23,7 @@ import contextlib
 import errno
 import logging
 import os
+import socket
 import threading
 import warnings
 import weakref
@@ -464,9 +465,16 @@ class FriendTransport(asyncio.Transport):
             pending = bool(incoming.queued) or incoming.state is not ChannelState.OPEN
             if pending:
                 incoming._reader_notified = True
+        sock = self._extra["socket"]
+        # As the loop's own TCP transports (asyncio and uvloop alike), so
+        # getsockopt() answers the same on both paths.
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
         # The kernel sizes a socket's buffers when the connection is set up
         # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
-        self._extra["socket"].sync_buffer_sizes()
+        sock.sync_buffer_sizes()
         try:
             self._protocol.connection_made(self)
         except (SystemExit, KeyboardInterrupt):

@@ -26,7 +26,7 @@ class ListenerEntry:
     ``handle`` is the adapter's own object (its server and socket).
     """
 
-    __slots__ = ("endpoint", "v6only", "exclusive", "owner", "handle")
+    __slots__ = ("endpoint", "v6only", "exclusive", "owner", "handle", "room_waiters")
 
     def __init__(
         self,
@@ -42,6 +42,10 @@ class ListenerEntry:
         self.exclusive = exclusive
         self.owner = owner
         self.handle = handle
+        # Connects waiting for room in the listener's accept queue: called
+        # (under no lock) when the accepting side took connections, or the
+        # listener went away.
+        self.room_waiters: List[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         mode = "exclusive" if self.exclusive else "shared"
@@ -104,7 +108,10 @@ class Registry:
             for pending in orphans:
                 del self._pending[pending.key]
                 pending.state = PendingState.WITHDRAWN
-            return orphans
+            waiters, entry.room_waiters = entry.room_waiters, []
+        for wake in waiters:  # they find the listener gone
+            wake()
+        return orphans
 
     def has_port(self, port: int) -> bool:
         """Cheap first test before resolving a host: any listener on ``port``?"""
@@ -126,6 +133,35 @@ class Registry:
             if not found:
                 return None, False
             return found[0], len(found) == 1
+
+    def wait_for_room(self, entry: ListenerEntry, wake: Callable[[], None]) -> bool:
+        """Call ``wake`` once the accepting side of ``entry`` has taken
+        connections off its accept queue (or the listener is gone); False,
+        and no call, when the listener is already gone."""
+        with self._lock:
+            if entry not in self._listeners.get(entry.endpoint, ()):
+                return False
+            entry.room_waiters.append(wake)
+            return True
+
+    def cancel_wait_for_room(self, entry: ListenerEntry, wake: Callable[[], None]) -> None:
+        with self._lock:
+            try:
+                entry.room_waiters.remove(wake)
+            except ValueError:
+                pass
+
+    def room_made(self, entry: ListenerEntry, room: int) -> None:
+        """The accepting side of ``entry`` took connections and its accept
+        queue has ``room``: that many waiting connects, first come first,
+        look again."""
+        if not entry.room_waiters or room <= 0:
+            return
+        with self._lock:
+            waiters = entry.room_waiters[:room]
+            del entry.room_waiters[:room]
+        for wake in waiters:
+            wake()
 
     # -- pending connects -------------------------------------------------
     def add_pending(self, pending: PendingConnect, establish: bool = False) -> bool:

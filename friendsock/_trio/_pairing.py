@@ -38,6 +38,9 @@ DEFAULT_DELAY = 0.250
 # How long a confirmed connect (a listener other processes may share) waits
 # for this process to claim it before it goes on as plain TCP.
 CONFIRM_TIMEOUT = 0.25
+# How often a connect held back by a full accept queue looks again, in case
+# room was made by an accept friendsock did not see.
+ROOM_RECHECK = 1.0
 
 AnyStream = Union[FriendStream, trio.SocketStream]
 
@@ -94,6 +97,10 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
                 if exc.errno not in _IGNORABLE_ACCEPT_ERRNOS:
                     raise
             else:
+                entry = self._entry
+                if entry is not None and entry.room_waiters:
+                    # Connects held back by a full accept queue may go on now.
+                    registry.room_made(entry, entry.handle.accept_queue_room())
                 return self._stream_for(conn, address)
 
     async def _accept_socket(self) -> "tuple[socket.socket, Any]":
@@ -269,6 +276,7 @@ async def _connect(host: Union[str, bytes], port: int,
                     sock.close()
                     reason = "not-local"
                     continue
+            await _wait_for_room(entry, token)
             pending = register_connect(sock, address, entry, only_one,
                                        threaded=entry.owner is not token)
             if pending is None:  # the listener just went away
@@ -292,6 +300,36 @@ async def _connect(host: Union[str, bytes], port: int,
             return _start_client(pending, sock)
         return await _confirm(pending, sock, token)
     return reason
+
+
+async def _wait_for_room(entry: ListenerEntry, token: trio.lowlevel.TrioToken) -> None:
+    """Hold the connect back while the listener's accept queue is full (see
+    ``ListenerHandle.accept_queue_full``), until its listener accepts. A
+    connect that makes the real handshake waits there too, as long as the
+    listener does not accept: the kernel drops its SYN meanwhile."""
+    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
+    while handle.accept_queue_room() <= 0:
+        woken = trio.Event()
+        if entry.owner is token:
+            wake = woken.set
+        else:
+            def wake() -> None:  # on the accepting thread
+                try:
+                    token.run_sync_soon(woken.set)
+                except trio.RunFinishedError:  # nobody waits any more
+                    pass
+
+        if not registry.wait_for_room(entry, wake):
+            return  # the listener is gone: the connect finds out
+        try:
+            with trio.move_on_after(ROOM_RECHECK):
+                await woken.wait()
+        except BaseException:
+            if woken.is_set():  # woken for room we will not take: pass it on
+                registry.room_made(entry, 1)
+            raise
+        finally:
+            registry.cancel_wait_for_room(entry, wake)
 
 
 async def _connect_socket(sock: socket.socket, address: Any) -> None:

@@ -1,0 +1,288 @@
+"""Bursts of connects and the server's life cycle, on both paths and loops.
+
+A friend client never sends on its real socket, so a connection the kernel
+dropped from a full accept queue would never reach the server: the client
+holds its connect back until the queue has room. These tests make such
+bursts, concurrent and sequential, and check every connection completes and
+echoes its own bytes; a hang fails them through the bounded waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+
+import pytest
+
+import friendsock
+from support import LOCALHOST, bounded, port_of
+
+async def _echo_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        data = await reader.readexactly(8)
+        writer.write(data)
+        await writer.drain()
+    finally:
+        writer.close()
+
+
+async def _echo_once(port: int, number: int, friends: bool) -> bool:
+    reader, writer = await friendsock.open_connection(LOCALHOST, port, friends=friends)
+    try:
+        payload = number.to_bytes(8, "big")
+        writer.write(payload)
+        assert await reader.readexactly(8) == payload
+        assert await reader.read() == b""
+        return friendsock.is_friend(writer)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+# Over real TCP a smaller backlog makes some of these connects wait for
+# retransmissions backing off past a minute; 100 is asyncio's default.
+@pytest.mark.parametrize(("count", "backlog"), [(500, 100), (2000, 100), (2000, 1024)])
+@pytest.mark.timeout(120)
+async def test_concurrent_connects_all_complete(count, backlog, friends):
+    server = await friendsock.start_server(_echo_handler, LOCALHOST, 0, friends=friends,
+                                           backlog=backlog)
+    before = friendsock.stats()
+    try:
+        port = port_of(server)
+        paired = await bounded(
+            asyncio.gather(*(_echo_once(port, n, friends) for n in range(count))), 90
+        )
+    finally:
+        server.close()
+    assert paired == [friends] * count
+    after = friendsock.stats()
+    assert after.links_made - before.links_made == (count if friends else 0)
+    assert after.pending == 0
+
+
+@pytest.mark.timeout(120)
+async def test_sequential_held_connects_then_echo(friends):
+    """A pool warming up: connections opened one after another and kept,
+    far past the listen backlog, then each used."""
+    count = 5000
+    server = await friendsock.start_server(_echo_handler, LOCALHOST, 0, friends=friends)
+    held = []
+    try:
+        port = port_of(server)
+
+        async def open_all() -> None:
+            for _ in range(count):
+                held.append(await friendsock.open_connection(LOCALHOST, port, friends=friends))
+
+        await bounded(open_all(), 60)
+        assert [friendsock.is_friend(writer) for _, writer in held] == [friends] * count
+
+        async def use(number: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            payload = number.to_bytes(8, "big")
+            writer.write(payload)
+            assert await reader.readexactly(8) == payload
+            assert await reader.read() == b""
+
+        await bounded(asyncio.gather(*(use(n, r, w) for n, (r, w) in enumerate(held))), 60)
+    finally:
+        for _, writer in held:
+            writer.close()
+        server.close()
+    await bounded(asyncio.gather(*(writer.wait_closed() for _, writer in held)))
+
+
+async def test_server_close_right_after_connect_keeps_the_connection(friends):
+    """Connect, write, close the server at once: as over TCP, the server has
+    already accepted, so the connection lives on and its bytes arrive."""
+    got = asyncio.get_running_loop().create_future()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.set_result(await reader.readexactly(4))
+        writer.write(b"pong")
+        writer.close()
+
+    server = await friendsock.start_server(handler, LOCALHOST, 0, friends=friends)
+    reader, writer = await friendsock.open_connection(LOCALHOST, port_of(server), friends=friends)
+    try:
+        assert friendsock.is_friend(writer) is friends
+        writer.write(b"ping")
+        server.close()
+        assert await bounded(got) == b"ping"
+        assert await bounded(reader.read()) == b"pong"
+    finally:
+        writer.close()
+    await bounded(writer.wait_closed())
+    await bounded(server.wait_closed())
+
+
+@pytest.mark.parametrize("client_friends", [True, False], ids=["friend-client", "tcp-client"])
+async def test_wait_closed_waits_for_open_connections(client_friends, friends):
+    """``wait_closed()`` awaited while serving returns once the server is
+    closed and every connection it accepted is gone, whatever the client."""
+    server_ends = []
+    lost = asyncio.get_running_loop().create_future()
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+            server_ends.append(transport)
+
+        def data_received(self, data):
+            self.transport.write(data)
+
+        def connection_lost(self, exc):
+            lost.set_result(exc)
+
+    server = await friendsock.create_server(Echo, LOCALHOST, 0, friends=friends)
+    reader, writer = await friendsock.open_connection(
+        LOCALHOST, port_of(server), friends=friends and client_friends
+    )
+    try:
+        assert friendsock.is_friend(writer) is (friends and client_friends)
+        closed = asyncio.ensure_future(server.wait_closed())
+        # A round trip takes several turns of the loop: wait_closed() is
+        # waiting by then, and one that did not wait would have finished.
+        for _ in range(2):
+            writer.write(b"still here")
+            assert await bounded(reader.readexactly(10)) == b"still here"
+            assert not closed.done()
+            server.close()
+        assert len(server_ends) == 1
+    finally:
+        writer.close()
+    assert await bounded(lost) is None
+    await bounded(closed)
+    await bounded(writer.wait_closed())
+
+
+async def test_tcp_nodelay_as_on_the_loops_own_transports(friends):
+    server_made = asyncio.get_running_loop().create_future()
+
+    class Made(asyncio.Protocol):
+        def connection_made(self, transport):
+            server_made.set_result(transport)
+
+    server = await friendsock.create_server(Made, LOCALHOST, 0, friends=friends)
+    transport, _ = await friendsock.create_connection(
+        asyncio.Protocol, LOCALHOST, port_of(server), friends=friends
+    )
+    ends = [transport]
+    try:
+        ends.append(await bounded(server_made))
+        for end in ends:
+            assert friendsock.is_friend(end) is friends
+            sock = end.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        for end in ends:
+            end.close()
+        server.close()
+
+
+def test_asyncio_server_attributes_mirrored():
+    """Private attributes test helpers read of ``asyncio.Server`` (websockets'
+    read ``_ssl_context``) exist on a friendsock server with the same values."""
+    async def main() -> None:
+        ours = await friendsock.create_server(asyncio.Protocol, LOCALHOST, 0)
+        theirs = await asyncio.get_running_loop().create_server(asyncio.Protocol, LOCALHOST, 0)
+        try:
+            for name in ("_ssl_context", "_ssl_handshake_timeout", "_ssl_shutdown_timeout",
+                         "_backlog", "_protocol_factory", "_active_count", "_serving"):
+                assert hasattr(ours, name), name
+                if name != "_protocol_factory":
+                    assert getattr(ours, name) == getattr(theirs, name), name
+        finally:
+            ours.close()
+            theirs.close()
+
+    asyncio.run(main())
+
+
+# -- trio -------------------------------------------------------------------------
+
+
+# trio's default backlog is the most the kernel takes (somaxconn). Over real
+# TCP, 2000 connects at backlog 100 on trio wait on SYN retransmissions for
+# 10-20 s: the default is where trio's own users make such bursts.
+@pytest.mark.trio
+@pytest.mark.parametrize(("count", "backlog"), [(500, 100), (2000, None)])
+@pytest.mark.timeout(120)
+async def test_trio_concurrent_connects_all_complete(count, backlog, friends):
+    import trio
+
+    import friendsock.trio as fst
+
+    async def handler(stream) -> None:
+        async with stream:
+            data = b""
+            while len(data) < 8:
+                chunk = await stream.receive_some(8 - len(data))
+                assert chunk
+                data += chunk
+            await stream.send_all(data)
+
+    paired = []
+
+    async def echo_once(port: int, number: int) -> None:
+        async with await fst.open_tcp_stream(LOCALHOST, port, friends=friends) as stream:
+            payload = number.to_bytes(8, "big")
+            await stream.send_all(payload)
+            data = b""
+            while True:
+                chunk = await stream.receive_some()
+                if not chunk:
+                    break
+                data += chunk
+            assert data == payload
+            paired.append(fst.is_friend(stream))
+
+    before = friendsock.stats()
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                functools.partial(fst.serve_tcp, handler, 0, host=LOCALHOST, backlog=backlog,
+                                  friends=friends)
+            )
+            port = listeners[0].socket.getsockname()[1]
+            async with trio.open_nursery() as clients:
+                for number in range(count):
+                    clients.start_soon(echo_once, port, number)
+            nursery.cancel_scope.cancel()
+    assert paired == [friends] * count
+    assert friendsock.stats().links_made - before.links_made == (count if friends else 0)
+
+
+@pytest.mark.trio
+@pytest.mark.timeout(120)
+async def test_trio_sequential_held_connects_then_echo(friends):
+    import trio
+
+    import friendsock.trio as fst
+
+    count = 5000
+
+    async def handler(stream) -> None:
+        async with stream:
+            data = await stream.receive_some(8)
+            await stream.send_all(data)
+
+    held = []
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                functools.partial(fst.serve_tcp, handler, 0, host=LOCALHOST, friends=friends)
+            )
+            port = listeners[0].socket.getsockname()[1]
+            try:
+                for _ in range(count):
+                    held.append(await fst.open_tcp_stream(LOCALHOST, port, friends=friends))
+                assert [fst.is_friend(stream) for stream in held] == [friends] * count
+                for number, stream in enumerate(held):
+                    payload = number.to_bytes(8, "big")
+                    await stream.send_all(payload)
+                    assert await stream.receive_some(8) == payload
+            finally:
+                for stream in held:
+                    await stream.aclose()
+            nursery.cancel_scope.cancel()
