@@ -14,6 +14,7 @@ import errno
 import os
 import socket
 import struct
+import threading
 from typing import Any, Optional, Tuple
 
 from ._core._addresses import flow_key
@@ -72,12 +73,15 @@ class ListenerHandle:
     socket, the buffer sizes accepted sockets inherit, and the adapter's
     per-scheduler state (a client on the same scheduler shares it)."""
 
-    __slots__ = ("sock", "sndbuf", "rcvbuf", "state")
+    __slots__ = ("sock", "sndbuf", "rcvbuf", "state", "connect_lock")
 
     def __init__(self, listen_sock: socket.socket, state: object) -> None:
         self.sock = listen_sock
         self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
         self.state = state
+        # One connect at a time looks at the room and takes it, whatever
+        # thread it runs on.
+        self.connect_lock = threading.Lock()
 
     def accept_queue_room(self) -> int:
         """How many more connects the listener's accept queue takes now.
@@ -87,8 +91,8 @@ class ListenerHandle:
         segment, which completes a SYN-cookie handshake) gets it in later. A
         friend client never sends on its real socket, so its connection
         would never be accepted: it waits for room instead. One slot is kept
-        spare (the kernel holds limit + 1) for a connect of another thread
-        that looked at the same time.
+        spare (the kernel holds limit + 1) for a connect from outside
+        friendsock that comes in between.
         """
         try:
             info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
@@ -204,6 +208,21 @@ def register_connect(sock: socket.socket, address: Any, entry: ListenerEntry, on
         link.on_done = None
         return None
     return pending
+
+
+def connect_if_room(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool,
+                    threaded: bool) -> Optional[Tuple[Optional[PendingConnect], int]]:
+    """Register ``sock``'s connect to the listener ``entry`` and start it
+    (:func:`register_connect`, then :func:`start_connect`), if its accept
+    queue has room; None, and nothing done, when it is full: wait for
+    ``registry.accept_room_made`` and try again. Otherwise the pending connect (None
+    if the listener just went away) and ``start_connect``'s answer."""
+    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
+    with handle.connect_lock:
+        if handle.accept_queue_room() <= 0:
+            return None
+        pending = register_connect(sock, address, entry, only_one, threaded)
+        return pending, start_connect(sock, address)
 
 
 def abandon_connect(pending: PendingConnect, sock: socket.socket) -> None:

@@ -21,7 +21,7 @@ from .._handshake import (
     abandon_connect,
     bind_local,
     numeric_address_infos,
-    register_connect,
+    connect_if_room,
     start_connect,
 )
 from ._install import native
@@ -93,9 +93,13 @@ async def connect(
                 except OSError:
                     entry, reason = None, "not-local"
             if entry is not None:
-                await _wait_for_room(loop, entry)
-                pending = register_connect(sock, address, entry, only_one, threaded=entry.owner is not loop)
-            await _connect_socket(loop, sock, address)
+                while (started := connect_if_room(sock, address, entry, only_one,
+                                                  threaded=entry.owner is not loop)) is None:
+                    await _room_made(loop, entry)
+                pending, err = started
+            else:
+                err = start_connect(sock, address)
+            await _connected(loop, sock, address, err)
             if pending is not None and pending.listener.exclusive and only_one:
                 await _turn_after_connect(loop, sock)
         except OSError as exc:
@@ -120,38 +124,37 @@ async def connect(
     raise _combined_error(exceptions, kwargs.get("all_errors", False))
 
 
-async def _wait_for_room(loop: asyncio.AbstractEventLoop, entry: ListenerEntry) -> None:
-    """Hold the connect back while the listener's accept queue is full (see
-    ``ListenerHandle.accept_queue_full``), until its server accepts."""
-    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
-    while handle.accept_queue_room() <= 0:
-        woken = loop.create_future()
+async def _room_made(loop: asyncio.AbstractEventLoop, entry: ListenerEntry) -> None:
+    """Wait for the listener's accept queue to have room made (see
+    ``ListenerHandle.accept_queue_room``): until its server accepts, the
+    listener goes away, or a while has passed."""
+    woken = loop.create_future()
 
-        def settle() -> None:
-            if not woken.done():
-                woken.set_result(None)
+    def settle() -> None:
+        if not woken.done():
+            woken.set_result(None)
 
-        if entry.owner is loop:
-            wake = settle
-        else:
-            def wake() -> None:  # on the accepting thread
-                try:
-                    loop.call_soon_threadsafe(settle)
-                except RuntimeError:  # our loop closed: nobody waits any more
-                    pass
+    if entry.owner is loop:
+        wake = settle
+    else:
+        def wake() -> None:  # on the accepting thread
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # our loop closed: nobody waits any more
+                pass
 
-        if not registry.wait_for_room(entry, wake):
-            return  # the listener is gone: the connect finds out
-        try:
-            await asyncio.wait_for(woken, ROOM_RECHECK)
-        except asyncio.TimeoutError:
-            pass
-        except BaseException:
-            if woken.done() and not woken.cancelled():  # woken for room we will not take: pass it on
-                registry.room_made(entry, 1)
-            raise
-        finally:
-            registry.cancel_wait_for_room(entry, wake)
+    if not registry.wait_for_accept_room(entry, wake):
+        return  # the listener is gone: the connect finds out
+    try:
+        await asyncio.wait_for(woken, ROOM_RECHECK)
+    except asyncio.TimeoutError:
+        pass
+    except BaseException:
+        if woken.done() and not woken.cancelled():  # woken for room we will not take: pass it on
+            registry.accept_room_made(entry, 1)
+        raise
+    finally:
+        registry.cancel_wait_for_accept_room(entry, wake)
 
 
 async def _turn_after_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
@@ -174,9 +177,8 @@ async def _turn_after_connect(loop: asyncio.AbstractEventLoop, sock: socket.sock
         loop.remove_writer(fd)
 
 
-async def _connect_socket(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> None:
-    """``loop.sock_connect``, minus the wait when the handshake is already done."""
-    err = start_connect(sock, address)
+async def _connected(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any, err: int) -> None:
+    """The rest of ``loop.sock_connect`` after :func:`start_connect` said ``err``."""
     if err == errno.EINPROGRESS:
         await loop.sock_connect(sock, address)
     elif err:

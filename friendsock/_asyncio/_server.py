@@ -22,7 +22,8 @@ from ._transport import FriendTransport, loop_state
 # As asyncio: how long to stop accepting after running out of descriptors.
 _ACCEPT_RETRY_DELAY = 1.0
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-# 3.12.1 made wait_closed() wait for the connections even after close().
+# 3.12.1 made asyncio.Server.wait_closed() wait for the connections even
+# after close(); uvloop's Server does not.
 _WAIT_CLOSED_WAITS_FOR_CONNECTIONS = sys.version_info >= (3, 12, 1)
 
 
@@ -133,7 +134,7 @@ class FriendServer(asyncio.AbstractServer):
         finally:
             # Connects held back by a full accept queue may go on now.
             if entry.room_waiters:
-                registry.room_made(entry, entry.handle.accept_queue_room())  # type: ignore[attr-defined]
+                registry.accept_room_made(entry, entry.handle.accept_queue_room())  # type: ignore[attr-defined]
 
     def _accept_batch(self, sock: socket.socket, entry: ListenerEntry) -> None:
         for _ in range(self._backlog):
@@ -310,7 +311,9 @@ class FriendServer(asyncio.AbstractServer):
     async def wait_closed(self) -> None:
         if self._waiters is None:
             return
-        if self._sockets is None and not _WAIT_CLOSED_WAITS_FOR_CONNECTIONS:
+        if self._sockets is None and not (
+            _WAIT_CLOSED_WAITS_FOR_CONNECTIONS and isinstance(self._loop, asyncio.BaseEventLoop)
+        ):
             return
         waiter = self._loop.create_future()
         self._waiters.append(waiter)

@@ -134,7 +134,7 @@ class Registry:
                 return None, False
             return found[0], len(found) == 1
 
-    def wait_for_room(self, entry: ListenerEntry, wake: Callable[[], None]) -> bool:
+    def wait_for_accept_room(self, entry: ListenerEntry, wake: Callable[[], None]) -> bool:
         """Call ``wake`` once the accepting side of ``entry`` has taken
         connections off its accept queue (or the listener is gone); False,
         and no call, when the listener is already gone."""
@@ -144,14 +144,14 @@ class Registry:
             entry.room_waiters.append(wake)
             return True
 
-    def cancel_wait_for_room(self, entry: ListenerEntry, wake: Callable[[], None]) -> None:
+    def cancel_wait_for_accept_room(self, entry: ListenerEntry, wake: Callable[[], None]) -> None:
         with self._lock:
             try:
                 entry.room_waiters.remove(wake)
             except ValueError:
                 pass
 
-    def room_made(self, entry: ListenerEntry, room: int) -> None:
+    def accept_room_made(self, entry: ListenerEntry, room: int) -> None:
         """The accepting side of ``entry`` took connections and its accept
         queue has ``room``: that many waiting connects, first come first,
         look again."""

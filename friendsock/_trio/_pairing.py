@@ -24,8 +24,7 @@ from .._handshake import (
     bind_local,
     claim_accepted,
     numeric_address_infos,
-    register_connect,
-    start_connect,
+    connect_if_room,
     why_not_friends,
 )
 from ._stream import FriendStream, forget_listener, run_state
@@ -100,7 +99,7 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
                 entry = self._entry
                 if entry is not None and entry.room_waiters:
                     # Connects held back by a full accept queue may go on now.
-                    registry.room_made(entry, entry.handle.accept_queue_room())
+                    registry.accept_room_made(entry, entry.handle.accept_queue_room())
                 return self._stream_for(conn, address)
 
     async def _accept_socket(self) -> "tuple[socket.socket, Any]":
@@ -276,13 +275,15 @@ async def _connect(host: Union[str, bytes], port: int,
                     sock.close()
                     reason = "not-local"
                     continue
-            await _wait_for_room(entry, token)
-            pending = register_connect(sock, address, entry, only_one,
-                                       threaded=entry.owner is not token)
+            await trio.lowlevel.checkpoint_if_cancelled()
+            while (started := connect_if_room(sock, address, entry, only_one,
+                                              threaded=entry.owner is not token)) is None:
+                await _room_made(entry, token)
+            pending, err = started
             if pending is None:  # the listener just went away
                 sock.close()
                 continue
-            await _connect_socket(sock, address)
+            await _connected(sock, address, err)
         except OSError:
             if pending is not None:
                 abandon_connect(pending, sock)
@@ -302,40 +303,36 @@ async def _connect(host: Union[str, bytes], port: int,
     return reason
 
 
-async def _wait_for_room(entry: ListenerEntry, token: trio.lowlevel.TrioToken) -> None:
-    """Hold the connect back while the listener's accept queue is full (see
-    ``ListenerHandle.accept_queue_full``), until its listener accepts. A
-    connect that makes the real handshake waits there too, as long as the
-    listener does not accept: the kernel drops its SYN meanwhile."""
-    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
-    while handle.accept_queue_room() <= 0:
-        woken = trio.Event()
-        if entry.owner is token:
-            wake = woken.set
-        else:
-            def wake() -> None:  # on the accepting thread
-                try:
-                    token.run_sync_soon(woken.set)
-                except trio.RunFinishedError:  # nobody waits any more
-                    pass
+async def _room_made(entry: ListenerEntry, token: trio.lowlevel.TrioToken) -> None:
+    """Wait for the listener's accept queue to have room made (see
+    ``ListenerHandle.accept_queue_room``): until its listener accepts, goes
+    away, or a while has passed."""
+    woken = trio.Event()
+    if entry.owner is token:
+        wake = woken.set
+    else:
+        def wake() -> None:  # on the accepting thread
+            try:
+                token.run_sync_soon(woken.set)
+            except trio.RunFinishedError:  # nobody waits any more
+                pass
 
-        if not registry.wait_for_room(entry, wake):
-            return  # the listener is gone: the connect finds out
-        try:
-            with trio.move_on_after(ROOM_RECHECK):
-                await woken.wait()
-        except BaseException:
-            if woken.is_set():  # woken for room we will not take: pass it on
-                registry.room_made(entry, 1)
-            raise
-        finally:
-            registry.cancel_wait_for_room(entry, wake)
+    if not registry.wait_for_accept_room(entry, wake):
+        return  # the listener is gone: the connect finds out
+    try:
+        with trio.move_on_after(ROOM_RECHECK):
+            await woken.wait()
+    except BaseException:
+        if woken.is_set():  # woken for room we will not take: pass it on
+            registry.accept_room_made(entry, 1)
+        raise
+    finally:
+        registry.cancel_wait_for_accept_room(entry, wake)
 
 
-async def _connect_socket(sock: socket.socket, address: Any) -> None:
-    """connect(), without a wait when the loopback handshake is already done."""
-    await trio.lowlevel.checkpoint_if_cancelled()
-    err = start_connect(sock, address)
+async def _connected(sock: socket.socket, address: Any, err: int) -> None:
+    """The rest of a connect after :func:`start_connect` said ``err``: no
+    wait when the loopback handshake is already done."""
     if err == errno.EINPROGRESS:
         await trio.lowlevel.wait_writable(sock)
         err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
