@@ -13,6 +13,7 @@ from ._asyncio._api import (
     is_friend,
     open_connection,
     start_server,
+    start_tls,
 )
 from ._asyncio._install import install, installed, is_installed, new_event_loop, uninstall
 from ._core._errors import ChannelShutdownError, FriendError, PeerResetError
@@ -45,5 +46,6 @@ __all__ = [
     "open_connection",
     "set_enabled",
     "start_server",
+    "start_tls",
     "stats",
 ]

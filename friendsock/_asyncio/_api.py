@@ -16,7 +16,7 @@ from ._install import native
 from .._handshake import why_not_friends
 from ._pairing import connect
 from ._server import FriendServer
-from ._transport import FriendTransport
+from ._tls import rides_friend_link, start_tls as start_tls_on
 
 # create_server keywords that asyncio ignores when given sock= (keep_alive
 # exists from 3.13 on).
@@ -191,7 +191,33 @@ async def start_server(
 
 
 def is_friend(obj: Any) -> bool:
-    """Whether a transport (or a ``StreamWriter``'s) is a friend link end."""
+    """Whether a transport (or a ``StreamWriter``'s) is a friend link end,
+    or a TLS transport over one."""
     if isinstance(obj, asyncio.StreamWriter):
         obj = obj.transport
-    return isinstance(obj, FriendTransport)
+    return rides_friend_link(obj)
+
+
+async def start_tls(
+    transport: asyncio.BaseTransport,
+    protocol: asyncio.BaseProtocol,
+    sslcontext: Any,
+    *,
+    server_side: bool = False,
+    server_hostname: Optional[str] = None,
+    ssl_handshake_timeout: Optional[float] = None,
+    ssl_shutdown_timeout: Optional[float] = None,
+) -> asyncio.Transport:
+    """``loop.start_tls`` on the running loop that also upgrades a friend
+    link on uvloop (whose own start_tls takes only uvloop's transports),
+    without ``install()``. Any other transport gets the loop's own."""
+    return await start_tls_on(
+        asyncio.get_running_loop(),
+        transport,
+        protocol,
+        sslcontext,
+        server_side=server_side,
+        server_hostname=server_hostname,
+        ssl_handshake_timeout=ssl_handshake_timeout,
+        ssl_shutdown_timeout=ssl_shutdown_timeout,
+    )

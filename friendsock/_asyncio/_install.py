@@ -1,6 +1,8 @@
 """``install()``: route a loop's ``create_connection``/``create_server``
 (and so ``asyncio.open_connection``, ``asyncio.start_server`` and every
-library built on them) through friendsock.
+library built on them) through friendsock, and its ``start_tls`` (so
+``StreamWriter.start_tls()`` and STARTTLS libraries work over friend links,
+uvloop's included).
 
 A loop is patched on the instance, so ``uninstall()`` restores it exactly by
 removing what was set; the pytest plugin patches loop classes instead, so
@@ -16,7 +18,7 @@ import contextvars
 import functools
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
-_PATCHED = ("create_connection", "create_server")
+_PATCHED = ("create_connection", "create_server", "start_tls")
 _MISSING = object()
 # Per patched loop: what its instance dict held before (usually nothing).
 _INSTANCE_SAVED = "_friendsock_saved"
@@ -67,6 +69,7 @@ def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
 
 def _installed_methods(loop: asyncio.AbstractEventLoop) -> Dict[str, Any]:
     from ._api import create_connection_on, create_server_on
+    from ._tls import start_tls as start_tls_on
 
     @functools.wraps(native(loop, "create_connection"))
     async def create_connection(protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
@@ -76,7 +79,11 @@ def _installed_methods(loop: asyncio.AbstractEventLoop) -> Dict[str, Any]:
     async def create_server(protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
         return await create_server_on(loop, protocol_factory, host, port, **kwargs)
 
-    return {"create_connection": create_connection, "create_server": create_server}
+    @functools.wraps(native(loop, "start_tls"))
+    async def start_tls(transport: Any, protocol: Any, sslcontext: Any, **kwargs: Any) -> Any:
+        return await start_tls_on(loop, transport, protocol, sslcontext, **kwargs)
+
+    return {"create_connection": create_connection, "create_server": create_server, "start_tls": start_tls}
 
 
 def _resolve(loop: Optional[asyncio.AbstractEventLoop], action: str) -> asyncio.AbstractEventLoop:
@@ -181,6 +188,7 @@ def install_class(klass: type) -> None:
     if klass in _class_patches:
         return
     from ._api import create_connection_on, create_server_on
+    from ._tls import start_tls as start_tls_on
 
     patch = _ClassPatch(klass)
     originals = patch.originals
@@ -201,9 +209,18 @@ def install_class(klass: type) -> None:
         finally:
             _class_wrapper_context.reset(token)
 
+    @functools.wraps(originals["start_tls"])
+    async def start_tls(self: Any, transport: Any, protocol: Any, sslcontext: Any, **kwargs: Any) -> Any:
+        token = _class_wrapper_context.set((self, klass))
+        try:
+            return await start_tls_on(self, transport, protocol, sslcontext, **kwargs)
+        finally:
+            _class_wrapper_context.reset(token)
+
     _class_patches[klass] = patch
     klass.create_connection = create_connection  # type: ignore[attr-defined]
     klass.create_server = create_server  # type: ignore[attr-defined]
+    klass.start_tls = start_tls  # type: ignore[attr-defined]
 
 
 def uninstall_class(klass: type) -> None:

@@ -388,6 +388,10 @@ def _reset_error() -> ConnectionResetError:
 class FriendTransport(asyncio.Transport):
     """One end of a friend link, as an ``asyncio.Transport``."""
 
+    # TLS runs over a friend link as over TCP: the stdlib loop's start_tls()
+    # refuses transports that do not declare this.
+    _start_tls_compatible = True
+
     __slots__ = (
         "_loop",
         "_end",
