@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 import threading
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from ._core._addresses import flow_key
 from ._core._link import Link
@@ -28,6 +28,7 @@ _LINGER_ABORT = struct.pack("ii", 1, 0)
 # fills with its accept queue's length and limit (min(backlog, somaxconn)).
 _ACCEPT_QUEUE = struct.Struct("II")
 _ACCEPT_QUEUE_OFFSET = 24
+_ACCEPT_QUEUE_ANY = 1 << 30
 
 
 class _Process:
@@ -83,23 +84,31 @@ class ListenerHandle:
         # thread it runs on.
         self.connect_lock = threading.Lock()
 
-    def accept_queue_room(self) -> int:
-        """How many more connects the listener's accept queue takes now.
-
-        A TCP client that overflows it recovers by itself: its SYN or its
-        final ACK is dropped, and a retransmission (or its first data
-        segment, which completes a SYN-cookie handshake) gets it in later. A
-        friend client never sends on its real socket, so its connection
-        would never be accepted: it waits for room instead. One slot is kept
-        spare (the kernel holds limit + 1) for a connect from outside
-        friendsock that comes in between.
-        """
+    def accept_queue(self) -> Tuple[int, int]:
+        """The listener's accept queue: how many connections wait in it, and
+        its limit (the kernel takes limit + 1). An empty, unlimited queue
+        when the socket is closed: the connect finds out."""
         try:
             info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
-        except OSError:  # closed meanwhile: the connect finds out
-            return 1
-        queued, limit = _ACCEPT_QUEUE.unpack_from(info, _ACCEPT_QUEUE_OFFSET)
-        return max(limit, 1) - queued
+        except OSError:
+            return 0, _ACCEPT_QUEUE_ANY
+        return _ACCEPT_QUEUE.unpack_from(info, _ACCEPT_QUEUE_OFFSET)  # type: ignore[return-value]
+
+
+def accept_room(entry: ListenerEntry) -> int:
+    """How many more connects the accept queue of the listener ``entry``
+    takes now.
+
+    A TCP client that overflows it recovers by itself: a dropped SYN is
+    sent again, and a dropped final ACK (a SYN-cookie handshake) is made up
+    for by its first data segment. A friend client never sends on its real
+    socket, so its connection would never be accepted: it waits for room
+    instead. Friend connects whose handshake the kernel has not finished
+    yet are not in the queue, but are in ``entry.waiting``.
+    """
+    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
+    queued, limit = handle.accept_queue()
+    return limit + 1 - max(queued, entry.waiting)
 
 
 class ClientEnd:
@@ -214,15 +223,46 @@ def connect_if_room(sock: socket.socket, address: Any, entry: ListenerEntry, onl
                     threaded: bool) -> Optional[Tuple[Optional[PendingConnect], int]]:
     """Register ``sock``'s connect to the listener ``entry`` and start it
     (:func:`register_connect`, then :func:`start_connect`), if its accept
-    queue has room; None, and nothing done, when it is full: wait for
-    ``registry.accept_room_made`` and try again. Otherwise the pending connect (None
-    if the listener just went away) and ``start_connect``'s answer."""
+    queue has room (:func:`accept_room`); None, and nothing done, when it is
+    full: wait (:func:`wait_for_room`) and try again. Otherwise the pending
+    connect and ``start_connect``'s answer; ``(None, 0)``, nothing
+    connected, when the listener just went away.
+
+    One connect at a time per listener looks at the room and takes it, so
+    connects on several threads cannot overflow the queue for each other.
+    """
     handle: ListenerHandle = entry.handle  # type: ignore[assignment]
     with handle.connect_lock:
-        if handle.accept_queue_room() <= 0:
+        if registry.is_listening(entry) and accept_room(entry) <= 0:
             return None
         pending = register_connect(sock, address, entry, only_one, threaded)
-        return pending, start_connect(sock, address)
+        if pending is None:
+            return None, 0
+        try:
+            return pending, start_connect(sock, address)
+        except BaseException:
+            abandon_connect(pending, sock)
+            raise
+
+
+def wait_for_room(entry: ListenerEntry, wake: Callable[[], None]) -> bool:
+    """Have ``wake`` called when the accepting side of ``entry`` makes room
+    (``registry.accept_room_made``) or the listener goes away. False, and no
+    call: there is no need to wait (the listener is gone, or room was made
+    between the look and now), try again at once."""
+    if not registry.wait_for_accept_room(entry, wake):
+        return False
+    if accept_room(entry) > 0:
+        registry.cancel_wait_for_accept_room(entry, wake)
+        return False
+    return True
+
+
+def make_room(entry: ListenerEntry) -> None:
+    """The accepting side took connections off ``entry``'s queue: wake as
+    many waiting connects as there is room for."""
+    if entry.room_waiters:
+        registry.accept_room_made(entry, accept_room(entry))
 
 
 def abandon_connect(pending: PendingConnect, sock: socket.socket) -> None:

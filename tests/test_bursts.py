@@ -4,7 +4,9 @@ A friend client never sends on its real socket, so a connection the kernel
 dropped from a full accept queue would never reach the server: the client
 holds its connect back until the queue has room. These tests make such
 bursts, concurrent and sequential, and check every connection completes and
-echoes its own bytes; a hang fails them through the bounded waits.
+echoes its own bytes; a hang fails them through the bounded waits. A waiting
+connect looks again by itself only after a minute here, so a wake-up lost
+on the way shows as a failure, not as a slow pass.
 """
 
 from __future__ import annotations
@@ -16,7 +18,22 @@ import socket
 import pytest
 
 import friendsock
+from friendsock._asyncio import _pairing as asyncio_pairing
+from friendsock._trio import _pairing as trio_pairing
 from support import LOCALHOST, bounded, port_of
+
+
+@pytest.fixture(autouse=True)
+def no_room_recheck(monkeypatch):
+    for module in (asyncio_pairing, trio_pairing):
+        monkeypatch.setattr(module, "ROOM_RECHECK", 60.0)
+
+
+def burst_bound(friends: bool) -> float:
+    """How long a burst may take: over TCP some connects wait on SYN
+    retransmissions (1 s, then 3 s, 7 s, ...); friends must not wait so."""
+    return 30 if friends else 90
+
 
 async def _echo_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
@@ -25,6 +42,17 @@ async def _echo_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         await writer.drain()
     finally:
         writer.close()
+
+
+async def _loop_turns_of_a_round_trip() -> None:
+    """Let the loop turn as a round trip over a socket pair makes it."""
+    loop = asyncio.get_running_loop()
+    left, right = socket.socketpair()
+    with left, right:
+        left.setblocking(False)
+        right.setblocking(False)
+        await loop.sock_sendall(left, b"x")
+        assert await loop.sock_recv(right, 1) == b"x"
 
 
 async def _echo_once(port: int, number: int, friends: bool) -> bool:
@@ -51,7 +79,7 @@ async def test_concurrent_connects_all_complete(count, backlog, friends):
     try:
         port = port_of(server)
         paired = await bounded(
-            asyncio.gather(*(_echo_once(port, n, friends) for n in range(count))), 90
+            asyncio.gather(*(_echo_once(port, n, friends) for n in range(count))), burst_bound(friends)
         )
     finally:
         server.close()
@@ -65,8 +93,10 @@ async def test_concurrent_connects_all_complete(count, backlog, friends):
 async def test_concurrent_connects_from_several_threads(friends):
     """Clients on four threads' loops burst into one listener at once: each
     looks at the accept queue's room and takes it under one lock, so none
-    overflows it for another."""
-    server = await friendsock.start_server(_echo_handler, LOCALHOST, 0, friends=friends)
+    overflows it for another. (Over TCP, a backlog of 100 would leave some
+    of these connects to SYN retransmissions backing off past a minute.)"""
+    server = await friendsock.start_server(_echo_handler, LOCALHOST, 0, friends=friends,
+                                           backlog=100 if friends else 4096)
     before = friendsock.stats()
     new_loop = type(asyncio.get_running_loop())
     port = port_of(server)
@@ -77,7 +107,7 @@ async def test_concurrent_connects_from_several_threads(friends):
 
         loop = new_loop()
         try:
-            return loop.run_until_complete(asyncio.wait_for(burst(), 60))
+            return loop.run_until_complete(asyncio.wait_for(burst(), burst_bound(friends)))
         finally:
             loop.close()
 
@@ -104,7 +134,7 @@ async def test_sequential_held_connects_then_echo(friends):
             for _ in range(count):
                 held.append(await friendsock.open_connection(LOCALHOST, port, friends=friends))
 
-        await bounded(open_all(), 60)
+        await bounded(open_all(), burst_bound(friends))
         assert [friendsock.is_friend(writer) for _, writer in held] == [friends] * count
 
         async def use(number: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -267,7 +297,7 @@ async def test_trio_concurrent_connects_all_complete(count, backlog, friends):
             paired.append(fst.is_friend(stream))
 
     before = friendsock.stats()
-    with trio.fail_after(90):
+    with trio.fail_after(burst_bound(friends)):
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(
                 functools.partial(fst.serve_tcp, handler, 0, host=LOCALHOST, backlog=backlog,
@@ -297,7 +327,7 @@ async def test_trio_sequential_held_connects_then_echo(friends):
             await stream.send_all(data)
 
     held = []
-    with trio.fail_after(90):
+    with trio.fail_after(burst_bound(friends)):
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(
                 functools.partial(fst.serve_tcp, handler, 0, host=LOCALHOST, friends=friends)
@@ -315,3 +345,125 @@ async def test_trio_sequential_held_connects_then_echo(friends):
                 for stream in held:
                     await stream.aclose()
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_trio_a_full_backlog_holds_connects_until_accept(friends):
+    """A listener nobody accepts on takes backlog + 1 connects, as the
+    kernel does; the next one waits (cancelling it leaves nothing behind)
+    and goes through once the listener accepts."""
+    import trio
+    import trio.testing
+
+    import friendsock.trio as fst
+
+    (listener,) = await fst.open_tcp_listeners(0, host=LOCALHOST, backlog=1, friends=friends)
+    port = listener.socket.getsockname()[1]
+    streams = []
+    before = friendsock.stats()
+    try:
+        with trio.fail_after(10):
+            for _ in range(2):
+                streams.append(await fst.open_tcp_stream(LOCALHOST, port, friends=friends))
+        with trio.move_on_after(0.3) as waiting:
+            streams.append(await fst.open_tcp_stream(LOCALHOST, port, friends=friends))
+        assert waiting.cancelled_caught
+        assert friendsock.stats().pending == before.pending + 2 * friends
+        with trio.fail_after(10):
+            accepted = [await listener.accept()]
+            streams.append(await fst.open_tcp_stream(LOCALHOST, port, friends=friends))
+            accepted += [await listener.accept(), await listener.accept()]
+            for number, (client, server) in enumerate(zip(streams, accepted)):
+                await client.send_all(b"%d" % number)
+                assert await server.receive_some() == b"%d" % number
+        assert [fst.is_friend(s) for s in streams + accepted] == [friends] * 6
+        assert friendsock.stats().pending == before.pending
+    finally:
+        for stream in streams + locals().get("accepted", []):
+            await stream.aclose()
+        await listener.aclose()
+
+
+@pytest.mark.trio
+async def test_trio_listener_closed_under_waiting_connects(friends):
+    """Connects waiting for room when the listener closes are refused, and
+    the ones in its backlog are reset, as over TCP."""
+    import trio
+    import trio.testing
+
+    import friendsock.trio as fst
+
+    (listener,) = await fst.open_tcp_listeners(0, host=LOCALHOST, backlog=1, friends=friends)
+    port = listener.socket.getsockname()[1]
+    queued = [await fst.open_tcp_stream(LOCALHOST, port, friends=friends) for _ in range(2)]
+    refused = []
+
+    async def connect() -> None:
+        try:
+            stream = await fst.open_tcp_stream(LOCALHOST, port, friends=friends)
+        except OSError as exc:
+            refused.append(exc)
+        else:
+            await stream.aclose()
+
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(connect)
+                await trio.testing.wait_all_tasks_blocked()
+                await listener.aclose()
+        # trio's own words for a refused connect, on both paths.
+        assert [str(exc) for exc in refused] == [
+            f"all attempts to connect to {LOCALHOST}:{port} failed"] * 5
+        for stream in queued:
+            with trio.fail_after(10), pytest.raises(trio.BrokenResourceError):
+                await stream.send_all(b"x" * 65536)
+                await stream.receive_some()
+        assert friendsock.stats().pending == 0
+    finally:
+        for stream in queued:
+            await stream.aclose()
+
+
+async def test_wait_closed_with_one_protocol_for_two_connections(friends):
+    """A factory that hands the same protocol to every connection: each
+    connection still counts in wait_closed() until it is lost."""
+    lost = []
+    first_lost = asyncio.get_running_loop().create_future()
+
+    class Shared(asyncio.Protocol):
+        def connection_made(self, transport):
+            transport.write(b"hi")
+
+        def connection_lost(self, exc):
+            lost.append(exc)
+            if not first_lost.done():
+                first_lost.set_result(None)
+
+    shared = Shared()
+    server = await friendsock.create_server(lambda: shared, LOCALHOST, 0, friends=friends)
+    # Clients that are not friends: the server's native path (on uvloop, the
+    # one that follows the protocol).
+    ends = [await friendsock.open_connection(LOCALHOST, port_of(server), friends=False)
+            for _ in range(2)]
+    closed = asyncio.ensure_future(server.wait_closed())
+    try:
+        for reader, _ in ends:
+            assert await bounded(reader.readexactly(2)) == b"hi"
+        server.close()
+        ends[0][1].close()
+        assert await bounded(ends[0][0].read()) == b""
+        ends[1][1].write(b"still here")
+        await bounded(ends[1][1].drain())
+        await bounded(ends[0][1].wait_closed())
+        await bounded(first_lost)
+        # The other connection still counts: a round trip's turns of the
+        # loop pass, and wait_closed() goes on waiting.
+        await bounded(_loop_turns_of_a_round_trip())
+        assert not closed.done()
+    finally:
+        for _, writer in ends:
+            writer.close()
+    await bounded(closed)
+    assert lost == [None, None]

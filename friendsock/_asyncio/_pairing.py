@@ -23,6 +23,7 @@ from .._handshake import (
     numeric_address_infos,
     connect_if_room,
     start_connect,
+    wait_for_room,
 )
 from ._install import native
 from ._transport import FriendTransport, loop_state
@@ -97,7 +98,7 @@ async def connect(
                                                   threaded=entry.owner is not loop)) is None:
                     await _room_made(loop, entry)
                 pending, err = started
-            else:
+            if pending is None:
                 err = start_connect(sock, address)
             await _connected(loop, sock, address, err)
             if pending is not None and pending.listener.exclusive and only_one:
@@ -125,14 +126,19 @@ async def connect(
 
 
 async def _room_made(loop: asyncio.AbstractEventLoop, entry: ListenerEntry) -> None:
-    """Wait for the listener's accept queue to have room made (see
-    ``ListenerHandle.accept_queue_room``): until its server accepts, the
-    listener goes away, or a while has passed."""
+    """Wait for the listener's accept queue to have room made: until its
+    server accepts, the listener goes away, or a while has passed (for room
+    made by an accept friendsock did not see)."""
     woken = loop.create_future()
 
-    def settle() -> None:
-        if not woken.done():
+    def settle() -> None:  # on our loop
+        if woken.done():  # woken for room we will not take: pass it on
+            registry.accept_room_made(entry, 1)
+            return
+        try:
             woken.set_result(None)
+        except RuntimeError:  # our loop closed: nobody waits any more
+            pass
 
     if entry.owner is loop:
         wake = settle
@@ -143,17 +149,20 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: ListenerEntry) -> N
             except RuntimeError:  # our loop closed: nobody waits any more
                 pass
 
-    if not registry.wait_for_accept_room(entry, wake):
-        return  # the listener is gone: the connect finds out
+    if not wait_for_room(entry, wake):
+        await asyncio.sleep(0)
+        return
+    # Not asyncio.wait_for: before 3.12 it can swallow a cancellation that
+    # comes as the future completes.
+    recheck = loop.call_later(ROOM_RECHECK, lambda: woken.done() or woken.set_result(None))
     try:
-        await asyncio.wait_for(woken, ROOM_RECHECK)
-    except asyncio.TimeoutError:
-        pass
+        await woken
     except BaseException:
-        if woken.done() and not woken.cancelled():  # woken for room we will not take: pass it on
+        if woken.done() and not woken.cancelled():
             registry.accept_room_made(entry, 1)
         raise
     finally:
+        recheck.cancel()
         registry.cancel_wait_for_accept_room(entry, wake)
 
 
@@ -235,19 +244,21 @@ async def _confirm(
         pending.on_claimed = lambda: settle(True)
     fd = sock.fileno()
     loop.add_reader(fd, settle, False)
+    # Not asyncio.wait_for: before 3.12 it can swallow a cancellation that
+    # comes as the future completes.
+    deadline = loop.call_later(CONFIRM_TIMEOUT, settle, False)
     try:
         try:
-            claimed = await asyncio.wait_for(decided, CONFIRM_TIMEOUT)
-        except asyncio.TimeoutError:
-            claimed = False
+            claimed = await decided
+        finally:
+            deadline.cancel()
+            loop.remove_reader(fd)
     except BaseException:
-        loop.remove_reader(fd)
         if registry.withdraw(pending):
             sock.close()
         else:  # claimed meanwhile: the server end sees us go away
             pending.link.client.close()
         raise
-    loop.remove_reader(fd)
     if claimed or not registry.withdraw(pending):
         return _start_client(loop, pending, sock, protocol_factory)
     pending.link.on_done = None

@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from .._core._registry import ListenerEntry, PendingConnect, registry
 from .._core._stats import counters
-from .._handshake import ListenerHandle, adopt_accepted, claim_accepted
+from .._handshake import ListenerHandle, adopt_accepted, claim_accepted, make_room
 from ._transport import FriendTransport, loop_state
 
 # As asyncio: how long to stop accepting after running out of descriptors.
@@ -27,35 +27,55 @@ _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _WAIT_CLOSED_WAITS_FOR_CONNECTIONS = sys.version_info >= (3, 12, 1)
 
 
-def _count_until_lost(protocol: asyncio.BaseProtocol, server: "FriendServer") -> Callable[[], None]:
-    """Count a connection in ``server`` until ``protocol`` loses it; returns
-    what undoes that for a connection that never got its transport."""
-    lost = protocol.connection_lost
-    counted = True
+_MISSING = object()
 
-    def uncount() -> None:
-        nonlocal counted
-        if counted:
-            counted = False
-            server._detach()
 
-    def connection_lost(exc: Optional[BaseException]) -> None:
+class _LostCounter:
+    """Stands in for a protocol's ``connection_lost`` while the protocol
+    serves connections counted in friendsock servers (uvloop's transports
+    attach only to uvloop's own servers). A protocol shared by several
+    connections has one counter, with one count per connection."""
+
+    __slots__ = ("protocol", "lost", "own", "servers")
+
+    def __init__(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
+        self.lost = protocol.connection_lost
+        # What the instance itself held, to put back once no count is left.
+        self.own = vars(protocol).get("connection_lost", _MISSING)
+        self.servers: List["FriendServer"] = []
+
+    @classmethod
+    def count(cls, protocol: asyncio.BaseProtocol, server: "FriendServer") -> Optional["_LostCounter"]:
+        """Count one connection of ``server`` until ``protocol`` loses one;
+        None, and not counted, when the protocol has no ``__dict__`` to
+        follow it through."""
+        if not hasattr(protocol, "__dict__"):  # __slots__ only (aiohttp's)
+            return None
+        counter = getattr(protocol, "connection_lost", None)
+        if not isinstance(counter, cls):
+            counter = cls(protocol)
+            protocol.connection_lost = counter  # type: ignore[method-assign]
+        counter.servers.append(server)
+        server._attach()
+        return counter
+
+    def __call__(self, exc: Optional[BaseException]) -> None:
         try:
-            lost(exc)
+            self.lost(exc)
         finally:
-            uncount()
+            if self.servers:
+                self.uncount(self.servers[0])
 
-    try:
-        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
-    except AttributeError:  # a protocol without __dict__: not counted
-        return lambda: None
-    server._attach()
+    def uncount(self, server: "FriendServer") -> None:
+        self.servers.remove(server)
+        if not self.servers:
+            if self.own is _MISSING:
+                vars(self.protocol).pop("connection_lost", None)
+            else:
+                self.protocol.connection_lost = self.own  # type: ignore[method-assign]
+        server._detach()
 
-    def forget() -> None:
-        vars(protocol).pop("connection_lost", None)
-        uncount()
-
-    return forget
 
 
 class FriendServer(asyncio.AbstractServer):
@@ -133,8 +153,7 @@ class FriendServer(asyncio.AbstractServer):
             self._accept_batch(sock, entry)
         finally:
             # Connects held back by a full accept queue may go on now.
-            if entry.room_waiters:
-                registry.accept_room_made(entry, entry.handle.accept_queue_room())  # type: ignore[attr-defined]
+            make_room(entry)
 
     def _accept_batch(self, sock: socket.socket, entry: ListenerEntry) -> None:
         for _ in range(self._backlog):
@@ -209,11 +228,12 @@ class FriendServer(asyncio.AbstractServer):
             else:
                 # uvloop's transports only attach to uvloop's own servers:
                 # count the connection through its protocol instead.
-                forget = _count_until_lost(protocol, self)
+                counter = _LostCounter.count(protocol, self)
                 try:
                     await self._loop.connect_accepted_socket(lambda: protocol, conn)
                 except BaseException:
-                    forget()
+                    if counter is not None and self in counter.servers:
+                        counter.uncount(self)
                     raise
         except (SystemExit, KeyboardInterrupt):
             raise
@@ -269,9 +289,11 @@ class FriendServer(asyncio.AbstractServer):
             return
         self._sockets = None
         self._serving = False
-        self._forget_listeners()
-        for sock in sockets:
-            sock.close()
+        try:
+            self._forget_listeners()
+        finally:
+            for sock in sockets:
+                sock.close()
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop

@@ -26,7 +26,7 @@ class ListenerEntry:
     ``handle`` is the adapter's own object (its server and socket).
     """
 
-    __slots__ = ("endpoint", "v6only", "exclusive", "owner", "handle", "room_waiters")
+    __slots__ = ("endpoint", "v6only", "exclusive", "owner", "handle", "waiting", "room_waiters")
 
     def __init__(
         self,
@@ -42,6 +42,7 @@ class ListenerEntry:
         self.exclusive = exclusive
         self.owner = owner
         self.handle = handle
+        self.waiting = 0  # connects registered here and not yet claimed
         # Connects waiting for room in the listener's accept queue: called
         # (under no lock) when the accepting side took connections, or the
         # listener went away.
@@ -108,10 +109,14 @@ class Registry:
             for pending in orphans:
                 del self._pending[pending.key]
                 pending.state = PendingState.WITHDRAWN
+            entry.waiting = 0
             waiters, entry.room_waiters = entry.room_waiters, []
         for wake in waiters:  # they find the listener gone
             wake()
         return orphans
+
+    def is_listening(self, entry: ListenerEntry) -> bool:
+        return entry in self._listeners.get(entry.endpoint, ())
 
     def has_port(self, port: int) -> bool:
         """Cheap first test before resolving a host: any listener on ``port``?"""
@@ -178,6 +183,7 @@ class Registry:
             if establish:
                 pending.link.establish()
             self._pending[pending.key] = pending
+            listener.waiting += 1
             return True
 
     def claim(self, key: FlowKey) -> Optional[PendingConnect]:
@@ -186,6 +192,7 @@ class Registry:
             pending = self._pending.pop(key, None)
             if pending is not None:
                 pending.state = PendingState.CLAIMED
+                pending.listener.waiting -= 1
         return pending
 
     def withdraw(self, pending: PendingConnect) -> bool:
@@ -199,6 +206,7 @@ class Registry:
                 return False
             if self._pending.get(pending.key) is pending:
                 del self._pending[pending.key]
+                pending.listener.waiting -= 1
             pending.state = PendingState.WITHDRAWN
             return True
 

@@ -25,6 +25,8 @@ from .._handshake import (
     claim_accepted,
     numeric_address_infos,
     connect_if_room,
+    make_room,
+    wait_for_room,
     why_not_friends,
 )
 from ._stream import FriendStream, forget_listener, run_state
@@ -97,9 +99,9 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
                     raise
             else:
                 entry = self._entry
-                if entry is not None and entry.room_waiters:
+                if entry is not None:
                     # Connects held back by a full accept queue may go on now.
-                    registry.accept_room_made(entry, entry.handle.accept_queue_room())
+                    make_room(entry)
                 return self._stream_for(conn, address)
 
     async def _accept_socket(self) -> "tuple[socket.socket, Any]":
@@ -304,29 +306,39 @@ async def _connect(host: Union[str, bytes], port: int,
 
 
 async def _room_made(entry: ListenerEntry, token: trio.lowlevel.TrioToken) -> None:
-    """Wait for the listener's accept queue to have room made (see
-    ``ListenerHandle.accept_queue_room``): until its listener accepts, goes
-    away, or a while has passed."""
+    """Wait for the listener's accept queue to have room made: until its
+    listener accepts, goes away, or a while has passed (for room made by an
+    accept friendsock did not see)."""
     woken = trio.Event()
+    left = False
+
+    def settle() -> None:  # on our thread
+        if left:  # woken for room we will not take: pass it on
+            registry.accept_room_made(entry, 1)
+        else:
+            woken.set()
+
     if entry.owner is token:
-        wake = woken.set
+        wake = settle
     else:
         def wake() -> None:  # on the accepting thread
             try:
-                token.run_sync_soon(woken.set)
+                token.run_sync_soon(settle)
             except trio.RunFinishedError:  # nobody waits any more
                 pass
 
-    if not registry.wait_for_accept_room(entry, wake):
-        return  # the listener is gone: the connect finds out
+    if not wait_for_room(entry, wake):
+        await trio.lowlevel.checkpoint()
+        return
     try:
         with trio.move_on_after(ROOM_RECHECK):
             await woken.wait()
     except BaseException:
-        if woken.is_set():  # woken for room we will not take: pass it on
+        if woken.is_set():
             registry.accept_room_made(entry, 1)
         raise
     finally:
+        left = True
         registry.cancel_wait_for_accept_room(entry, wake)
 
 
