@@ -30,7 +30,7 @@ from aiosmtpd.smtp import SMTP as SMTPServerProtocol
 import friendsock
 from friendsock._asyncio._install import _class_patches, install_class, native, uninstall_class
 from friendsock._asyncio._transport import FriendTransport
-from support import LOCALHOST, bounded, no_transport_left_open, port_of, track  # noqa: F401 - a fixture
+from support import LOCALHOST, Recorder, bounded, no_transport_left_open, port_of, track  # noqa: F401 - a fixture
 
 HOSTNAME = "localhost"
 STARTTLS = b"STARTTLS\n"
@@ -92,7 +92,7 @@ def on_uvloop() -> bool:
 # -- a line protocol that upgrades on "STARTTLS" ----------------------------------
 
 
-class Peer(asyncio.Protocol):
+class Peer(Recorder):
     """One end, before and after its upgrades: it stays the protocol (as a
     StreamReaderProtocol does) and records what arrives on whichever
     transport is current. An echoing server end answers ``STARTTLS`` with
@@ -106,23 +106,18 @@ class Peer(asyncio.Protocol):
         layers: int = 0,
         **upgrade_kwargs: Any,
     ) -> None:
-        loop = asyncio.get_running_loop()
+        super().__init__()
         self.echo = echo
         self.upgrade = upgrade
         self.context = context
         self.layers = layers
         self.upgrade_kwargs = upgrade_kwargs
-        self.transport: Optional[asyncio.Transport] = None
         self.raw: Optional[asyncio.Transport] = None
-        self.data = bytearray()
-        self.events: List[str] = []
         self.upgrading = False
         self.data_while_upgrading = False
-        self.upgraded = loop.create_future()  # the server end's upgrade result
-        self.eof = loop.create_future()
-        self.lost = loop.create_future()
+        # The server end's upgrade result.
+        self.upgraded = asyncio.get_running_loop().create_future()
         self._stash: List[bytes] = []
-        self._waiters: List[Tuple[int, asyncio.Future]] = []
 
     def connection_made(self, transport) -> None:
         self.events.append("made")
@@ -178,26 +173,8 @@ class Peer(asyncio.Protocol):
             else:
                 self._take(data)
 
-    def eof_received(self):
-        self.events.append("eof")
-        self.eof.set_result(None)
-
-    def connection_lost(self, exc) -> None:
-        self.events.append("lost")
-        self.lost.set_result(exc)
-        self._wake()
-
-    def _wake(self) -> None:
-        for size, fut in list(self._waiters):
-            if (len(self.data) >= size or self.lost.done()) and not fut.done():
-                fut.set_result(None)
-
     async def wait_bytes(self, size: int) -> bytes:
-        if len(self.data) < size and not self.lost.done():
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.append((size, fut))
-            await bounded(fut)
-        return bytes(self.data)
+        return await bounded(super().wait_bytes(size))  # type: ignore[no-any-return]
 
 
 async def client_upgrade(
@@ -607,7 +584,6 @@ async def client_streams_case(
 async def test_stream_writer_start_tls(friends, request, tls):
     """The explicit API: friendsock.open_connection's StreamWriter.start_tls()
     against a server that upgrades with friendsock.start_tls."""
-    server_ctx, client_ctx = tls
     if friends and on_uvloop() and not friendsock.is_installed():
         # StreamWriter.start_tls() calls the loop's start_tls() itself, and
         # uvloop's refuses a friend transport: without install() friendsock
@@ -616,10 +592,17 @@ async def test_stream_writer_start_tls(friends, request, tls):
             raises=TypeError, strict=True,
             reason="uvloop's own start_tls refuses a friend link; needs install()",
         ))
+    await streams_client_against_upgrading_server(friends, friendsock.start_tls, tls)
+
+
+async def streams_client_against_upgrading_server(friends: bool, upgrade: Upgrade, tls) -> None:
+    """friendsock.open_connection's StreamWriter upgrades (client_streams_case)
+    against a server end that upgrades with ``upgrade``."""
+    server_ctx, client_ctx = tls
     servers = Accepted()
 
     def factory() -> Peer:
-        peer = Peer(echo=True, upgrade=friendsock.start_tls, context=server_ctx, layers=1)
+        peer = Peer(echo=True, upgrade=upgrade, context=server_ctx, layers=1)
         servers.append(peer)
         return peer
 
@@ -690,27 +673,10 @@ def class_patched(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
 async def test_stream_writer_start_tls_class_patch(friends, tls):
     """The pytest plugin's class patch routes start_tls too: the explicit
     API's StreamWriter.start_tls() then works on uvloop's friend links."""
-    server_ctx, client_ctx = tls
     loop = asyncio.get_running_loop()
-    servers = Accepted()
-
-    def factory() -> Peer:
-        peer = Peer(echo=True, upgrade=loop.start_tls, context=server_ctx, layers=1)
-        servers.append(peer)
-        return peer
-
     with class_patched(loop):
         assert "start_tls" not in vars(loop)
-        server = await friendsock.create_server(factory, LOCALHOST, 0, friends=friends)
-        try:
-            reader, writer = await friendsock.open_connection(LOCALHOST, port_of(server), friends=friends)
-            await client_streams_case(reader, writer, client_ctx, friends)
-            assert await bounded((await server_end(servers)).lost) is None
-        finally:
-            server.close()
-            for peer in servers:
-                if not peer.raw.is_closing():
-                    peer.raw.abort()
+        await streams_client_against_upgrading_server(friends, loop.start_tls, tls)
 
 
 async def test_install_and_uninstall_route_start_tls():
