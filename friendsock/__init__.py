@@ -7,10 +7,13 @@ gets real TCP on the loop's native transport.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from ._asyncio._api import (
     create_connection,
     create_server,
-    is_friend,
+    is_friend as _is_asyncio_friend,
     open_connection,
     start_server,
     start_tls,
@@ -22,6 +25,18 @@ from ._core._stats import FriendStats, counters as _counters
 from ._core._switch import is_enabled, set_enabled
 
 __version__ = "0.1.0"
+
+
+def is_friend(obj: Any) -> bool:
+    """Whether ``obj`` is one end of a friend link: an asyncio transport or
+    ``StreamWriter`` (TLS over a friend link included), or a
+    ``friendsock.trio`` stream."""
+    if _is_asyncio_friend(obj):
+        return True
+    # A trio friend stream exists only once the trio adapter was imported;
+    # asking must not import trio.
+    trio_streams = sys.modules.get("friendsock._trio._stream")
+    return trio_streams is not None and isinstance(obj, trio_streams.FriendStream)
 
 
 def stats() -> FriendStats:

@@ -32,6 +32,7 @@ def assert_path(friends: bool, *streams: Any) -> None:
     path, trio's own SocketStream on real TCP."""
     for stream in streams:
         assert fst.is_friend(stream) is friends, stream
+        assert friendsock.is_friend(stream) is friends, stream
         if friends:
             assert isinstance(stream, fst.FriendStream), stream
         else:
