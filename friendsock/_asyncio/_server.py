@@ -77,7 +77,6 @@ class _LostCounter:
         server._detach()
 
 
-
 class FriendServer(asyncio.AbstractServer):
     """Behaves as the ``asyncio.Server`` that ``loop.create_server`` returns."""
 
@@ -111,7 +110,7 @@ class FriendServer(asyncio.AbstractServer):
         return f"<{self.__class__.__name__} sockets={self.sockets!r}>"
 
     # -- connection bookkeeping (called by transports) ---------------------
-    # Python 3.12 passes the transport; earlier versions and uvloop do not.
+    # Newer Pythons' transports pass themselves; 3.11's and uvloop's do not.
     def _attach(self, transport: Any = None) -> None:
         self._active_count += 1
 

@@ -116,6 +116,8 @@ class Registry:
         return orphans
 
     def is_listening(self, entry: ListenerEntry) -> bool:
+        """Whether ``entry`` is still registered (no lock needed to ask; a
+        decision that depends on it asks again under the lock)."""
         return entry in self._listeners.get(entry.endpoint, ())
 
     def has_port(self, port: int) -> bool:
@@ -144,7 +146,7 @@ class Registry:
         connections off its accept queue (or the listener is gone); False,
         and no call, when the listener is already gone."""
         with self._lock:
-            if entry not in self._listeners.get(entry.endpoint, ()):
+            if not self.is_listening(entry):
                 return False
             entry.room_waiters.append(wake)
             return True
@@ -177,7 +179,7 @@ class Registry:
         decided under the lock so no claim can come first."""
         with self._lock:
             listener = pending.listener
-            if listener not in self._listeners.get(listener.endpoint, ()):
+            if not self.is_listening(listener):
                 pending.state = PendingState.WITHDRAWN
                 return False
             if establish:
