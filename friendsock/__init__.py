@@ -19,7 +19,6 @@ from ._asyncio._api import (
     start_tls,
 )
 from ._asyncio._install import install, installed, is_installed, new_event_loop, uninstall
-from ._core._errors import ChannelShutdownError, FriendError, PeerResetError
 from ._core._registry import registry as _registry
 from ._core._stats import FriendStats, counters as _counters
 from ._core._switch import is_enabled, set_enabled
@@ -45,10 +44,7 @@ def stats() -> FriendStats:
 
 
 __all__ = [
-    "ChannelShutdownError",
-    "FriendError",
     "FriendStats",
-    "PeerResetError",
     "create_connection",
     "create_server",
     "install",

@@ -1,11 +1,11 @@
 """The socket-level steps of pairing, shared by the asyncio and trio adapters.
 
 No event loop here: plain sockets and the registry. A client registers its
-pending connect before the ``connect()`` syscall (:func:`register_connect`);
-the accepting side claims it by the flow key of the accepted socket
-(:func:`claim_accepted`). Either side may be asyncio or trio: what the
-other side needs of a listener or a client end is in :class:`ListenerHandle`
-and :class:`ClientEnd`.
+pending connect before the ``connect()`` syscall (:func:`register_connect`;
+an address at a time: :class:`ConnectAttempt`); the accepting side claims it
+by the flow key of the accepted socket (:func:`claim_accepted`). Either side
+may be asyncio or trio: what the other side needs of a listener or a client
+end is in :class:`ListenerHandle` and :class:`ClientEnd`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,18 @@ from typing import Any, Callable, Optional, Tuple
 
 from ._core._addresses import flow_key
 from ._core._link import Link
-from ._core._registry import ListenerEntry, PendingConnect, registry
+from ._core._registry import ListenerEntry, PendingConnect, PendingState, registry
+from ._core._stats import Fallback, counters
 from ._core._switch import is_enabled
 from ._friend_socket import read_buffer_sizes
+
+# How long a confirmed connect (a listener that other processes may share)
+# waits for this process to claim it before it goes on as plain TCP. The
+# adapters read it (and ROOM_RECHECK) here at each use: tests change it.
+CONFIRM_TIMEOUT = 0.25
+# How often a connect held back by a full accept queue looks again, in case
+# room was made by an accept friendsock did not see.
+ROOM_RECHECK = 1.0
 
 _LINGER_ABORT = struct.pack("ii", 1, 0)
 # struct tcp_info's tcpi_unacked and tcpi_sacked, which a listening socket
@@ -95,22 +104,6 @@ class ListenerHandle:
         return _ACCEPT_QUEUE.unpack_from(info, _ACCEPT_QUEUE_OFFSET)  # type: ignore[return-value]
 
 
-def accept_room(entry: ListenerEntry) -> int:
-    """How many more connects the accept queue of the listener ``entry``
-    takes now.
-
-    A TCP client that overflows it recovers by itself: a dropped SYN is
-    sent again, and a dropped final ACK (a SYN-cookie handshake) is made up
-    for by its first data segment. A friend client never sends on its real
-    socket, so its connection would never be accepted: it waits for room
-    instead. Friend connects whose handshake the kernel has not finished
-    yet are not in the queue, but are in ``entry.waiting``.
-    """
-    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
-    queued, limit = handle.accept_queue()
-    return limit + 1 - max(queued, entry.waiting)
-
-
 class ClientEnd:
     """What a pending connect keeps of its client: the real socket and its
     addresses (known before connect(), so no syscall asks for them again)."""
@@ -123,16 +116,55 @@ class ClientEnd:
         self.peername = peername
 
 
-def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[str]:
+# A listener and a pending connect as both adapters register them.
+Entry = ListenerEntry[ListenerHandle]
+Pending = PendingConnect[ClientEnd, ListenerHandle]
+
+
+def register_listener(listen_sock: socket.socket, state: object, *, owner: object,
+                      exclusive: bool) -> Entry:
+    """Register the listening socket ``listen_sock`` for pairing: it accepts
+    on the scheduler ``owner``, whose adapter state is ``state``.
+    ``exclusive``: the socket is this process's alone (see ListenerEntry)."""
+    v6only = False
+    if listen_sock.family == socket.AF_INET6:
+        v6only = bool(listen_sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
+    entry = ListenerEntry(
+        listen_sock.getsockname(),
+        v6only=v6only,
+        exclusive=exclusive,
+        owner=owner,
+        handle=ListenerHandle(listen_sock, state),
+    )
+    registry.add_listener(entry)
+    return entry
+
+
+def accept_room(entry: Entry) -> int:
+    """How many more connects the accept queue of the listener ``entry``
+    takes now.
+
+    A TCP client that overflows it recovers by itself: a dropped SYN is
+    sent again, and a dropped final ACK (a SYN-cookie handshake) is made up
+    for by its first data segment. A friend client never sends on its real
+    socket, so its connection would never be accepted: it waits for room
+    instead. Friend connects whose handshake the kernel has not finished
+    yet are not in the queue, but are in ``entry.waiting``.
+    """
+    queued, limit = entry.handle.accept_queue()
+    return limit + 1 - max(queued, entry.waiting)
+
+
+def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[Fallback]:
     """The fallback reason that applies before any address is looked at."""
     if friends is False:
-        return "opted-out"
+        return Fallback.OPTED_OUT
     if not is_enabled():
-        return "disabled"
+        return Fallback.DISABLED
     if kwargs.get("ssl"):
-        return "ssl"
+        return Fallback.SSL
     if kwargs.get("sock") is not None:
-        return "sock"
+        return Fallback.SOCK
     return None
 
 
@@ -195,8 +227,8 @@ def start_connect(sock: socket.socket, address: Any) -> int:
     return err
 
 
-def register_connect(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool,
-                     threaded: bool) -> Optional[PendingConnect]:
+def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
+                     threaded: bool) -> Optional[Pending]:
     """Register ``sock``'s connect to ``address`` (bound, not yet connected);
     None when the listener went away meanwhile (the connect is plain TCP).
 
@@ -205,12 +237,12 @@ def register_connect(sock: socket.socket, address: Any, entry: ListenerEntry, on
     never pays for locks. An exclusive, only listener cannot be reached by
     anyone else, so the link exists from connect() on (optimistic).
     """
-    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
+    handle = entry.handle
     client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
     link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded)
     sockname = sock.getsockname()
-    pending = PendingConnect(flow_key(sockname, address), link, entry)
-    pending.handle = ClientEnd(sock, sockname, address)
+    pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
+                                      ClientEnd(sock, sockname, address))
     pid = _Process.pid
     link.on_done = lambda: release_sockets(pid, sock)
     if not registry.add_pending(pending, establish=entry.exclusive and only_one):
@@ -219,8 +251,8 @@ def register_connect(sock: socket.socket, address: Any, entry: ListenerEntry, on
     return pending
 
 
-def connect_if_room(sock: socket.socket, address: Any, entry: ListenerEntry, only_one: bool,
-                    threaded: bool) -> Optional[Tuple[Optional[PendingConnect], int]]:
+def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
+                    threaded: bool) -> Optional[Tuple[Optional[Pending], int]]:
     """Register ``sock``'s connect to the listener ``entry`` and start it
     (:func:`register_connect`, then :func:`start_connect`), if its accept
     queue has room (:func:`accept_room`); None, and nothing done, when it is
@@ -231,8 +263,7 @@ def connect_if_room(sock: socket.socket, address: Any, entry: ListenerEntry, onl
     One connect at a time per listener looks at the room and takes it, so
     connects on several threads cannot overflow the queue for each other.
     """
-    handle: ListenerHandle = entry.handle  # type: ignore[assignment]
-    with handle.connect_lock:
+    with entry.handle.connect_lock:
         if registry.is_listening(entry) and accept_room(entry) <= 0:
             return None
         pending = register_connect(sock, address, entry, only_one, threaded)
@@ -245,7 +276,7 @@ def connect_if_room(sock: socket.socket, address: Any, entry: ListenerEntry, onl
             raise
 
 
-def wait_for_room(entry: ListenerEntry, wake: Callable[[], None]) -> bool:
+def wait_for_room(entry: Entry, wake: Callable[[], None]) -> bool:
     """Have ``wake`` called when the accepting side of ``entry`` makes room
     (``registry.accept_room_made``) or the listener goes away. False, and no
     call: there is no need to wait (the listener is gone, or room was made
@@ -258,14 +289,14 @@ def wait_for_room(entry: ListenerEntry, wake: Callable[[], None]) -> bool:
     return True
 
 
-def make_room(entry: ListenerEntry) -> None:
+def make_room(entry: Entry) -> None:
     """The accepting side took connections off ``entry``'s queue: wake as
     many waiting connects as there is room for."""
     if entry.room_waiters:
         registry.accept_room_made(entry, accept_room(entry))
 
 
-def abandon_connect(pending: PendingConnect, sock: socket.socket) -> None:
+def abandon_connect(pending: Pending, sock: socket.socket) -> None:
     """The connecting side gives up (its connect failed, or was cancelled).
 
     Withdrawn in time: the socket is closed here, and an optimistic link
@@ -284,7 +315,111 @@ def abandon_connect(pending: PendingConnect, sock: socket.socket) -> None:
         link.client.close()
 
 
-def claim_accepted(conn: socket.socket, address: Any) -> Tuple[Optional[PendingConnect], Any]:
+class ConnectAttempt:
+    """A connect to one address, as far as it goes without waiting.
+
+    Made with the listener the address reaches (``entry``; None: no pairing,
+    for the reason ``fallback``). :meth:`open` makes the socket, :meth:`bind`
+    binds it, :meth:`start` registers and starts the connect, and
+    :meth:`give_up` undoes what was done. Waiting (for room, for the connect
+    to complete) is the adapter's, and so is a connect that does not pair.
+    """
+
+    __slots__ = ("address", "entry", "only_one", "fallback", "sock", "pending")
+
+    def __init__(self, address: Any) -> None:
+        self.address = address
+        entry: Optional[Entry]
+        entry, self.only_one = registry.match_listener(address)
+        self.entry = entry
+        self.fallback = Fallback.NO_LISTENER
+        self.sock: Optional[socket.socket] = None
+        self.pending: Optional[Pending] = None
+
+    def open(self, af: int, socktype: int, proto: int) -> socket.socket:
+        """The connect's socket, non-blocking."""
+        sock = self.sock = socket.socket(af, socktype, proto)
+        sock.setblocking(False)
+        return sock
+
+    def bind(self, af: int, local_infos: Optional[list]) -> None:
+        """Bind the socket to the first of ``local_infos`` (the caller's local
+        address) of the family ``af``; without them, to pair, to the
+        destination IP, and no pairing when that is not an address of ours."""
+        sock = self._socket()
+        if local_infos is not None:
+            bind_local(sock, af, local_infos)
+        elif self.entry is not None:
+            # Bind first so the 4-tuple is known before connect(); binding
+            # to the destination IP also proves it is an address of ours.
+            try:
+                sock.bind((self.address[0], 0))
+            except OSError:
+                self.entry, self.fallback = None, Fallback.NOT_LOCAL
+
+    def start(self, owner: object) -> Optional[int]:
+        """Register the connect with ``entry`` and start it, if the listener's
+        accept queue has room (:func:`connect_if_room`): None, nothing done,
+        when it is full (wait, then call again); else :func:`start_connect`'s
+        answer with ``pending`` set, or 0 and no ``pending`` (nothing
+        connected) when the listener just went away. ``owner``: the caller's
+        scheduler; the link is threaded unless it is the listener's."""
+        entry = self.entry
+        assert entry is not None, "no listener to pair with"
+        started = connect_if_room(self._socket(), self.address, entry, self.only_one,
+                                  threaded=entry.owner is not owner)
+        if started is None:
+            return None
+        self.pending, err = started
+        return err
+
+    @property
+    def optimistic(self) -> bool:
+        """Paired from ``connect()`` on (an exclusive listener, the only one
+        there): no claim to wait for."""
+        return self.pending is not None and self.pending.listener.exclusive and self.only_one
+
+    def give_up(self) -> None:
+        """The connect failed or was cancelled: :func:`abandon_connect` once
+        registered, else close the socket (if made)."""
+        if self.pending is not None:
+            abandon_connect(self.pending, self.pending.handle.sock)
+        elif self.sock is not None:
+            self.sock.close()
+
+    def _socket(self) -> socket.socket:
+        sock = self.sock
+        assert sock is not None, "open() first"
+        return sock
+
+
+def call_on_claim(pending: Pending, here: Callable[[], None], elsewhere: Callable[[], None]) -> None:
+    """Have the claim of the confirmed connect ``pending`` call ``here`` when
+    the accepting side runs on the caller's scheduler; else ``elsewhere``, on
+    the accepting thread (to hand ``here`` over to the caller's)."""
+    if pending.link.threaded:
+        pending.on_claimed = elsewhere
+        # Set, then check: the accepting thread may have claimed the
+        # connect before on_claimed was there to call.
+        if pending.state is PendingState.CLAIMED:
+            here()
+    else:
+        pending.on_claimed = here
+
+
+def confirmed(pending: Pending, claimed: bool) -> bool:
+    """Whether a confirmed connect pairs once its wait is over: ``claimed``,
+    or claimed after all (too late to withdraw). Otherwise it is withdrawn
+    and counted as unconfirmed: its socket goes on as plain TCP. (A wait
+    that fails instead: :func:`abandon_connect`.)"""
+    if claimed or not registry.withdraw(pending):
+        return True
+    pending.link.on_done = None  # the socket is plain TCP's now, not the link's
+    counters.fallback(Fallback.UNCONFIRMED)
+    return False
+
+
+def claim_accepted(conn: socket.socket, address: Any) -> Tuple[Optional[Pending], Any]:
     """The pending connect an accepted socket belongs to, claimed (or None),
     and the socket's own address (None when nothing could be pending)."""
     if not registry.pending_count():
@@ -296,10 +431,20 @@ def claim_accepted(conn: socket.socket, address: Any) -> Tuple[Optional[PendingC
     return registry.claim(flow_key(sockname, address)), sockname
 
 
-def adopt_accepted(conn: socket.socket, pending: PendingConnect) -> None:
+def adopt_accepted(conn: socket.socket, pending: Pending) -> None:
     """The accepting side takes over a claimed link: both real sockets are
     released once the link is done."""
-    client_sock = pending.handle.sock  # type: ignore[attr-defined]
+    client_sock = pending.handle.sock
     pid = _Process.pid
     pending.link.on_done = lambda: release_sockets(pid, conn, client_sock)
     pending.link.establish()
+
+
+def forget_listener(entry: ListenerEntry) -> None:
+    """Stop pairing with ``entry``. The kernel resets what still waits in a
+    closing backlog. A confirmed connect (not established) watches its own
+    socket instead: a listener shared with another process stays open
+    there, and the connect goes on over TCP."""
+    for orphan in registry.remove_listener(entry):
+        if orphan.link.established:
+            orphan.link.server.reset()

@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import pytest
 
 from ._asyncio._api import create_server, is_friend, start_server
-from ._asyncio._install import _class_patches, install_class, uninstall_class
+from ._asyncio._install import install_class, uninstall_class
+from ._asyncio._native import is_class_patched
 from ._core._stats import FriendStats
 from ._core._switch import is_enabled, set_enabled
 
@@ -68,7 +69,7 @@ def _patch_loop_classes() -> List[type]:
     """Patch every known loop class; returns the ones this call patched."""
     patched = []
     for klass in _loop_classes():
-        if klass not in _class_patches:
+        if not is_class_patched(klass):
             install_class(klass)
             patched.append(klass)
     return patched

@@ -10,7 +10,7 @@ from typing import AsyncIterator, List, Optional, Tuple
 import pytest
 
 import friendsock
-from friendsock._asyncio import _pairing
+from friendsock import _handshake
 
 
 class Recorder(asyncio.Protocol):
@@ -216,7 +216,7 @@ async def echo_and_finish(
 
 
 # The library's deadline for a confirmed connect (a listener given with sock=).
-DEFAULT_CONFIRM_TIMEOUT = _pairing.CONFIRM_TIMEOUT
+DEFAULT_CONFIRM_TIMEOUT = _handshake.CONFIRM_TIMEOUT
 
 
 @pytest.fixture
@@ -224,7 +224,7 @@ def patient_confirm(monkeypatch):
     """Confirmed connects wait long for their claim, so a loaded machine
     cannot turn an expected pairing into a deadline fallback. A test of the
     deadline itself puts DEFAULT_CONFIRM_TIMEOUT back with monkeypatch."""
-    monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", 10.0)
+    monkeypatch.setattr(_handshake, "CONFIRM_TIMEOUT", 10.0)
 
 
 def chunked(payload: bytes, rng: random.Random, largest: int) -> List[object]:

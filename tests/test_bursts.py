@@ -18,15 +18,13 @@ import socket
 import pytest
 
 import friendsock
-from friendsock._asyncio import _pairing as asyncio_pairing
-from friendsock._trio import _pairing as trio_pairing
+from friendsock import _handshake
 from support import LOCALHOST, bounded, port_of
 
 
 @pytest.fixture(autouse=True)
 def no_room_recheck(monkeypatch):
-    for module in (asyncio_pairing, trio_pairing):
-        monkeypatch.setattr(module, "ROOM_RECHECK", 60.0)
+    monkeypatch.setattr(_handshake, "ROOM_RECHECK", 60.0)
 
 
 def burst_bound(friends: bool) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -9,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from friendsock._core._addresses import flow_key, normalize_endpoint
-from friendsock._core._errors import ChannelShutdownError, PeerResetError
-from friendsock._core._link import Channel, ChannelState, Link
+from friendsock._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
+from friendsock._core._link import Channel, ChannelState, Link, Seen
 from friendsock._core._registry import ListenerEntry, PendingConnect, PendingState, Registry
 from friendsock._core._stats import counters
 
@@ -156,6 +157,65 @@ def test_abort_keeps_what_fits_in_sndbuf_plus_friend_rcvbuf():
     link.client.abort()
     assert link.server.incoming.queued == 15
     assert link.server.incoming.state is ChannelState.EOF
+
+
+def test_what_a_reader_sees_data_then_eof_or_the_reset():
+    link = Link(100, 100, 100, 100)
+    channel = link.server.incoming
+    assert channel.seen() is Seen.NOTHING
+    link.client.outgoing.push(b"abc")
+    link.client.shutdown_write()
+    assert channel.seen() is Seen.DATA  # the bytes before the EOF
+    channel.pull(10)
+    assert channel.seen() is Seen.EOF
+    other = Link(100, 100, 100, 100)
+    other.client.outgoing.push(b"abc")
+    other.client.outgoing.reset(keep=1)
+    reader = other.server.incoming
+    assert reader.seen() is Seen.DATA and reader.pull(10) == b"a"
+    assert reader.seen() is Seen.RESET
+
+
+def test_a_friend_that_closed_cleanly_takes_one_send_then_it_fails_with_epipe():
+    link = Link(100, 100, 100, 100)
+    link.server.close()  # nothing unread: a FIN
+    with pytest.raises(PeerResetError):
+        link.client.outgoing.push(b"x")
+    link.client.send_refused()  # TCP takes it; the friend's kernel resets
+    assert link.client.incoming.state is ChannelState.RESET
+    assert link.client.incoming.seen() is Seen.EOF  # the FIN came first
+    with pytest.raises(LinkBrokenError) as raised:
+        link.client.send_refused()
+    assert raised.value.errno == errno.EPIPE
+    assert isinstance(raised.value.as_os_error(), BrokenPipeError)
+    with pytest.raises(LinkBrokenError) as raised:
+        link.client.shutdown_write()
+    assert raised.value.errno == errno.ENOTCONN
+
+
+def test_a_friend_that_closed_with_bytes_unread_resets_reads_and_sends():
+    link = Link(100, 100, 100, 100)
+    link.client.outgoing.push(b"unread")
+    link.server.close()  # unread bytes: a reset, no FIN
+    assert link.client.incoming.seen() is Seen.RESET
+    assert link.client.read_error().errno == errno.ECONNRESET
+    with pytest.raises(PeerResetError):
+        link.client.outgoing.push(b"x")
+    with pytest.raises(LinkBrokenError) as raised:
+        link.client.send_refused()
+    assert isinstance(raised.value.as_os_error(), ConnectionResetError)
+
+
+def test_a_friend_closing_with_a_backlog_unread_fails_only_the_pending_send():
+    link = Link(10, 100, 100, 10)  # client capacity: 10 + 10
+    link.client.outgoing.push(b"x" * 15)
+    link.server.close()
+    assert link.client.pending_send_error() is None  # all of it fitted
+    busy = Link(10, 100, 100, 10)
+    busy.client.outgoing.push(b"x" * 25)  # 5 bytes in the client's own buffer
+    busy.server.close()
+    error = busy.client.pending_send_error()
+    assert error is not None and error.errno == errno.ECONNRESET
 
 
 def test_link_counts_alive_and_calls_done_once_both_ends_close():

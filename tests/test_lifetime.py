@@ -22,7 +22,7 @@ import pytest
 import uvloop
 
 import friendsock
-from friendsock._asyncio import _transport
+from friendsock._asyncio import _loop_state
 from friendsock._core._registry import registry
 from test_threads import (
     LOCALHOST,
@@ -176,7 +176,7 @@ async def test_a_close_nobody_saw_is_found_on_the_next_write(doomed, monkeypatch
     """Without the close watch (a loop friendsock cannot watch), the dead
     loop is found when its friend next hands it something: the hand-over
     (call_soon_threadsafe) fails, and the link is torn down right there."""
-    monkeypatch.setattr(_transport._CloseWatch, "arm", lambda self, loop: None)
+    monkeypatch.setattr(_loop_state._CloseWatch, "arm", lambda self, loop: None)
     before = friendsock.stats()
     factory = Factory(ThreadRecorder)
     server = await make_server(doomed, factory)

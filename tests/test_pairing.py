@@ -25,7 +25,7 @@ import trustme
 import uvloop
 
 import friendsock
-from friendsock._asyncio import _pairing
+from friendsock import _handshake
 from support import (  # noqa: F401 (two fixtures)
     DEFAULT_CONFIRM_TIMEOUT,
     LOCALHOST,
@@ -502,7 +502,7 @@ async def test_confirmed_shared_reuseport_group(accepts, monkeypatch):
     them. Whoever accepts, the client ends up working: paired when it is
     us, real TCP when it is the sibling (by its greeting, or by the
     deadline, CONFIRM_TIMEOUT, when it stays silent)."""
-    monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", DEFAULT_CONFIRM_TIMEOUT)
+    monkeypatch.setattr(_handshake, "CONFIRM_TIMEOUT", DEFAULT_CONFIRM_TIMEOUT)
     ours = listening_socket(reuse_port=True)
     theirs = socket.socket()
     theirs.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -548,7 +548,7 @@ async def test_confirmed_connect_survives_our_close_of_a_shared_listener(greet, 
     connect waits in the backlog; the child still holds the listener, so the
     kernel resets nothing and the child accepts: the client must go on over
     real TCP (by the greeting or the deadline), not fail."""
-    monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", DEFAULT_CONFIRM_TIMEOUT)
+    monkeypatch.setattr(_handshake, "CONFIRM_TIMEOUT", DEFAULT_CONFIRM_TIMEOUT)
     listener = listening_socket()
     echoes = Echoes()
     async with child_process("accept", listener.fileno(), greet, "on-go",

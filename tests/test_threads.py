@@ -24,7 +24,7 @@ import pytest
 import uvloop
 
 import friendsock
-from friendsock._asyncio import _transport
+from friendsock._asyncio import _loop_state, _wakeups
 from friendsock._core._link import ChannelState, LockedChannel
 from friendsock._core._registry import registry
 from support import (  # noqa: F401 (a fixture)
@@ -453,13 +453,13 @@ class WakeupCounter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, loop: asyncio.AbstractEventLoop) -> None:
         self.signals: List[int] = []
         self.threadsafe: List[str] = []
-        signal = _transport._signal
+        signal = _wakeups._signal
 
         def counting_signal(fd: int, value: int) -> None:
             self.signals.append(fd)
             signal(fd, value)
 
-        monkeypatch.setattr(_transport, "_signal", counting_signal)
+        monkeypatch.setattr(_wakeups, "_signal", counting_signal)
         self._loop = loop
         self.original = original = loop.call_soon_threadsafe
 
@@ -625,8 +625,8 @@ def test_a_wakeup_outstanding_when_its_loop_closed_still_finds_it_closed(kind):
     the outstanding wake-up; the fd is closed."""
     loop = LOOP_FACTORIES[kind]()
     torn_down: List[bool] = []
-    queue = _transport._RemoteDrainQueue(loop, _transport._DrainQueue(loop),
-                                         lambda: torn_down.append(True))
+    queue = _wakeups.RemoteDrainQueue(loop, _wakeups.DrainQueue(loop),
+                                       lambda: torn_down.append(True))
     ran: List[int] = []
     queue.add(lambda: ran.append(1))  # the wake-up is written, and outstanding
     fd = queue._fd
@@ -642,7 +642,7 @@ def test_a_wakeup_outstanding_when_its_loop_closed_still_finds_it_closed(kind):
 def wakeup_of(loop: asyncio.AbstractEventLoop) -> Any:
     """The remote queue (and wake-up fd) friendsock keeps for ``loop``;
     looked up without making one (any thread may look)."""
-    ref = _transport._states.get(loop)
+    ref = _loop_state._states.get(loop)
     state = ref() if ref is not None else None
     assert state is not None and state._remote is not None
     return state._remote

@@ -543,6 +543,56 @@ async def test_buffered_protocol(friends, bufsize):
         await wait(client.lost)
 
 
+class FailingBufferedRecorder(BufferedRecorder):
+    """A BufferedRecorder whose ``get_buffer`` or ``buffer_updated`` raises."""
+
+    def __init__(self, failing: str) -> None:
+        super().__init__(100)
+        self.failing = failing
+        self.error = ValueError("the protocol failed")
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        if self.failing == "get_buffer":
+            raise self.error
+        return super().get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.failing == "buffer_updated":
+            raise self.error
+        super().buffer_updated(nbytes)
+
+
+def caused_by(exc: Optional[BaseException], cause: BaseException) -> bool:
+    while exc is not None:
+        if exc is cause:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@pytest.mark.parametrize("failing", ["get_buffer", "buffer_updated"])
+async def test_buffered_protocol_failure_is_reported_as_its_own(friends, failing):
+    """A failing get_buffer()/buffer_updated() goes to the loop's exception
+    handler as that call's failure (not as data_received()'s, which a
+    buffered protocol does not have), and ends the connection with it."""
+    loop = asyncio.get_running_loop()
+    reports: List[dict] = []
+    loop.set_exception_handler(lambda _loop, context: reports.append(context))
+    async with connected_pair(friends, server_protocol=lambda: FailingBufferedRecorder(failing)) as (
+        transport, client, server
+    ):
+        transport.write(b"x" * 10)
+        lost = await wait(server.lost)
+        assert len(reports) == 1
+        report = reports[0]
+        # The protocol's own error, or (uvloop's TCP get_buffer()) one that
+        # names the call: either way, the call that failed.
+        for exc in (lost, report["exception"]):
+            assert caused_by(exc, server.error) or failing in str(exc)
+        assert "data_received" not in report["message"]
+        assert server.data == b""
+
+
 # -- streams -------------------------------------------------------------------
 
 

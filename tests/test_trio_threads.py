@@ -402,9 +402,9 @@ async def shared_listener_server(aio: AsyncioThread) -> Tuple[Any, int]:
 async def test_confirmed_connect_pairs_once_claimed(aio, monkeypatch):
     """The asyncio thread claims the connect and tells the trio run, which
     only then pairs."""
-    from friendsock._trio import _pairing
+    from friendsock import _handshake
 
-    monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", TIMEOUT)  # a loaded machine
+    monkeypatch.setattr(_handshake, "CONFIRM_TIMEOUT", TIMEOUT)  # a loaded machine
     server, port = await shared_listener_server(aio)
     before = friendsock.stats()
     try:
@@ -425,9 +425,9 @@ async def test_unclaimed_connect_goes_on_over_tcp(aio, monkeypatch):
     """Nobody in this process claims the connect before the deadline (here:
     the server's loop is busy; as when another process accepts it): the
     stream is TCP on the same socket, and works once it is accepted."""
-    from friendsock._trio import _pairing
+    from friendsock import _handshake
 
-    monkeypatch.setattr(_pairing, "CONFIRM_TIMEOUT", 0.01)
+    monkeypatch.setattr(_handshake, "CONFIRM_TIMEOUT", 0.01)
     server, port = await shared_listener_server(aio)
     before = friendsock.stats()
     busy, release = threading.Event(), threading.Event()

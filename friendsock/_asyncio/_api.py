@@ -1,5 +1,7 @@
-"""The asyncio front door: drop-in stand-ins for the loop methods and the
-stream helpers, with one extra keyword, ``friends``."""
+"""The asyncio front door: drop-in stand-ins for the loop methods and stream helpers.
+
+Each takes one extra keyword, ``friends``.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import sys
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 
 from .._core._registry import registry
-from .._core._stats import counters
-from ._install import native
+from .._core._stats import Fallback, counters
+from ._native import native
 from .._handshake import why_not_friends
 from ._pairing import connect
 from ._server import FriendServer
@@ -58,7 +60,7 @@ async def create_connection_on(
 ) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
     reason = why_not_friends(friends, kwargs)
     if reason is None and (host is None or port is None or not registry.has_port(int(port))):
-        reason = "no-listener"
+        reason = Fallback.NO_LISTENER
     if reason is not None:
         counters.fallback(reason)
         return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]

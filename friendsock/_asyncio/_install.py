@@ -14,63 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Union
 
-_PATCHED = ("create_connection", "create_server", "start_tls")
-_MISSING = object()
-# Per patched loop: what its instance dict held before (usually nothing).
-_INSTANCE_SAVED = "_friendsock_saved"
-
-
-class _ClassPatch:
-    """What :func:`install_class` replaced on one class."""
-
-    __slots__ = ("originals", "own")
-
-    def __init__(self, klass: type) -> None:
-        # What the class resolved each name to (maybe inherited), for native().
-        self.originals: Dict[str, Any] = {name: getattr(klass, name) for name in _PATCHED}
-        # What the class's own __dict__ held, so uninstall_class restores it
-        # exactly (an inherited method must not become an own attribute).
-        self.own: Dict[str, Any] = {name: klass.__dict__.get(name, _MISSING) for name in _PATCHED}
-
-
-_class_patches: Dict[type, _ClassPatch] = {}
-
-# Set while a class-level wrapper runs for (loop, patched class): a subclass
-# that overrides create_connection and calls super() lands in that wrapper,
-# and its fallback must go on to the patched class's original, not back to
-# the subclass's override (which would recurse without end).
-_class_wrapper_context: contextvars.ContextVar[Optional[Tuple[Any, type]]] = contextvars.ContextVar(
-    "friendsock_class_wrapper", default=None
+from ._api import create_connection_on, create_server_on
+from ._native import (
+    _INSTANCE_SAVED,
+    _MISSING,
+    _PATCHED,
+    _class_patches,
+    _class_wrapper_context,
+    _ClassPatch,
+    native,
 )
-
-
-def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
-    """The loop's own method ``name``, whatever friendsock patched."""
-    saved = getattr(loop, "__dict__", {}).get(_INSTANCE_SAVED)
-    if saved is not None and saved.get(name, _MISSING) is not _MISSING:
-        return saved[name]  # type: ignore[no-any-return]
-    current = _class_wrapper_context.get()
-    if current is not None and current[0] is loop:
-        patch = _class_patches.get(current[1])
-        if patch is not None:
-            return patch.originals[name].__get__(loop)  # type: ignore[no-any-return]
-    for klass in type(loop).__mro__:
-        patch = _class_patches.get(klass)
-        if patch is not None and name in patch.originals:
-            return patch.originals[name].__get__(loop)  # type: ignore[no-any-return]
-        if name in klass.__dict__:
-            return klass.__dict__[name].__get__(loop)  # type: ignore[no-any-return]
-    return getattr(loop, name)  # type: ignore[no-any-return]
-
+from ._tls import start_tls as start_tls_on
 
 def _installed_methods(loop: asyncio.AbstractEventLoop) -> Dict[str, Any]:
-    from ._api import create_connection_on, create_server_on
-    from ._tls import start_tls as start_tls_on
-
     @functools.wraps(native(loop, "create_connection"))
     async def create_connection(protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
         return await create_connection_on(loop, protocol_factory, host, port, **kwargs)
@@ -187,9 +146,6 @@ def install_class(klass: type) -> None:
         raise TypeError(f"friendsock.install_class() takes an event loop class, not {klass!r}")
     if klass in _class_patches:
         return
-    from ._api import create_connection_on, create_server_on
-    from ._tls import start_tls as start_tls_on
-
     patch = _ClassPatch(klass)
     originals = patch.originals
 

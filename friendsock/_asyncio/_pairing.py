@@ -1,9 +1,9 @@
-"""Both sides of pairing on asyncio: the connecting end and the accepting end.
+"""The connecting end of pairing on asyncio: ``create_connection`` to a friendsock server.
 
 The client registers its pending connect before the ``connect()`` syscall;
-the server claims it on accept. Everything that does not pair goes to the
-loop's own transports (``create_connection(sock=...)``,
-``connect_accepted_socket``), so uvloop's are used on uvloop.
+the server (``_server``) claims it on accept. A connection that does not
+pair goes to the loop's own transport (``create_connection(sock=...)``), so
+uvloop's is used on uvloop.
 """
 
 from __future__ import annotations
@@ -13,27 +13,23 @@ import errno
 import socket
 from typing import Any, Callable, List, Tuple
 
-from .._core._registry import ListenerEntry, PendingConnect, PendingState, registry
+from .. import _handshake
+from .._core._registry import registry
 from .._core._stats import counters
 from .._handshake import (
-    ClientEnd,
-    ListenerHandle,
+    ConnectAttempt,
+    Entry,
+    Pending,
     abandon_connect,
-    bind_local,
+    call_on_claim,
+    confirmed,
     numeric_address_infos,
-    connect_if_room,
     start_connect,
     wait_for_room,
 )
-from ._install import native
-from ._transport import FriendTransport, loop_state
-
-# How long a confirmed connect (a listener that other processes may share)
-# waits for this process to claim it before it goes on as plain TCP.
-CONFIRM_TIMEOUT = 0.25
-# How often a connect held back by a full accept queue looks again, in case
-# room was made by an accept friendsock did not see.
-ROOM_RECHECK = 1.0
+from ._native import native
+from ._loop_state import loop_state
+from ._transport import FriendTransport
 
 
 # -- connecting -------------------------------------------------------------
@@ -77,55 +73,38 @@ async def connect(
 
     exceptions: List[OSError] = []
     for af, socktype, sproto, _, address in infos:
-        sock = None
-        pending = None
+        attempt = ConnectAttempt(address)
         try:
-            sock = socket.socket(af, socktype, sproto)
-            sock.setblocking(False)
-            entry, only_one = registry.match_listener(address)
-            reason = "no-listener"
-            if local_infos is not None:
-                bind_local(sock, af, local_infos)
-            elif entry is not None:
-                # Bind first so the 4-tuple is known before connect(); binding
-                # to the destination IP also proves it is an address of ours.
-                try:
-                    sock.bind((address[0], 0))
-                except OSError:
-                    entry, reason = None, "not-local"
+            sock = attempt.open(af, socktype, sproto)
+            attempt.bind(af, local_infos)
+            entry = attempt.entry
             if entry is not None:
-                while (started := connect_if_room(sock, address, entry, only_one,
-                                                  threaded=entry.owner is not loop)) is None:
+                while (started := attempt.start(loop)) is None:
                     await _room_made(loop, entry)
-                pending, err = started
-            if pending is None:
+                err = started
+            if attempt.pending is None:
                 err = start_connect(sock, address)
             await _connected(loop, sock, address, err)
-            if pending is not None and pending.listener.exclusive and only_one:
+            if attempt.optimistic:
                 await _turn_after_connect(loop, sock)
         except OSError as exc:
-            if pending is not None:
-                abandon_connect(pending, sock)  # type: ignore[arg-type]
-            elif sock is not None:
-                sock.close()
+            attempt.give_up()
             exceptions.append(exc)
             continue
         except BaseException:
-            if pending is not None:
-                abandon_connect(pending, sock)  # type: ignore[arg-type]
-            elif sock is not None:
-                sock.close()
+            attempt.give_up()
             raise
+        pending = attempt.pending
         if pending is None:
-            counters.fallback(reason)
+            counters.fallback(attempt.fallback)
             return await native(loop, "create_connection")(protocol_factory, sock=sock)
-        if pending.listener.exclusive and only_one:
+        if attempt.optimistic:
             return _start_client(loop, pending, sock, protocol_factory)
         return await _confirm(loop, pending, sock, protocol_factory)
     raise _combined_error(exceptions, kwargs.get("all_errors", False))
 
 
-async def _room_made(loop: asyncio.AbstractEventLoop, entry: ListenerEntry) -> None:
+async def _room_made(loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
     """Wait for the listener's accept queue to have room made: until its
     server accepts, the listener goes away, or a while has passed (for room
     made by an accept friendsock did not see)."""
@@ -154,7 +133,7 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: ListenerEntry) -> N
         return
     # Not asyncio.wait_for: before 3.12 it can swallow a cancellation that
     # comes as the future completes.
-    recheck = loop.call_later(ROOM_RECHECK, lambda: woken.done() or woken.set_result(None))
+    recheck = loop.call_later(_handshake.ROOM_RECHECK, lambda: woken.done() or woken.set_result(None))
     try:
         await woken
     except BaseException:
@@ -196,14 +175,14 @@ async def _connected(loop: asyncio.AbstractEventLoop, sock: socket.socket, addre
 
 def _start_client(
     loop: asyncio.AbstractEventLoop,
-    pending: PendingConnect,
+    pending: Pending,
     sock: socket.socket,
     protocol_factory: Callable[[], asyncio.BaseProtocol],
 ) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
     protocol = protocol_factory()
-    client: ClientEnd = pending.handle  # type: ignore[assignment]
+    client = pending.handle
     link = pending.link
-    listener: ListenerHandle = pending.listener.handle  # type: ignore[assignment]
+    listener = pending.listener.handle
     state = loop_state(loop) if link.threaded else listener.state  # one loop: the same
     transport = FriendTransport(loop, link.client, sock, protocol,
                                 client.sockname, client.peername, state=state)
@@ -213,7 +192,7 @@ def _start_client(
 
 async def _confirm(
     loop: asyncio.AbstractEventLoop,
-    pending: PendingConnect,
+    pending: Pending,
     sock: socket.socket,
     protocol_factory: Callable[[], asyncio.BaseProtocol],
 ) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
@@ -228,25 +207,18 @@ async def _confirm(
         if not decided.done():
             decided.set_result(claimed)
 
-    if pending.link.threaded:
-        def on_claimed() -> None:  # on the server's thread
-            try:
-                loop.call_soon_threadsafe(settle, True)
-            except RuntimeError:  # our loop closed: nobody waits any more
-                pass
+    def claimed_elsewhere() -> None:  # on the server's thread
+        try:
+            loop.call_soon_threadsafe(settle, True)
+        except RuntimeError:  # our loop closed: nobody waits any more
+            pass
 
-        pending.on_claimed = on_claimed
-        # Set, then check: the server's thread may have claimed the connect
-        # before on_claimed was there to call.
-        if pending.state is PendingState.CLAIMED:
-            settle(True)
-    else:
-        pending.on_claimed = lambda: settle(True)
+    call_on_claim(pending, lambda: settle(True), claimed_elsewhere)
     fd = sock.fileno()
     loop.add_reader(fd, settle, False)
     # Not asyncio.wait_for: before 3.12 it can swallow a cancellation that
     # comes as the future completes.
-    deadline = loop.call_later(CONFIRM_TIMEOUT, settle, False)
+    deadline = loop.call_later(_handshake.CONFIRM_TIMEOUT, settle, False)
     try:
         try:
             claimed = await decided
@@ -254,13 +226,10 @@ async def _confirm(
             deadline.cancel()
             loop.remove_reader(fd)
     except BaseException:
-        if registry.withdraw(pending):
-            sock.close()
-        else:  # claimed meanwhile: the server end sees us go away
-            pending.link.client.close()
+        # Withdrawn: the socket closes; claimed meanwhile: the server end
+        # sees us go away.
+        abandon_connect(pending, sock)
         raise
-    if claimed or not registry.withdraw(pending):
+    if confirmed(pending, claimed):
         return _start_client(loop, pending, sock, protocol_factory)
-    pending.link.on_done = None
-    counters.fallback("unconfirmed")
     return await native(loop, "create_connection")(protocol_factory, sock=sock)

@@ -1,4 +1,4 @@
-"""A friendsock server: ``asyncio.Server``'s behaviour over its own accept loop.
+"""The accepting end of pairing on asyncio: a server that behaves as ``asyncio.Server``.
 
 Its own accept loop is what lets it look every accepted socket up in the
 registry: a claimed connect becomes a friend link, anything else goes to the
@@ -14,10 +14,18 @@ import sys
 from asyncio import selector_events, trsock
 from typing import Any, Callable, List, Optional, Tuple
 
-from .._core._registry import ListenerEntry, PendingConnect, registry
-from .._core._stats import counters
-from .._handshake import ListenerHandle, adopt_accepted, claim_accepted, make_room
-from ._transport import FriendTransport, loop_state
+from .._core._stats import Fallback, counters
+from .._handshake import (
+    Entry,
+    Pending,
+    adopt_accepted,
+    claim_accepted,
+    forget_listener,
+    make_room,
+    register_listener,
+)
+from ._loop_state import loop_state
+from ._transport import FriendTransport
 
 # As asyncio: how long to stop accepting after running out of descriptors.
 _ACCEPT_RETRY_DELAY = 1.0
@@ -90,7 +98,7 @@ class FriendServer(asyncio.AbstractServer):
     ) -> None:
         self._loop = loop
         self._sockets: Optional[List[socket.socket]] = sockets
-        self._entries: List[ListenerEntry] = []
+        self._entries: List[Entry] = []
         self._protocol_factory = protocol_factory
         self._backlog = backlog
         # As asyncio.Server's, for code that reads them (test helpers do):
@@ -133,28 +141,18 @@ class FriendServer(asyncio.AbstractServer):
         self._serving = True
         for sock in self._sockets:
             sock.listen(self._backlog)
-            v6only = False
-            if sock.family == socket.AF_INET6:
-                v6only = bool(sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
-            entry = ListenerEntry(
-                sock.getsockname(),
-                v6only=v6only,
-                exclusive=self._exclusive,
-                owner=self._loop,
-                handle=ListenerHandle(sock, self._state),
-            )
-            registry.add_listener(entry)
+            entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
             self._entries.append(entry)
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
-    def _accept_ready(self, sock: socket.socket, entry: ListenerEntry) -> None:
+    def _accept_ready(self, sock: socket.socket, entry: Entry) -> None:
         try:
             self._accept_batch(sock, entry)
         finally:
             # Connects held back by a full accept queue may go on now.
             make_room(entry)
 
-    def _accept_batch(self, sock: socket.socket, entry: ListenerEntry) -> None:
+    def _accept_batch(self, sock: socket.socket, entry: Entry) -> None:
         for _ in range(self._backlog):
             try:
                 conn, address = sock.accept()
@@ -174,20 +172,20 @@ class FriendServer(asyncio.AbstractServer):
             conn.setblocking(False)
             self._accepted(conn, address)
 
-    def _resume_accepting(self, sock: socket.socket, entry: ListenerEntry) -> None:
+    def _resume_accepting(self, sock: socket.socket, entry: Entry) -> None:
         if self._sockets is not None and self._serving:
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
     def _accepted(self, conn: socket.socket, address: Any) -> None:
         pending, sockname = claim_accepted(conn, address)
         if pending is None:
-            counters.fallback("peer-not-friend")
+            counters.fallback(Fallback.PEER_NOT_FRIEND)
             self._loop.create_task(self._accept_native(conn, address))
             return
         self._accept_friend(conn, sockname, address, pending)
 
     def _accept_friend(self, conn: socket.socket, sockname: Any, address: Any,
-                       pending: PendingConnect) -> None:
+                       pending: Pending) -> None:
         link = pending.link
         adopt_accepted(conn, pending)
         try:
@@ -270,13 +268,7 @@ class FriendServer(asyncio.AbstractServer):
 
     def _forget_listeners(self) -> None:
         for entry in self._entries:
-            for orphan in registry.remove_listener(entry):
-                # The kernel resets what still waits in a closing backlog. A
-                # confirmed connect (not established) watches its own socket
-                # instead: a listener shared with another process stays open
-                # there, and the connect goes on over TCP.
-                if orphan.link.established:
-                    orphan.link.server.reset()
+            forget_listener(entry)
         self._entries = []
 
     def _loop_gone(self) -> None:

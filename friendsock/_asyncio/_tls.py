@@ -23,7 +23,7 @@ try:
 except ImportError:  # pragma: no cover - a Python built without ssl
     ssl = None  # type: ignore[assignment]
 
-from ._install import native
+from ._native import native
 from ._transport import FriendTransport
 
 # How many TLS layers deep a friend link is looked for (TLS in TLS in ...).

@@ -11,7 +11,7 @@ The two ends may run on different loops in different threads (the link is
 then ``threaded``): each end's callbacks run on its own loop, and what one
 end asks of the other (drain, wake the writer) is handed over with one
 wake-up of the other loop per burst (an eventfd it watches, see
-:class:`_RemoteDrainQueue`). Per loop, a :class:`LoopState` knows the
+``_wakeups.RemoteDrainQueue``). The loop's :class:`LoopState` knows the
 ends living there, so a loop that closes with ends open resets their friends
 instead of leaving them hanging.
 """
@@ -19,21 +19,18 @@ instead of leaving them hanging.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import logging
 import os
 import socket
-import threading
 import warnings
 import weakref
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
-from .._core._errors import PeerResetError
-from .._core._link import ChannelState, LinkEnd
-from .._core._stats import counters
+from .._core._errors import LinkBrokenError, PeerResetError
+from .._core._link import LinkEnd, Seen
 from .._friend_socket import FriendSocket
+from ._loop_state import LoopState, loop_state
 
 logger = logging.getLogger("friendsock")
 
@@ -46,343 +43,6 @@ _MAX_CHUNK = 256 * 1024
 # ones go over by reference, uncopied.
 _MAX_JOIN = 64 * 1024
 _DEFAULT_HIGH_WATER = 64 * 1024
-
-
-# Rounds of deliveries one loop callback may run before yielding, and the
-# bytes after which it yields anyway (what asyncio reads in one turn).
-_DRAIN_ROUNDS = 16
-_DRAIN_BYTES = 256 * 1024
-
-
-class _DrainQueue:
-    """One loop callback runs every drain asked for since the last: many
-    busy links cost one loop handle, not one each. Replies written while
-    delivering are delivered by the same callback, for a bounded number of
-    rounds (like NAPI's poll budget); then the loop gets its turn for I/O,
-    timers and tasks. A reply never runs inside its writer's write()."""
-
-    __slots__ = ("_call_soon", "_ready", "_scheduled")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._call_soon = loop.call_soon
-        self._ready: List[Callable[[], None]] = []
-        self._scheduled = False
-
-    def add(self, drain: Callable[[], None]) -> None:
-        self._ready.append(drain)
-        if not self._scheduled:
-            self._scheduled = True
-            self._call_soon(self._run)
-
-    def _run(self) -> None:
-        meter = counters.shard()  # this thread's: what its readers consumed
-        start = meter.moved
-        for _ in range(_DRAIN_ROUNDS):
-            ready = self._ready
-            if not ready or meter.moved - start >= _DRAIN_BYTES:
-                break
-            self._ready = []  # drains asked for from here on: the next round
-            for index, drain in enumerate(ready):
-                try:
-                    drain()
-                except BaseException:  # only SystemExit/KeyboardInterrupt get here
-                    self._ready[:0] = ready[index + 1:]
-                    self._call_soon(self._run)
-                    raise
-        if self._ready:
-            self._call_soon(self._run)
-        else:
-            self._scheduled = False
-
-
-# A loop's wake-up fd: written with ``_signal(fd, 1)``, read with
-# ``_consume(fd)`` (BlockingIOError when nothing was written).
-if hasattr(os, "eventfd"):  # Linux: one fd, an 8-byte counter
-
-    def _wakeup_fds() -> Tuple[int, int]:
-        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        return fd, fd
-
-    _signal = os.eventfd_write
-    _consume = os.eventfd_read
-
-else:  # pragma: no cover - elsewhere: a pipe
-
-    def _wakeup_fds() -> Tuple[int, int]:
-        read_fd, write_fd = os.pipe()
-        for fd in (read_fd, write_fd):
-            os.set_blocking(fd, False)
-            os.set_inheritable(fd, False)
-        return read_fd, write_fd
-
-    def _signal(fd: int, value: int) -> None:
-        os.write(fd, b"\0")
-
-    def _consume(fd: int) -> None:
-        os.read(fd, 64)
-
-
-class _RemoteDrainQueue:
-    """Callbacks handed to this loop by other threads (a drain for a writer
-    there, or a wake-up for a reader there): one wake-up of this loop per
-    batch, however many links and writes fill it meanwhile.
-
-    The wake-up is the queue's own: an eventfd (a pipe where there is none)
-    this loop watches with ``add_reader``, written only when no wake-up is
-    outstanding (``_armed``, under the lock): one syscall per batch for the
-    writer and no Handle, one read for the woken loop. While ``_armed``
-    holds nobody writes the fd, so the read takes the batch's one write;
-    callbacks added before the flag drops are run by this loop without
-    another write. The write is made outside the lock: it lets go of the
-    GIL, and a woken loop that found the lock taken would sleep on it.
-
-    The fd is closed with the loop (:meth:`LoopState.loop_closed`). A writer
-    that finds the loop closed before that was seen (``call_soon_threadsafe``
-    would raise RuntimeError) runs ``on_closed``, which tears it all down.
-    """
-
-    __slots__ = ("_lock", "_ready", "_armed", "_signalling", "_fd", "_read_fd", "_signal_fd",
-                 "_loop", "_is_closed", "_call_soon", "_local", "_on_closed")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, local: _DrainQueue,
-                 on_closed: Callable[[], None]) -> None:
-        self._lock = threading.Lock()
-        self._on_closed = on_closed
-        self._ready: List[Callable[[], None]] = []
-        self._armed = False  # a wake-up is outstanding: the fd was written, or a run is due
-        self._loop = loop
-        self._is_closed = loop.is_closed
-        self._call_soon = loop.call_soon
-        self._local = local
-        self._signalling = 0  # writers writing the fd right now (not under the lock)
-        # _fd: the fd this loop reads, -1 once closed (_read_fd keeps it
-        # until the last writer is done with _signal_fd).
-        self._fd = self._read_fd = self._signal_fd = -1
-        self._read_fd, self._signal_fd = _wakeup_fds()
-        try:
-            loop.add_reader(self._read_fd, self._run)  # on the loop's own thread
-        except BaseException:
-            self._close_fds()
-            raise
-        self._fd = self._read_fd
-
-    def add(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` on this queue's loop, soon; from any thread. A
-        loop found closed (its close not seen yet) is torn down instead."""
-        lock = self._lock  # acquire()/release(): see LockedChannel.push
-        lock.acquire()
-        try:
-            if self._fd < 0 or self._is_closed():
-                self._ready = []
-                gone = True
-            else:
-                self._ready.append(callback)
-                if self._armed:
-                    return  # a wake-up is on its way
-                self._armed = True
-                self._signalling += 1  # close() leaves the fd to us meanwhile
-                gone = False
-        finally:
-            lock.release()
-        if gone:
-            self._on_closed()
-            return
-        try:
-            _signal(self._signal_fd, 1)
-        finally:
-            lock.acquire()
-            try:
-                self._signalling -= 1
-                if self._fd < 0 and not self._signalling:
-                    self._close_fds()  # close() came meanwhile
-            finally:
-                lock.release()
-
-    def _run(self) -> None:
-        """The fd is readable: the one wake-up ``add`` wrote. The batch runs
-        before the fd is read (a reply it writes is on its way sooner); the
-        queue stays armed until after the read, so nothing writes the fd
-        meanwhile and the read takes just that one write."""
-        lock = self._lock
-        lock.acquire()
-        try:
-            ready = self._ready
-            self._ready = []
-        finally:
-            lock.release()
-        try:
-            self._call_all(ready)
-        finally:
-            try:
-                _consume(self._fd)
-            except BlockingIOError:
-                pass
-        self._pump()
-
-    def _pump(self) -> None:
-        """Run what was handed over meanwhile (a friend on another thread
-        may answer while this loop still runs the batch: it finds the queue
-        armed and writes nothing), for a bounded number of rounds; then the
-        loop gets its turn, the queue still armed."""
-        lock = self._lock
-        for _ in range(_DRAIN_ROUNDS):
-            lock.acquire()
-            try:
-                ready = self._ready
-                if not ready:
-                    self._armed = False  # from here, the next add writes the fd
-                    return
-                self._ready = []
-            finally:
-                lock.release()
-            self._call_all(ready)
-        self._call_soon(self._pump)
-
-    def _call_all(self, ready: List[Callable[[], None]]) -> None:
-        for index, callback in enumerate(ready):
-            try:
-                callback()
-            except BaseException:  # only SystemExit/KeyboardInterrupt get here
-                for later in ready[index + 1:]:
-                    self._local.add(later)
-                self._call_soon(self._pump)  # still armed: the rest comes from there
-                raise
-
-    def close(self) -> None:
-        """The loop closed: no more wake-ups; the fd is closed (from
-        whatever thread saw the loop close: the loop no longer polls), or
-        by the last writer still writing it."""
-        with self._lock:
-            self._ready = []
-            self._armed = True
-            fd, self._fd = self._fd, -1
-            if fd < 0:
-                return
-            with contextlib.suppress(Exception):  # whatever the loop thinks, the fd goes
-                self._loop.remove_reader(fd)  # a closed loop: nothing to do
-            if not self._signalling:
-                self._close_fds()
-
-    def _close_fds(self) -> None:
-        """Under the lock (or before anyone else can see the queue)."""
-        read_fd, signal_fd = self._read_fd, self._signal_fd
-        self._read_fd = self._signal_fd = -1
-        if read_fd >= 0:
-            os.close(read_fd)
-        if signal_fd >= 0 and signal_fd != read_fd:
-            os.close(signal_fd)
-
-
-class LoopState:
-    """What friendsock keeps per event loop: its drain queues, and the friend
-    transports and servers living on it, to tear down if the loop closes
-    with them open (their friends, on other loops, must not hang)."""
-
-    __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "transports", "servers",
-                 "__weakref__")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.drains = _DrainQueue(loop)
-        # A forked child inherits the object, not the loop or the links:
-        # nothing of it may be torn down there (locks another thread held,
-        # sockets shared with the parent).
-        self.pid = os.getpid()
-        self._loop = loop
-        self._remote: Optional[_RemoteDrainQueue] = None
-        self._lock = threading.Lock()
-        # The live ends, id -> weak reference (cheaper than a WeakSet): weak,
-        # so an end left open is still collected (and warns from __del__).
-        # Ends come and go on the loop's own thread only, so no lock; the
-        # lock is for loop_closed(), which the closing thread and a friend's
-        # thread (finding the loop closed) may both call.
-        self.transports: "Dict[int, weakref.ref[FriendTransport]]" = {}
-        self.servers: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
-    def remote(self) -> _RemoteDrainQueue:
-        """The queue other threads hand this loop's callbacks to (made on
-        the loop's own thread, by the first end whose friend is elsewhere)."""
-        remote = self._remote
-        if remote is None:
-            remote = _RemoteDrainQueue(self._loop, self.drains, self.loop_closed)
-            with self._lock:
-                self._remote = remote
-        return remote
-
-    def loop_closed(self) -> None:
-        """The loop closed (on whatever thread): every friend end on it goes
-        away as if its process died; servers stop listening."""
-        if self.pid != os.getpid():
-            return
-        with self._lock:
-            transports = [t for t in (ref() for ref in self.transports.values()) if t is not None]
-            self.transports = {}
-            servers = list(self.servers)
-            self.servers = weakref.WeakSet()
-        # Unhook them all first: a friend on this same loop must not try to
-        # schedule anything on it.
-        for transport in transports:
-            transport._unhook()
-        for server in servers:
-            server._loop_gone()
-        for transport in transports:
-            transport._loop_gone()
-        with self._lock:
-            remote, self._remote = self._remote, None
-        if remote is not None:
-            remote.close()
-
-
-# Per loop, weakly both ways: the state lives as long as the loop is open
-# (its close watch holds it), and never keeps a loop alive.
-_states: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[LoopState]]" = (
-    weakref.WeakKeyDictionary()
-)
-# Far enough never to matter; re-armed should it ever fire.
-_WATCH_DELAY = 1e6
-
-
-def loop_state(loop: asyncio.AbstractEventLoop) -> LoopState:
-    """The loop's state, made on first use (on the loop's own thread)."""
-    ref = _states.get(loop)
-    state = ref() if ref is not None else None
-    if state is None:
-        state = LoopState(loop)
-        _states[loop] = weakref.ref(state)
-        _CloseWatch(state).arm(loop)
-    return state
-
-
-class _CloseWatch:
-    """Learns that a loop closed, without touching the loop object.
-
-    Neither asyncio nor uvloop tells anyone that a loop closed, and patching
-    ``close`` on the instance would leave a trace ``uninstall()`` must not
-    leave. But both drop their pending timers on ``close()`` (and with the
-    loop, if it is collected unclosed): this object waits in one far-off
-    timer, and its ``__del__`` is the notice.
-    """
-
-    __slots__ = ("_state",)
-
-    def __init__(self, state: LoopState) -> None:
-        self._state = state
-
-    def arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.call_later(_WATCH_DELAY, _rearm, loop, self)
-
-    def __del__(self) -> None:
-        try:
-            self._state.loop_closed()
-        except Exception:  # noqa: BLE001 - a finalizer must not raise
-            logger.exception("friendsock: tearing down a closed loop's links failed")
-
-
-def _rearm(loop: asyncio.AbstractEventLoop, watch: _CloseWatch) -> None:
-    watch.arm(loop)
-
-
-def _reset_error() -> ConnectionResetError:
-    return ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
 
 
 class FriendTransport(asyncio.Transport):
@@ -456,19 +116,14 @@ class FriendTransport(asyncio.Transport):
     def start(self) -> None:
         """Hook into the link and tell the protocol (its connection_made)."""
         self._state.transports[id(self)] = weakref.ref(self)
-        incoming = self._in
         if self._end.link.threaded:
             # The friend runs on another thread: what it asks of us is
             # handed to our loop (the reader's loop, for its bytes).
             readable, writable = self._remote_hooks()
-            self._out.attach_writer(writable)
-            pending = incoming.attach_reader(readable)
-        else:  # attach_writer/attach_reader, inlined: no other thread to mind
-            self._out.notify_writable = self._writable
-            incoming.notify_readable = self._schedule_drain
-            pending = bool(incoming.queued) or incoming.state is not ChannelState.OPEN
-            if pending:
-                incoming._reader_notified = True
+        else:
+            readable, writable = self._schedule_drain, self._writable
+        self._out.attach_writer(writable)
+        pending = self._in.attach_reader(readable)
         sock = self._extra["socket"]
         # As the loop's own TCP transports (asyncio and uvloop alike), so
         # getsockopt() answers the same on both paths.
@@ -561,68 +216,91 @@ class FriendTransport(asyncio.Transport):
         self._schedule_drain()
 
     def _drain(self) -> None:
+        """Deliver what is queued now, then EOF or the reset if that is all
+        that is left. A push from here on schedules the next drain: a writer
+        refilling from resume_writing() (called from this loop) must not
+        keep the event loop in one callback forever."""
         if self._paused_reading or self._closing or self._eof_delivered:
             # The notification stays taken: no wake-ups while paused
             # (resume_reading() drains), nor after EOF, when asyncio stops
             # reading for good (a later reset is learnt by writing).
             return
+        if self._buffered:
+            if not self._drain_into_buffers():
+                return
+        elif not self._drain_data():
+            return
+        seen = self._in.seen()
+        if seen is Seen.RESET:
+            self._force_close(self._end.read_error().as_os_error())
+        elif seen is Seen.EOF:
+            self._deliver_eof()
+        # DATA: newer bytes, their drain is scheduled (EOF after them).
+
+    def _drain_data(self) -> bool:
+        """``data_received()`` with what is queued now; False when reading
+        stopped meanwhile (paused, closed, or the protocol failed)."""
         channel = self._in
-        # Deliver only what is queued now; a push from here on schedules the
-        # next drain. A writer refilling from resume_writing() (called from
-        # this loop) must not keep the event loop in one callback forever.
         try:
-            if self._buffered:
-                channel.begin_drain()
-                budget = channel.queued
-            else:  # the first chunk with the same lock round trip
-                data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
-                if data:
-                    self._protocol.data_received(data)  # type: ignore[attr-defined]
-                    if self._paused_reading or self._closing:
-                        return
-            protocol = self._protocol
-            while budget > 0 and channel.queued:
-                if self._buffered:
-                    buffer = protocol.get_buffer(-1)  # type: ignore[attr-defined]
-                    if not len(buffer):
-                        raise RuntimeError("get_buffer() returned an empty buffer")
-                    size = channel.pull_into(memoryview(buffer).cast("B"))
-                    budget -= size
-                    protocol.buffer_updated(size)  # type: ignore[attr-defined]
-                else:
-                    data = channel.pull(_MAX_CHUNK, _MAX_JOIN)
-                    budget -= len(data)
-                    protocol.data_received(data)  # type: ignore[attr-defined]
+            # The first chunk with the same lock round trip as begin_drain.
+            data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
+            while data:
+                self._protocol.data_received(data)  # type: ignore[attr-defined]
                 if self._paused_reading or self._closing:
-                    return
-                protocol = self._protocol
-            # The state before the count: a writer on another thread sets
-            # EOF/RESET after its last push, so EOF never overtakes bytes.
-            state = channel.state
-            if channel.queued:
-                return  # newer bytes: their drain is scheduled, EOF after them
-            if state is ChannelState.OPEN:
-                return
-            if state is ChannelState.RESET and not channel.reset_after_fin:
-                self._force_close(_reset_error())
-                return
-            # EOF; or a reset that came after the FIN had arrived, which
-            # leaves the FIN readable (the reset shows on the next send).
-            self._eof_delivered = True
+                    return False
+                if budget <= 0 or not channel.queued:
+                    break
+                data = channel.pull(_MAX_CHUNK, _MAX_JOIN)
+                budget -= len(data)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
-            return
+            return False
+        return True
+
+    def _drain_into_buffers(self) -> bool:
+        """``get_buffer()``/``buffer_updated()`` with what is queued now;
+        False when reading stopped meanwhile. Each call's failure is
+        reported as asyncio reports it."""
+        channel = self._in
+        channel.begin_drain()
+        budget = channel.queued
+        while budget > 0 and channel.queued:
+            protocol = self._protocol
+            try:
+                buffer = protocol.get_buffer(-1)  # type: ignore[attr-defined]
+                if not len(buffer):
+                    raise RuntimeError("get_buffer() returned an empty buffer")
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
+                return False
+            size = channel.pull_into(memoryview(buffer).cast("B"))
+            budget -= size
+            try:
+                protocol.buffer_updated(size)  # type: ignore[attr-defined]
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
+                return False
+            if self._paused_reading or self._closing:
+                return False
+        return True
+
+    def _deliver_eof(self) -> None:
+        self._eof_delivered = True
         try:
-            if self._protocol.eof_received():  # type: ignore[attr-defined]
-                return
+            keep_open = self._protocol.eof_received()  # type: ignore[attr-defined]
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
             self._fatal_error(exc, "Fatal error: protocol.eof_received() call failed.")
             return
-        self.close()
+        if not keep_open:
+            self.close()
 
     # -- WriteTransport ---------------------------------------------------
     def write(self, data: Any) -> None:
@@ -644,7 +322,10 @@ class FriendTransport(asyncio.Transport):
             # bytes go by reference; mutable buffers are copied once.
             out.push(data if type(data) is bytes else bytes(data))
         except PeerResetError:
-            self._write_to_closed_peer()
+            try:
+                self._end.send_refused()
+            except LinkBrokenError as exc:
+                self._fatal_error(exc.as_os_error(), "Fatal write error on socket transport")
             return
         if out.queued - out.sndbuf - out.rcvbuf > self._high_water:
             self._maybe_pause_protocol()
@@ -657,11 +338,10 @@ class FriendTransport(asyncio.Transport):
         if self._closing or self._eof:
             return
         self._eof = True
-        if self._in.state is ChannelState.RESET:
-            # The peer's reset came in: over TCP the socket is closed and
-            # asyncio's shutdown(SHUT_WR) raises ENOTCONN out of write_eof().
-            raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
-        self._end.shutdown_write()
+        try:
+            self._end.shutdown_write()
+        except LinkBrokenError as exc:  # asyncio's shutdown(SHUT_WR) raises it out
+            raise exc.as_os_error() from None
 
     def can_write_eof(self) -> bool:
         return True
@@ -728,11 +408,9 @@ class FriendTransport(asyncio.Transport):
             return
         out = self._out
         if out.reader_closed:
-            # The peer closed with our bytes unread, and reset: over TCP that
-            # fails a send still pending in our own buffer; an idle end
-            # learns of it by reading or writing.
-            if out.closed_with_backlog:
-                self._force_close(self._send_error())
+            error = self._end.pending_send_error()
+            if error is not None:
+                self._force_close(error.as_os_error())
             return
         if self._closing:
             if out.write_buffer_size() == 0:
@@ -762,23 +440,6 @@ class FriendTransport(asyncio.Transport):
             self._maybe_pause_protocol()
 
     # -- errors and the end ----------------------------------------------
-    def _write_to_closed_peer(self) -> None:
-        incoming = self._in
-        if incoming.state is not ChannelState.RESET:
-            # The peer closed cleanly. TCP takes this first write, and the
-            # peer's kernel answers it with a reset, which drops what the
-            # peer had not sent yet (beyond our rcvbuf) and fails the next.
-            incoming.reset(keep=incoming.rcvbuf)
-            return
-        self._fatal_error(self._send_error(), "Fatal write error on socket transport")
-
-    def _send_error(self) -> OSError:
-        """What a send fails with after the peer's reset: EPIPE when its
-        FIN had come in first (CLOSE_WAIT), ECONNRESET otherwise."""
-        if self._in.reset_after_fin:
-            return BrokenPipeError(errno.EPIPE, "Broken pipe")
-        return _reset_error()
-
     def _fatal_error(self, exc: BaseException, message: str = "Fatal error on transport") -> None:
         if isinstance(exc, OSError):
             if self._loop.get_debug():
@@ -795,9 +456,7 @@ class FriendTransport(asyncio.Transport):
     def _force_close(self, exc: Optional[BaseException]) -> None:
         if self._conn_lost:
             return
-        # What does not fit in sndbuf + friend rcvbuf is our own buffer:
-        # an abort drops it, as asyncio drops its buffer.
-        self._out.truncate(self._out.capacity)
+        self._end.drop_own_buffer()
         self._closing = True
         self._conn_lost += 1
         self._loop.call_soon(self._call_connection_lost, exc)
@@ -834,3 +493,4 @@ class FriendTransport(asyncio.Transport):
         self._server = None
         self._unhook()
         self._end.reset(keep=self._out.rcvbuf)
+

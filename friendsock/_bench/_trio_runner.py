@@ -3,7 +3,7 @@ close) is one ``trio.run`` in this thread, under the step's timeout and the
 run's watchdog, as ``_runner.LoopRunner`` does for asyncio loops.
 
 Imports trio and not asyncio (the house rule); ``_runner`` imports this
-module lazily, only when the trio loop runs.
+module lazily, only when the trio loop runs (and this one not ``_runner``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import trio
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
-from . import _runner
 from ._transports import TRIO_CASES
 from ._trio_workloads import TrioWorkload, make_workload
+from ._watchdog import Hung, Watchdog
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -42,10 +42,11 @@ class TrioRunner:
     kind = "trio"
     cases = TRIO_CASES
 
-    def __init__(self, watchdog: "_runner.Watchdog") -> None:
+    def __init__(self, watchdog: Watchdog, grace: float) -> None:
         self.watchdog = watchdog
+        self.grace = grace  # how long past its timeout a step may hold the thread
 
-    def make_workload(self, case: "_runner.Case", param: int, transport: str, tmpdir: str,
+    def make_workload(self, case: Any, param: int, transport: str, tmpdir: str,
                       server_side: Any = None) -> TrioWorkload:
         return make_workload(case.key, param, transport, tmpdir)
 
@@ -56,7 +57,7 @@ class TrioRunner:
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         watchdog = self.watchdog
-        grace = _runner.WATCHDOG_GRACE
+        grace = self.grace
 
         async def step() -> Any:
             with trio.fail_after(timeout):
@@ -75,7 +76,7 @@ class TrioRunner:
                         raise
                     raise KeyboardInterrupt from exc  # the user's ^C
                 watchdog.fired = False
-                raise _runner.Hung(
+                raise Hung(
                     f"hung: trio was blocked for over {timeout + grace:.0f} s "
                     "(a task never yielded)") from None
             leaf = _leaf(exc)

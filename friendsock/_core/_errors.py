@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class FriendError(Exception):
     """Base of every error the core raises."""
@@ -13,3 +15,17 @@ class ChannelShutdownError(FriendError):
 
 class PeerResetError(FriendError):
     """The peer reset the link: what TCP reports as ECONNRESET."""
+
+
+class LinkBrokenError(FriendError):
+    """A socket call on this end would fail now, with ``errno``: what a send
+    or shutdown gets after the friend's reset, or a read on a reset link."""
+
+    def __init__(self, errno: int) -> None:
+        super().__init__(errno, os.strerror(errno))
+        self.errno = errno
+
+    def as_os_error(self) -> OSError:
+        """The OSError a socket call raises for this errno: OSError picks
+        the subclass (ConnectionResetError, BrokenPipeError, ...) itself."""
+        return OSError(self.errno, os.strerror(self.errno))

@@ -1,4 +1,5 @@
-"""Friend links: two channels, their accounting, EOF and reset.
+"""Friend links: two channels, their accounting, and every rule of what an
+end sees (data, EOF, a reset, and which errno a socket call gets).
 
 A *channel* is one direction of a link: the bytes one end wrote and the other
 has not consumed yet. Its accounting mirrors the kernel's ``sk_friend``:
@@ -15,16 +16,25 @@ locking at all. A link whose ends run on different threads (``threaded``)
 uses :class:`LockedChannel`: one writer thread and one reader thread per
 channel, every change under a small lock, the hooks called after it is
 released.
+
+The adapters ask, and translate the answer once into their framework:
+what a reader finds now (:meth:`Channel.seen`), what a send to a friend that
+went away gets (:meth:`LinkEnd.send_refused`), what a send still pending in
+the writer's own buffer gets when the friend stops reading
+(:meth:`LinkEnd.pending_send_error`), and what a shutdown gets
+(:meth:`LinkEnd.shutdown_write`). Failures are :class:`LinkBrokenError`,
+carrying the errno the kernel would report.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import errno
 import threading
 from typing import Callable, Deque, Optional, Tuple, Type
 
-from ._errors import ChannelShutdownError, PeerResetError
+from ._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from ._stats import Shard, counters
 
 Hook = Optional[Callable[[], None]]
@@ -34,6 +44,15 @@ class ChannelState(enum.Enum):
     OPEN = "open"  # the writer may write
     EOF = "eof"  # the writer shut down; the reader gets EOF after the bytes
     RESET = "reset"  # the reader gets a reset after the bytes kept
+
+
+class Seen(enum.Enum):
+    """What the reader of a channel finds now."""
+
+    DATA = "data"  # bytes are queued: pull them
+    NOTHING = "nothing"  # open and empty: wait to be notified
+    EOF = "eof"  # every byte was read, then the writer's EOF
+    RESET = "reset"  # every byte kept was read, then the reset
 
 
 # The only moves a channel makes: EOF may still turn into a reset (a close
@@ -178,6 +197,24 @@ class Channel:
         self._notify_reader()
 
     # -- reader side ------------------------------------------------------
+    def seen(self) -> Seen:
+        """What the reader finds now.
+
+        The state is read before the count: a writer on another thread sets
+        EOF/RESET after its last push, so EOF never overtakes bytes. A reset
+        that came after the FIN had reached the reader's receive buffer
+        leaves the FIN readable (tcp_reset() in CLOSE_WAIT): the reader gets
+        EOF, and the reset shows on its next send.
+        """
+        state = self.state
+        if self.queued:
+            return Seen.DATA
+        if state is ChannelState.OPEN:
+            return Seen.NOTHING
+        if state is ChannelState.RESET and not self.reset_after_fin:
+            return Seen.RESET
+        return Seen.EOF
+
     def begin_drain(self) -> None:
         """The reader is draining: the next push must notify it again."""
         self._reader_notified = False
@@ -457,10 +494,55 @@ class LinkEnd:
         self.incoming = incoming
         self.closed = False
 
+    # -- what this end's socket calls get ---------------------------------
+    def send_error(self) -> LinkBrokenError:
+        """What a send fails with after the friend's reset: EPIPE when its
+        FIN had come in first (CLOSE_WAIT), ECONNRESET otherwise."""
+        if self.incoming.reset_after_fin:
+            return LinkBrokenError(errno.EPIPE)
+        return LinkBrokenError(errno.ECONNRESET)
+
+    def send_refused(self) -> None:
+        """A send found the friend's reader gone (``outgoing.push`` raised
+        :class:`PeerResetError`). Returns when TCP still takes this send;
+        raises :class:`LinkBrokenError` when the send fails."""
+        incoming = self.incoming
+        if incoming.state is not ChannelState.RESET:
+            # The friend closed cleanly. TCP takes this first write, and the
+            # friend's kernel answers it with a reset, which drops what the
+            # friend had not sent yet (beyond our rcvbuf) and fails the next.
+            incoming.reset(keep=incoming.rcvbuf)
+            return
+        raise self.send_error()
+
+    def pending_send_error(self) -> Optional[LinkBrokenError]:
+        """The friend stopped reading (``outgoing.reader_closed``): what a
+        send still pending in our own buffer gets. The friend closed with
+        our bytes unread and reset: over TCP that fails a send whose bytes
+        did not fit in sndbuf + friend rcvbuf; an idle end (None here)
+        learns of it by reading or writing."""
+        if self.outgoing.closed_with_backlog:
+            return self.send_error()
+        return None
+
+    @staticmethod
+    def read_error() -> LinkBrokenError:
+        """What a read fails with once the reset is all that is left."""
+        return LinkBrokenError(errno.ECONNRESET)
+
     def shutdown_write(self) -> None:
-        """``write_eof()``: EOF after what was written."""
+        """``shutdown(SHUT_WR)``: EOF after what was written. After the
+        friend's reset the socket is closed, and shutdown fails ENOTCONN."""
+        if self.incoming.state is ChannelState.RESET:
+            raise LinkBrokenError(errno.ENOTCONN)
         if self.outgoing.state is ChannelState.OPEN:
             self.outgoing.shutdown()
+
+    def drop_own_buffer(self) -> None:
+        """An abort's loss: what does not fit in ``sndbuf + friend rcvbuf``
+        is the writer's own buffer, which an abort drops (as asyncio drops
+        its buffer); what the kernel already holds still goes."""
+        self.outgoing.truncate(self.outgoing.capacity)
 
     def close(self) -> None:
         """The end is done (its socket would be closed now).
@@ -490,7 +572,7 @@ class LinkEnd:
 
     def abort(self) -> None:
         """``abort()``: what fits in ``sndbuf + friend rcvbuf`` is kept."""
-        self.outgoing.truncate(self.outgoing.capacity)
+        self.drop_own_buffer()
         self.close()
 
     def reset(self, keep: int = 0) -> bool:

@@ -11,13 +11,18 @@ from __future__ import annotations
 import enum
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
 from ._addresses import Endpoint, FlowKey, is_ipv4, normalize_endpoint
 from ._link import Link
 
+# The adapters' own objects for a listener and for a client end: the
+# registry keeps them for the other side and never looks inside.
+ListenerT = TypeVar("ListenerT")
+ClientT = TypeVar("ClientT")
 
-class ListenerEntry:
+
+class ListenerEntry(Generic[ListenerT]):
     """A friendsock listening socket, as the registry knows it.
 
     ``owner`` identifies the scheduler that accepts (an adapter's choice:
@@ -35,7 +40,7 @@ class ListenerEntry:
         v6only: bool,
         exclusive: bool,
         owner: object,
-        handle: object,
+        handle: ListenerT,
     ) -> None:
         self.endpoint = normalize_endpoint(address)
         self.v6only = v6only
@@ -59,19 +64,22 @@ class PendingState(enum.Enum):
     WITHDRAWN = "withdrawn"
 
 
-class PendingConnect:
+class PendingConnect(Generic[ClientT, ListenerT]):
     """A client end registered before its ``connect()`` syscall."""
 
     __slots__ = ("key", "link", "listener", "state", "on_claimed", "handle")
 
-    def __init__(self, key: FlowKey, link: Link, listener: ListenerEntry) -> None:
+    def __init__(self, key: FlowKey, link: Link, listener: ListenerEntry[ListenerT],
+                 handle: Any = None) -> None:
         self.key = key
         self.link = link
         self.listener = listener
         self.state = PendingState.WAITING
         # Called (under no lock) by the claiming side, for confirmed connects.
         self.on_claimed: Optional[Callable[[], None]] = None
-        self.handle: object = None  # the client adapter's own object
+        # The client adapter's own object (None: a connect made by the core
+        # alone, which no adapter will look at).
+        self.handle: ClientT = handle
 
     def __repr__(self) -> str:
         return f"<PendingConnect {self.key} {self.state.value}>"

@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import os
 import threading
 import types
 from typing import Dict, List, Mapping
+
+
+class Fallback(str, enum.Enum):
+    """Why a connection took real TCP; its value is the key it is counted
+    under in ``FriendStats.fallbacks``."""
+
+    OPTED_OUT = "opted-out"  # the caller said friends=False
+    DISABLED = "disabled"  # pairing is switched off (FRIENDSOCK=0, set_enabled(False))
+    SSL = "ssl"  # create_connection(ssl=...): the loop's own TLS connection
+    SOCK = "sock"  # create_connection(sock=...): the caller's own socket
+    NO_LISTENER = "no-listener"  # no friendsock listener of this process at the address (any more)
+    NOT_LOCAL = "not-local"  # a listener on the port, but the address is not this host's
+    PEER_NOT_FRIEND = "peer-not-friend"  # accepted: the client is no friendsock connect of ours
+    UNCONFIRMED = "unconfirmed"  # a shared listener: not claimed here within CONFIRM_TIMEOUT
+    CONNECT_FAILED = "connect-failed"  # trio: a friend connect failed; trio's own connect retries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +77,10 @@ class Counters:
                 self._shards.append(shard)
             return shard
 
-    def fallback(self, reason: str) -> None:
+    def fallback(self, reason: Fallback) -> None:
+        # Counted by the plain string: FriendStats.fallbacks is looked up by it.
         fallbacks = self.shard().fallbacks
-        fallbacks[reason] = fallbacks.get(reason, 0) + 1
+        fallbacks[reason.value] = fallbacks.get(reason.value, 0) + 1
 
     @property
     def links_made(self) -> int:

@@ -1,4 +1,4 @@
-"""Both sides of pairing on trio: listeners that claim, connects that register.
+"""Pairing on trio, both ends: listeners that claim, connects that register.
 
 Same steps as on asyncio (``friendsock._handshake``): the client registers
 its pending connect before ``connect()``, the listener claims it on accept.
@@ -15,33 +15,33 @@ from typing import Any, Awaitable, Callable, List, Optional, Union
 
 import trio
 
-from .._core._registry import ListenerEntry, PendingConnect, PendingState, registry
-from .._core._stats import counters
+from .. import _handshake
+from .._core._registry import registry
+from .._core._stats import Fallback, counters
 from .._handshake import (
-    ListenerHandle,
+    ConnectAttempt,
+    Entry,
+    Pending,
     abandon_connect,
     adopt_accepted,
-    bind_local,
+    call_on_claim,
     claim_accepted,
+    confirmed,
+    forget_listener,
     numeric_address_infos,
-    connect_if_room,
     make_room,
+    register_listener,
     wait_for_room,
     why_not_friends,
 )
-from ._stream import FriendStream, forget_listener, run_state
+from ._run import run_state
+from ._stream import FriendStream
 
 if sys.version_info < (3, 11):  # trio depends on the backport there
     from exceptiongroup import ExceptionGroup
 
 # As trio: how long a connect attempt waits before the next one starts.
 DEFAULT_DELAY = 0.250
-# How long a confirmed connect (a listener other processes may share) waits
-# for this process to claim it before it goes on as plain TCP.
-CONFIRM_TIMEOUT = 0.25
-# How often a connect held back by a full accept queue looks again, in case
-# room was made by an accept friendsock did not see.
-ROOM_RECHECK = 1.0
 
 AnyStream = Union[FriendStream, trio.SocketStream]
 
@@ -74,15 +74,9 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         self._sock = sock  # the real listening socket, non-blocking
         self.socket = trio.socket.from_stdlib_socket(sock)
         self._state = state = run_state()
-        v6only = False
-        if sock.family == socket.AF_INET6:
-            v6only = bool(sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
         # Bound by us without SO_REUSEPORT: a connect to it can only land here.
-        self._entry: Optional[ListenerEntry] = ListenerEntry(
-            sock.getsockname(), v6only=v6only, exclusive=True, owner=state.token,
-            handle=ListenerHandle(sock, state),
-        )
-        registry.add_listener(self._entry)
+        self._entry: Optional[Entry] = register_listener(sock, state, owner=state.token,
+                                                         exclusive=True)
         state.listeners[id(self)] = self._entry
 
     def __repr__(self) -> str:
@@ -123,7 +117,7 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         conn.setblocking(False)
         pending, sockname = claim_accepted(conn, address)
         if pending is None:
-            counters.fallback("peer-not-friend")
+            counters.fallback(Fallback.PEER_NOT_FRIEND)
             return _socket_stream(conn)
         adopt_accepted(conn, pending)
         stream = FriendStream(pending.link.server, conn, sockname, address, self._state)
@@ -235,21 +229,26 @@ async def open_tcp_stream(
         raise TypeError(f"port must be int, not {port!r}")
     reason = why_not_friends(friends, {})
     if reason is None and not registry.has_port(port):
-        reason = "no-listener"
+        reason = Fallback.NO_LISTENER
     if reason is None:
-        outcome = await _connect(host, port, local_address)
-        if not isinstance(outcome, str):
-            return outcome
-        reason = outcome
-    counters.fallback(reason)
+        stream = await _connect(host, port, local_address)
+        if stream is not None:
+            return stream
+    else:
+        counters.fallback(reason)
     return await trio.open_tcp_stream(host, port, happy_eyeballs_delay=happy_eyeballs_delay,
                                       local_address=local_address)
 
 
 async def _connect(host: Union[str, bytes], port: int,
-                   local_address: Optional[str]) -> Union[AnyStream, str]:
-    """Connect to a friendsock listener if ``host`` names one; else the
-    fallback reason (nothing connected: trio's own connect takes over)."""
+                   local_address: Optional[str]) -> Optional[AnyStream]:
+    """Connect to a friendsock listener if ``host`` names one; else None,
+    the fallback counted (nothing connected: trio's own connect takes over).
+
+    Only addresses with a listener are tried. Unlike on asyncio, a friend
+    connect that fails raises nothing: trio's own connect tries again, and
+    reports its own errors (``Fallback.CONNECT_FAILED``).
+    """
     infos = numeric_address_infos(host, port) or await trio.socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM
     )
@@ -257,55 +256,42 @@ async def _connect(host: Union[str, bytes], port: int,
     if local_address is not None:
         local_infos = await trio.socket.getaddrinfo(local_address, 0, type=socket.SOCK_STREAM)
     token = trio.lowlevel.current_trio_token()
-    reason = "no-listener"
+    reason = Fallback.NO_LISTENER
     for af, socktype, proto, _, address in infos:
-        entry, only_one = registry.match_listener(address)
+        attempt = ConnectAttempt(address)
+        entry = attempt.entry
         if entry is None:
             continue
-        sock = socket.socket(af, socktype, proto)
-        pending = None
+        sock = attempt.open(af, socktype, proto)  # socket() errors are raised: no fallback
         try:
-            sock.setblocking(False)
-            if local_infos is not None:
-                bind_local(sock, af, local_infos)
-            else:
-                # Binding to the destination IP proves it is an address of ours
-                # and fixes the 4-tuple before connect().
-                try:
-                    sock.bind((address[0], 0))
-                except OSError:
-                    sock.close()
-                    reason = "not-local"
-                    continue
+            attempt.bind(af, local_infos)
+            if attempt.entry is None:  # not an address of ours
+                attempt.give_up()
+                reason = attempt.fallback
+                continue
             await trio.lowlevel.checkpoint_if_cancelled()
-            while (started := connect_if_room(sock, address, entry, only_one,
-                                              threaded=entry.owner is not token)) is None:
+            while (err := attempt.start(token)) is None:
                 await _room_made(entry, token)
-            pending, err = started
+            pending = attempt.pending
             if pending is None:  # the listener just went away
-                sock.close()
+                attempt.give_up()
                 continue
             await _connected(sock, address, err)
         except OSError:
-            if pending is not None:
-                abandon_connect(pending, sock)
-            else:
-                sock.close()
-            reason = "connect-failed"
+            attempt.give_up()
+            reason = Fallback.CONNECT_FAILED
             continue
         except BaseException:
-            if pending is not None:
-                abandon_connect(pending, sock)
-            else:
-                sock.close()
+            attempt.give_up()
             raise
-        if pending.listener.exclusive and only_one:
+        if attempt.optimistic:
             return _start_client(pending, sock)
         return await _confirm(pending, sock, token)
-    return reason
+    counters.fallback(reason)
+    return None
 
 
-async def _room_made(entry: ListenerEntry, token: trio.lowlevel.TrioToken) -> None:
+async def _room_made(entry: Entry, token: trio.lowlevel.TrioToken) -> None:
     """Wait for the listener's accept queue to have room made: until its
     listener accepts, goes away, or a while has passed (for room made by an
     accept friendsock did not see)."""
@@ -331,7 +317,7 @@ async def _room_made(entry: ListenerEntry, token: trio.lowlevel.TrioToken) -> No
         await trio.lowlevel.checkpoint()
         return
     try:
-        with trio.move_on_after(ROOM_RECHECK):
+        with trio.move_on_after(_handshake.ROOM_RECHECK):
             await woken.wait()
     except BaseException:
         if woken.is_set():
@@ -355,33 +341,27 @@ async def _connected(sock: socket.socket, address: Any, err: int) -> None:
     await trio.lowlevel.cancel_shielded_checkpoint()
 
 
-def _start_client(pending: PendingConnect, sock: socket.socket) -> FriendStream:
+def _start_client(pending: Pending, sock: socket.socket) -> FriendStream:
     client = pending.handle
-    stream = FriendStream(pending.link.client, sock, client.sockname,  # type: ignore[attr-defined]
-                          client.peername, run_state())  # type: ignore[attr-defined]
+    stream = FriendStream(pending.link.client, sock, client.sockname, client.peername, run_state())
     stream.start()
     return stream
 
 
-async def _confirm(pending: PendingConnect, sock: socket.socket,
+async def _confirm(pending: Pending, sock: socket.socket,
                    token: trio.lowlevel.TrioToken) -> AnyStream:
     """A listener other processes may share: pair only once this process
     claims the connect. Anything arriving on the real socket means another
     process accepted it; so does silence past the deadline."""
     claimed = trio.Event()
-    if pending.link.threaded:
-        def on_claimed() -> None:  # on the accepting thread
-            try:
-                token.run_sync_soon(claimed.set)
-            except trio.RunFinishedError:  # nobody waits any more
-                pass
 
-        pending.on_claimed = on_claimed
-        # Set, then check: the other thread may have claimed before.
-        if pending.state is PendingState.CLAIMED:
-            claimed.set()
-    else:
-        pending.on_claimed = claimed.set
+    def claimed_elsewhere() -> None:  # on the accepting thread
+        try:
+            token.run_sync_soon(claimed.set)
+        except trio.RunFinishedError:  # nobody waits any more
+            pass
+
+    call_on_claim(pending, claimed.set, claimed_elsewhere)
 
     async def watch_socket(cancel_scope: trio.CancelScope) -> None:
         await trio.lowlevel.wait_readable(sock)
@@ -392,18 +372,15 @@ async def _confirm(pending: PendingConnect, sock: socket.socket,
         cancel_scope.cancel()
 
     try:
-        with trio.move_on_after(CONFIRM_TIMEOUT):
+        with trio.move_on_after(_handshake.CONFIRM_TIMEOUT):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_socket, nursery.cancel_scope)
                 nursery.start_soon(watch_claim, nursery.cancel_scope)
     except BaseException:
-        if registry.withdraw(pending):
-            sock.close()
-        else:  # claimed meanwhile: the server end sees us go away
-            pending.link.client.close()
+        # Withdrawn: the socket closes; claimed meanwhile: the server end
+        # sees us go away.
+        abandon_connect(pending, sock)
         raise
-    if claimed.is_set() or not registry.withdraw(pending):
+    if confirmed(pending, claimed.is_set()):
         return _start_client(pending, sock)
-    pending.link.on_done = None
-    counters.fallback("unconfirmed")
     return _socket_stream(sock)

@@ -1,4 +1,4 @@
-"""The trio stream of one friend end, and what friendsock keeps per trio run.
+"""The trio stream of one friend end.
 
 A :class:`FriendStream` honours ``trio.abc.HalfCloseableStream`` as
 ``trio.SocketStream`` does: every method is a checkpoint, a cancelled call
@@ -13,21 +13,19 @@ read) reschedules it, directly on the same run, with one
 from __future__ import annotations
 
 import contextlib
-import errno
 import operator
 import os
 import socket
-import threading
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import trio
 
-from .._core._errors import PeerResetError
-from .._core._link import ChannelState, LinkEnd
-from .._core._registry import ListenerEntry, registry
+from .._core._errors import LinkBrokenError, PeerResetError
+from .._core._link import LinkEnd, Seen
 from .._friend_socket import FriendSocket
+from ._run import RunState
 
 # As trio.SocketStream.receive_some.
 DEFAULT_RECEIVE_SIZE = 65536
@@ -42,84 +40,32 @@ _wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
 _ABORTED = trio.lowlevel.Abort.SUCCEEDED
 
 
-class RunState:
-    """What friendsock keeps per trio run: its token (other threads hand
-    wake-ups over with it) and the friend ends and listeners living in it,
-    torn down when the run ends with them open (their friends, maybe on
-    other threads, must not hang)."""
-
-    __slots__ = ("token", "pid", "streams", "listeners", "_lock", "finished", "__weakref__")
-
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        self.token = token
-        self.pid = os.getpid()
-        # id -> weak reference: an end left open is still collected (and
-        # warns). Changed on the run's thread only; the lock is for
-        # run_finished(), which a friend's thread may also reach.
-        self.streams: "Dict[int, weakref.ref[FriendStream]]" = {}
-        self.listeners: "Dict[int, ListenerEntry]" = {}
-        self._lock = threading.Lock()
-        self.finished = False
-
-    def run_finished(self) -> None:
-        """Every friend end still open goes away as if its process died;
-        listeners stop pairing."""
-        if self.pid != os.getpid():
-            return
-        with self._lock:
-            if self.finished:
-                return
-            self.finished = True
-            streams = [s for s in (ref() for ref in self.streams.values()) if s is not None]
-            self.streams = {}
-            entries = list(self.listeners.values())
-            self.listeners = {}
-        for entry in entries:
-            forget_listener(entry)
-        for stream in streams:
-            stream._run_gone()
-
-
-_run_state: "trio.lowlevel.RunVar[RunState]" = trio.lowlevel.RunVar("friendsock_run_state")
-
-
-def run_state() -> RunState:
-    """The current run's state, made on first use."""
-    try:
-        return _run_state.get()
-    except LookupError:
-        state = RunState(trio.lowlevel.current_trio_token())
-        _run_state.set(state)
-        trio.lowlevel.spawn_system_task(_watch_run_end, state, name="friendsock run watch")
-        return state
-
-
-async def _watch_run_end(state: RunState) -> None:
-    # System tasks are cancelled once the main task is done: the run ends.
-    try:
-        await trio.sleep_forever()
-    finally:
-        state.run_finished()
-
-
-def forget_listener(entry: ListenerEntry) -> None:
-    """Stop pairing with ``entry``. The kernel resets what still waits in a
-    closing backlog; a confirmed connect watches its own socket instead."""
-    for orphan in registry.remove_listener(entry):
-        if orphan.link.established:
-            orphan.link.server.reset()
-
-
-def reset_error() -> ConnectionResetError:
-    return ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-
-
-def broken(exc: OSError) -> trio.BrokenResourceError:
+def broken(exc: LinkBrokenError) -> trio.BrokenResourceError:
     """The one translation of a link failure into trio's vocabulary, worded
-    as trio.SocketStream words it."""
-    error = trio.BrokenResourceError(f"socket connection broken: {exc}")
-    error.__cause__ = exc
+    as trio.SocketStream words the socket error."""
+    cause = exc.as_os_error()
+    error = trio.BrokenResourceError(f"socket connection broken: {cause}")
+    error.__cause__ = cause
     return error
+
+
+class _ConflictDetector:
+    """One task at a time in one direction, as trio's own streams guard
+    theirs: a second task gets BusyResourceError."""
+
+    __slots__ = ("_held", "_message")
+
+    def __init__(self, message: str) -> None:
+        self._held = False
+        self._message = message
+
+    def __enter__(self) -> None:
+        if self._held:
+            raise trio.BusyResourceError(self._message)
+        self._held = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._held = False
 
 
 class FriendStream(trio.abc.HalfCloseableStream):
@@ -143,9 +89,10 @@ class FriendStream(trio.abc.HalfCloseableStream):
         self._eof_sent = False
         self._reader: Optional[trio.lowlevel.Task] = None  # parked in receive_some
         self._writer: Optional[trio.lowlevel.Task] = None  # parked waiting for room
-        # One task per direction at a time (BusyResourceError otherwise).
-        self._sending = False
-        self._receiving = False
+        self._send_conflicts = _ConflictDetector(
+            "another task is currently sending data on this FriendStream")
+        self._receive_conflicts = _ConflictDetector(
+            "another task is currently receiving data on this FriendStream")
 
     def start(self) -> None:
         """Hook into the link (on the run's thread)."""
@@ -248,10 +195,7 @@ class FriendStream(trio.abc.HalfCloseableStream):
 
     # -- receiving ---------------------------------------------------------
     async def receive_some(self, max_bytes: Optional[int] = None) -> bytes:
-        if self._receiving:
-            raise trio.BusyResourceError("another task is currently receiving data on this FriendStream")
-        self._receiving = True
-        try:
+        with self._receive_conflicts:
             if max_bytes is None:
                 max_bytes = DEFAULT_RECEIVE_SIZE
             else:
@@ -265,42 +209,31 @@ class FriendStream(trio.abc.HalfCloseableStream):
             while True:
                 if self._closed:
                     raise trio.ClosedResourceError("this stream was already closed")
-                # The state before the count: a writer on another thread sets
-                # EOF/RESET after its last push, so EOF never overtakes bytes.
-                state = channel.state
-                if channel.queued:
+                seen = channel.seen()
+                if seen is Seen.DATA:
                     data = channel.pull(max_bytes, _MAX_JOIN)
                     break
-                if state is ChannelState.OPEN:
+                if seen is Seen.NOTHING:
                     channel.begin_drain()  # the next push notifies us again
-                    if channel.queued or channel.state is not ChannelState.OPEN:
+                    if channel.seen() is not Seen.NOTHING:
                         continue
                     self._reader = _current_task()
                     await _wait_task_rescheduled(self._abort_reader)
                     parked = True
                     continue
-                if state is ChannelState.RESET and not channel.reset_after_fin:
-                    raise broken(reset_error())
-                # EOF (or a reset after the FIN had arrived: EOF reads first)
-                data = b""
+                if seen is Seen.RESET:
+                    raise broken(self._end.read_error())
+                data = b""  # EOF
                 break
             if not parked:
                 await _cancel_shielded_checkpoint()
             return data
-        finally:
-            self._receiving = False
 
     # -- sending -----------------------------------------------------------
-    def _enter_send(self) -> None:
-        if self._sending:
-            raise trio.BusyResourceError("another task is currently sending data on this FriendStream")
-        self._sending = True
-
     async def send_all(self, data: Union[bytes, bytearray, memoryview]) -> None:
         if self._eof_sent and not self._closed:
             raise trio.ClosedResourceError("can't send data after sending EOF")
-        self._enter_send()
-        try:
+        with self._send_conflicts:
             if self._closed:
                 raise trio.ClosedResourceError("this stream was already closed")
             if type(data) is not bytes:
@@ -313,26 +246,24 @@ class FriendStream(trio.abc.HalfCloseableStream):
             try:
                 out.push(data)
             except PeerResetError:
-                self._write_to_closed_peer()
+                try:
+                    self._end.send_refused()
+                except LinkBrokenError as exc:
+                    raise broken(exc)
             # What send() could not fit in sndbuf + friend rcvbuf waits in our
             # own buffer; send_all returns once it fits. Cancelled meanwhile,
             # the bytes stay queued and still arrive, in order.
             if (out.queued <= out.sndbuf + out.rcvbuf and not out.reader_closed) or \
                     not await self._wait_for_room(raise_broken=True):
                 await _cancel_shielded_checkpoint()
-        finally:
-            self._sending = False
 
     async def wait_send_all_might_not_block(self) -> None:
-        self._enter_send()
-        try:
+        with self._send_conflicts:
             if self._closed:
                 raise trio.ClosedResourceError("this stream was already closed")
             await _checkpoint_if_cancelled()
             if not await self._wait_for_room(raise_broken=False):
                 await _cancel_shielded_checkpoint()
-        finally:
-            self._sending = False
 
     async def _wait_for_room(self, raise_broken: bool) -> bool:
         """Until what we queued fits in sndbuf + friend rcvbuf, or the friend
@@ -343,10 +274,9 @@ class FriendStream(trio.abc.HalfCloseableStream):
             if self._closed:
                 raise trio.ClosedResourceError("this stream was already closed")
             if out.reader_closed:
-                # The friend closed with our bytes unread and reset: over
-                # TCP that fails a send still pending in our own buffer.
-                if raise_broken and out.closed_with_backlog:
-                    raise broken(self._send_error())
+                error = self._end.pending_send_error() if raise_broken else None
+                if error is not None:
+                    raise broken(error)
                 return parked
             if out.wake_writer_at(0):
                 return parked
@@ -354,38 +284,18 @@ class FriendStream(trio.abc.HalfCloseableStream):
             await _wait_task_rescheduled(self._abort_writer)
             parked = True
 
-    def _write_to_closed_peer(self) -> None:
-        incoming = self._in
-        if incoming.state is not ChannelState.RESET:
-            # The friend closed cleanly. TCP takes this first write, and the
-            # friend's kernel answers it with a reset, which drops what the
-            # friend had not sent yet (beyond our rcvbuf) and fails the next.
-            incoming.reset(keep=incoming.rcvbuf)
-            return
-        raise broken(self._send_error())
-
-    def _send_error(self) -> OSError:
-        """EPIPE when the friend's FIN came in before its reset, ECONNRESET
-        otherwise (as a socket send reports it)."""
-        if self._in.reset_after_fin:
-            return BrokenPipeError(errno.EPIPE, "Broken pipe")
-        return reset_error()
-
     async def send_eof(self) -> None:
-        self._enter_send()
-        try:
+        with self._send_conflicts:
             await trio.lowlevel.checkpoint()
             if self._eof_sent:  # idempotent, as shutdown(SHUT_WR) done once
                 return
             if self._closed:
                 raise trio.ClosedResourceError("this stream was already closed")
-            if self._in.state is ChannelState.RESET:
-                # As shutdown(SHUT_WR) on a socket the peer has reset.
-                raise broken(OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN)))
+            try:
+                self._end.shutdown_write()
+            except LinkBrokenError as exc:
+                raise broken(exc)
             self._eof_sent = True
-            self._end.shutdown_write()
-        finally:
-            self._sending = False
 
     # -- closing -----------------------------------------------------------
     async def aclose(self) -> None:

@@ -1,0 +1,133 @@
+"""What friendsock keeps per asyncio loop (drain queues, the ends and
+servers living on it), and how it learns that the loop closed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import weakref
+from typing import Any, Dict, Optional, Protocol
+
+from ._wakeups import DrainQueue, RemoteDrainQueue
+
+logger = logging.getLogger("friendsock")
+
+
+class LoopEnd(Protocol):
+    """A friend end living on a loop, as :meth:`LoopState.loop_closed` tears
+    it down."""
+
+    def _unhook(self) -> None:
+        """Stop taking the friend's wake-ups."""
+
+    def _loop_gone(self) -> None:
+        """The loop closed with this end open."""
+
+class LoopState:
+    """What friendsock keeps per event loop: its drain queues, and the friend
+    transports and servers living on it, to tear down if the loop closes
+    with them open (their friends, on other loops, must not hang)."""
+
+    __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "transports", "servers",
+                 "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.drains = DrainQueue(loop)
+        # A forked child inherits the object, not the loop or the links:
+        # nothing of it may be torn down there (locks another thread held,
+        # sockets shared with the parent).
+        self.pid = os.getpid()
+        self._loop = loop
+        self._remote: Optional[RemoteDrainQueue] = None
+        self._lock = threading.Lock()
+        # The live ends, id -> weak reference (cheaper than a WeakSet): weak,
+        # so an end left open is still collected (and warns from __del__).
+        # Ends come and go on the loop's own thread only, so no lock; the
+        # lock is for loop_closed(), which the closing thread and a friend's
+        # thread (finding the loop closed) may both call.
+        self.transports: "Dict[int, weakref.ref[LoopEnd]]" = {}
+        self.servers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+    def remote(self) -> RemoteDrainQueue:
+        """The queue other threads hand this loop's callbacks to (made on
+        the loop's own thread, by the first end whose friend is elsewhere)."""
+        remote = self._remote
+        if remote is None:
+            remote = RemoteDrainQueue(self._loop, self.drains, self.loop_closed)
+            with self._lock:
+                self._remote = remote
+        return remote
+
+    def loop_closed(self) -> None:
+        """The loop closed (on whatever thread): every friend end on it goes
+        away as if its process died; servers stop listening."""
+        if self.pid != os.getpid():
+            return
+        with self._lock:
+            transports = [t for t in (ref() for ref in self.transports.values()) if t is not None]
+            self.transports = {}
+            servers = list(self.servers)
+            self.servers = weakref.WeakSet()
+        # Unhook them all first: a friend on this same loop must not try to
+        # schedule anything on it.
+        for transport in transports:
+            transport._unhook()
+        for server in servers:
+            server._loop_gone()
+        for transport in transports:
+            transport._loop_gone()
+        with self._lock:
+            remote, self._remote = self._remote, None
+        if remote is not None:
+            remote.close()
+
+
+# Per loop, weakly both ways: the state lives as long as the loop is open
+# (its close watch holds it), and never keeps a loop alive.
+_states: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[LoopState]]" = (
+    weakref.WeakKeyDictionary()
+)
+# Far enough never to matter; re-armed should it ever fire.
+_WATCH_DELAY = 1e6
+
+
+def loop_state(loop: asyncio.AbstractEventLoop) -> LoopState:
+    """The loop's state, made on first use (on the loop's own thread)."""
+    ref = _states.get(loop)
+    state = ref() if ref is not None else None
+    if state is None:
+        state = LoopState(loop)
+        _states[loop] = weakref.ref(state)
+        _CloseWatch(state).arm(loop)
+    return state
+
+
+class _CloseWatch:
+    """Learns that a loop closed, without touching the loop object.
+
+    Neither asyncio nor uvloop tells anyone that a loop closed, and patching
+    ``close`` on the instance would leave a trace ``uninstall()`` must not
+    leave. But both drop their pending timers on ``close()`` (and with the
+    loop, if it is collected unclosed): this object waits in one far-off
+    timer, and its ``__del__`` is the notice.
+    """
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: LoopState) -> None:
+        self._state = state
+
+    def arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.call_later(_WATCH_DELAY, _rearm, loop, self)
+
+    def __del__(self) -> None:
+        try:
+            self._state.loop_closed()
+        except Exception:  # noqa: BLE001 - a finalizer must not raise
+            logger.exception("friendsock: tearing down a closed loop's links failed")
+
+
+def _rearm(loop: asyncio.AbstractEventLoop, watch: _CloseWatch) -> None:
+    watch.arm(loop)

@@ -1,0 +1,237 @@
+"""Per-loop wake-ups: the drain queue that runs many links' deliveries in
+one loop callback, and the queue (with its eventfd) through which other
+threads hand this loop's callbacks over, one wake-up per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from typing import Callable, List, Tuple
+
+from .._core._stats import counters
+
+# Rounds of deliveries one loop callback may run before yielding, and the
+# bytes after which it yields anyway (what asyncio reads in one turn).
+_DRAIN_ROUNDS = 16
+_DRAIN_BYTES = 256 * 1024
+
+
+class DrainQueue:
+    """One loop callback runs every drain asked for since the last: many
+    busy links cost one loop handle, not one each. Replies written while
+    delivering are delivered by the same callback, for a bounded number of
+    rounds (like NAPI's poll budget); then the loop gets its turn for I/O,
+    timers and tasks. A reply never runs inside its writer's write()."""
+
+    __slots__ = ("_call_soon", "_ready", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._call_soon = loop.call_soon
+        self._ready: List[Callable[[], None]] = []
+        self._scheduled = False
+
+    def add(self, drain: Callable[[], None]) -> None:
+        self._ready.append(drain)
+        if not self._scheduled:
+            self._scheduled = True
+            self._call_soon(self._run)
+
+    def _run(self) -> None:
+        meter = counters.shard()  # this thread's: what its readers consumed
+        start = meter.moved
+        for _ in range(_DRAIN_ROUNDS):
+            ready = self._ready
+            if not ready or meter.moved - start >= _DRAIN_BYTES:
+                break
+            self._ready = []  # drains asked for from here on: the next round
+            for index, drain in enumerate(ready):
+                try:
+                    drain()
+                except BaseException:  # only SystemExit/KeyboardInterrupt get here
+                    self._ready[:0] = ready[index + 1:]
+                    self._call_soon(self._run)
+                    raise
+        if self._ready:
+            self._call_soon(self._run)
+        else:
+            self._scheduled = False
+
+
+# A loop's wake-up fd: written with ``_signal(fd, 1)``, read with
+# ``_consume(fd)`` (BlockingIOError when nothing was written).
+if hasattr(os, "eventfd"):  # Linux: one fd, an 8-byte counter
+
+    def _wakeup_fds() -> Tuple[int, int]:
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        return fd, fd
+
+    _signal = os.eventfd_write
+    _consume = os.eventfd_read
+
+else:  # pragma: no cover - elsewhere: a pipe
+
+    def _wakeup_fds() -> Tuple[int, int]:
+        read_fd, write_fd = os.pipe()
+        for fd in (read_fd, write_fd):
+            os.set_blocking(fd, False)
+            os.set_inheritable(fd, False)
+        return read_fd, write_fd
+
+    def _signal(fd: int, value: int) -> None:
+        os.write(fd, b"\0")
+
+    def _consume(fd: int) -> None:
+        os.read(fd, 64)
+
+
+class RemoteDrainQueue:
+    """Callbacks handed to this loop by other threads (a drain for a writer
+    there, or a wake-up for a reader there): one wake-up of this loop per
+    batch, however many links and writes fill it meanwhile.
+
+    The wake-up is the queue's own: an eventfd (a pipe where there is none)
+    this loop watches with ``add_reader``, written only when no wake-up is
+    outstanding (``_armed``, under the lock): one syscall per batch for the
+    writer and no Handle, one read for the woken loop. While ``_armed``
+    holds nobody writes the fd, so the read takes the batch's one write;
+    callbacks added before the flag drops are run by this loop without
+    another write. The write is made outside the lock: it lets go of the
+    GIL, and a woken loop that found the lock taken would sleep on it.
+
+    The fd is closed with the loop (:meth:`LoopState.loop_closed`). A writer
+    that finds the loop closed before that was seen (``call_soon_threadsafe``
+    would raise RuntimeError) runs ``on_closed``, which tears it all down.
+    """
+
+    __slots__ = ("_lock", "_ready", "_armed", "_signalling", "_fd", "_read_fd", "_signal_fd",
+                 "_loop", "_is_closed", "_call_soon", "_local", "_on_closed")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, local: DrainQueue,
+                 on_closed: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._on_closed = on_closed
+        self._ready: List[Callable[[], None]] = []
+        self._armed = False  # a wake-up is outstanding: the fd was written, or a run is due
+        self._loop = loop
+        self._is_closed = loop.is_closed
+        self._call_soon = loop.call_soon
+        self._local = local
+        self._signalling = 0  # writers writing the fd right now (not under the lock)
+        # _fd: the fd this loop reads, -1 once closed (_read_fd keeps it
+        # until the last writer is done with _signal_fd).
+        self._fd = self._read_fd = self._signal_fd = -1
+        self._read_fd, self._signal_fd = _wakeup_fds()
+        try:
+            loop.add_reader(self._read_fd, self._run)  # on the loop's own thread
+        except BaseException:
+            self._close_fds()
+            raise
+        self._fd = self._read_fd
+
+    def add(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on this queue's loop, soon; from any thread. A
+        loop found closed (its close not seen yet) is torn down instead."""
+        lock = self._lock  # acquire()/release(): see LockedChannel.push
+        lock.acquire()
+        try:
+            if self._fd < 0 or self._is_closed():
+                self._ready = []
+                gone = True
+            else:
+                self._ready.append(callback)
+                if self._armed:
+                    return  # a wake-up is on its way
+                self._armed = True
+                self._signalling += 1  # close() leaves the fd to us meanwhile
+                gone = False
+        finally:
+            lock.release()
+        if gone:
+            self._on_closed()
+            return
+        try:
+            _signal(self._signal_fd, 1)
+        finally:
+            lock.acquire()
+            try:
+                self._signalling -= 1
+                if self._fd < 0 and not self._signalling:
+                    self._close_fds()  # close() came meanwhile
+            finally:
+                lock.release()
+
+    def _run(self) -> None:
+        """The fd is readable: the one wake-up ``add`` wrote. The batch runs
+        before the fd is read (a reply it writes is on its way sooner); the
+        queue stays armed until after the read, so nothing writes the fd
+        meanwhile and the read takes just that one write."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            ready = self._ready
+            self._ready = []
+        finally:
+            lock.release()
+        try:
+            self._call_all(ready)
+        finally:
+            try:
+                _consume(self._fd)
+            except BlockingIOError:
+                pass
+        self._pump()
+
+    def _pump(self) -> None:
+        """Run what was handed over meanwhile (a friend on another thread
+        may answer while this loop still runs the batch: it finds the queue
+        armed and writes nothing), for a bounded number of rounds; then the
+        loop gets its turn, the queue still armed."""
+        lock = self._lock
+        for _ in range(_DRAIN_ROUNDS):
+            lock.acquire()
+            try:
+                ready = self._ready
+                if not ready:
+                    self._armed = False  # from here, the next add writes the fd
+                    return
+                self._ready = []
+            finally:
+                lock.release()
+            self._call_all(ready)
+        self._call_soon(self._pump)
+
+    def _call_all(self, ready: List[Callable[[], None]]) -> None:
+        for index, callback in enumerate(ready):
+            try:
+                callback()
+            except BaseException:  # only SystemExit/KeyboardInterrupt get here
+                for later in ready[index + 1:]:
+                    self._local.add(later)
+                self._call_soon(self._pump)  # still armed: the rest comes from there
+                raise
+
+    def close(self) -> None:
+        """The loop closed: no more wake-ups; the fd is closed (from
+        whatever thread saw the loop close: the loop no longer polls), or
+        by the last writer still writing it."""
+        with self._lock:
+            self._ready = []
+            self._armed = True
+            fd, self._fd = self._fd, -1
+            if fd < 0:
+                return
+            with contextlib.suppress(Exception):  # whatever the loop thinks, the fd goes
+                self._loop.remove_reader(fd)  # a closed loop: nothing to do
+            if not self._signalling:
+                self._close_fds()
+
+    def _close_fds(self) -> None:
+        """Under the lock (or before anyone else can see the queue)."""
+        read_fd, signal_fd = self._read_fd, self._signal_fd
+        self._read_fd = self._signal_fd = -1
+        if read_fd >= 0:
+            os.close(read_fd)
+        if signal_fd >= 0 and signal_fd != read_fd:
+            os.close(signal_fd)
