@@ -86,6 +86,8 @@ class ListenerHandle:
     __slots__ = ("sock", "sndbuf", "rcvbuf", "state", "connect_lock")
 
     def __init__(self, listen_sock: socket.socket, state: object) -> None:
+        # A weak proxy for a listener its user owns (sock_accept's): the
+        # registry must not keep it open.
         self.sock = listen_sock
         self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
         self.state = state
@@ -99,9 +101,15 @@ class ListenerHandle:
         when the socket is closed: the connect finds out."""
         try:
             info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
-        except OSError:
+        except (OSError, ReferenceError):
             return 0, _ACCEPT_QUEUE_ANY
         return _ACCEPT_QUEUE.unpack_from(info, _ACCEPT_QUEUE_OFFSET)  # type: ignore[return-value]
+
+    def is_closed(self) -> bool:
+        try:
+            return self.sock.fileno() < 0
+        except ReferenceError:  # collected
+            return True
 
 
 class ClientEnd:
@@ -156,13 +164,12 @@ def accept_room(entry: Entry) -> int:
 
 
 def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[Fallback]:
-    """The fallback reason that applies before any address is looked at."""
+    """The fallback reason that applies before any address is looked at.
+    (``ssl=`` is none: TLS runs over a friend link as over TCP.)"""
     if friends is False:
         return Fallback.OPTED_OUT
     if not is_enabled():
         return Fallback.DISABLED
-    if kwargs.get("ssl"):
-        return Fallback.SSL
     if kwargs.get("sock") is not None:
         return Fallback.SOCK
     return None
@@ -228,7 +235,7 @@ def start_connect(sock: socket.socket, address: Any) -> int:
 
 
 def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
-                     threaded: bool) -> Optional[Pending]:
+                     threaded: bool, adoptable: bool = False) -> Optional[Pending]:
     """Register ``sock``'s connect to ``address`` (bound, not yet connected);
     None when the listener went away meanwhile (the connect is plain TCP).
 
@@ -236,16 +243,19 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
     server end) is not the caller's; known now, so a link on one scheduler
     never pays for locks. An exclusive, only listener cannot be reached by
     anyone else, so the link exists from connect() on (optimistic).
+    ``adoptable``: the socket stays its user's after the connect (the loop's
+    sock_connect), and is friendsock's only once handed to a transport.
     """
     handle = entry.handle
     client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
     link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded)
     sockname = sock.getsockname()
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
-                                      ClientEnd(sock, sockname, address))
+                                      ClientEnd(sock, sockname, address), client_ready=not adoptable)
     pid = _Process.pid
     link.on_done = lambda: release_sockets(pid, sock)
-    if not registry.add_pending(pending, establish=entry.exclusive and only_one):
+    optimistic = entry.exclusive and only_one and not adoptable
+    if not registry.add_pending(pending, establish=optimistic):
         link.on_done = None
         return None
     return pending
@@ -331,6 +341,11 @@ class ConnectAttempt:
         self.address = address
         entry: Optional[Entry]
         entry, self.only_one = registry.match_listener(address)
+        while entry is not None and entry.handle.is_closed():
+            # Closed by its user without friendsock seeing it (a listener
+            # registered by the loop's sock_accept): it pairs no more.
+            forget_listener(entry)
+            entry, self.only_one = registry.match_listener(address)
         self.entry = entry
         self.fallback = Fallback.NO_LISTENER
         self.sock: Optional[socket.socket] = None
@@ -419,16 +434,74 @@ def confirmed(pending: Pending, claimed: bool) -> bool:
     return False
 
 
-def claim_accepted(conn: socket.socket, address: Any) -> Tuple[Optional[Pending], Any]:
+def claim_accepted(conn: socket.socket, address: Any, *, ready: bool = True,
+                   hold: bool = False) -> Tuple[Optional[Pending], Any]:
     """The pending connect an accepted socket belongs to, claimed (or None),
-    and the socket's own address (None when nothing could be pending)."""
+    and the socket's own address (None when nothing could be pending).
+    ``ready`` and ``hold``: see :meth:`Registry.claim`."""
     if not registry.pending_count():
         return None, None
     try:
         sockname = conn.getsockname()
     except OSError:  # already reset by the peer
         return None, None
-    return registry.claim(flow_key(sockname, address)), sockname
+    return registry.claim(flow_key(sockname, address), ready=ready, hold=hold), sockname
+
+
+# struct tcp_info's tcpi_notsent_bytes (then tcpi_min_rtt), and
+# tcpi_data_segs_in and tcpi_data_segs_out (Linux 4.6+): segments that
+# carried payload.
+_NOTSENT = struct.Struct("I")
+_NOTSENT_OFFSET = 144
+_DATA_SEGS = struct.Struct("II")
+_DATA_SEGS_OFFSET = 152
+_TCP_INFO_NEEDED = _DATA_SEGS_OFFSET + _DATA_SEGS.size
+
+
+def payload_moved(sock: socket.socket) -> bool:
+    """Whether payload crossed ``sock``'s connection, either way, or waits
+    to: such a connection stays TCP, or bytes would be lost or reordered.
+    A socket that cannot tell (closed, reset, an old kernel) counts as used."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_NEEDED)
+    except OSError:
+        return True
+    if len(info) < _TCP_INFO_NEEDED:
+        return True
+    segs_in, segs_out = _DATA_SEGS.unpack_from(info, _DATA_SEGS_OFFSET)
+    return bool(segs_in or segs_out or _NOTSENT.unpack_from(info, _NOTSENT_OFFSET)[0])
+
+
+def register_adoptable_connect(sock: socket.socket, address: Any, owner: object) -> Optional[Pending]:
+    """Before the loop's own ``sock_connect(sock, address)``: register it as
+    a connect that pairs if ``sock`` reaches a friendsock transport before
+    any payload moves (:func:`payload_moved`). None, nothing registered, when
+    ``address`` is no friendsock listener of this process, or friendsock
+    made this connect itself (it registered it already). An unbound socket
+    is bound to the destination IP first, as friend connects are, so its
+    4-tuple is known before the connection exists."""
+    if not is_enabled() or sock.type != socket.SOCK_STREAM or \
+            sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    infos = numeric_address_infos(address[0], address[1], sock.family)
+    if infos is None:
+        return None  # a name: the loop resolves it, as it always does
+    address = infos[0][4]  # as the accepting side will see it
+    attempt = ConnectAttempt(address)
+    entry = attempt.entry
+    if entry is None:
+        return None
+    try:
+        sockname = sock.getsockname()
+        if sockname[1] == 0:
+            sock.bind((address[0], 0))
+            sockname = sock.getsockname()
+    except OSError:
+        return None  # not an address of ours, or not bindable: plain TCP
+    if registry.is_pending(flow_key(sockname, address)):
+        return None  # friendsock's own connect, registered already
+    return register_connect(sock, address, entry, attempt.only_one,
+                            threaded=entry.owner is not owner, adoptable=True)
 
 
 def adopt_accepted(conn: socket.socket, pending: Pending) -> None:

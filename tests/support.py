@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import ssl
 from typing import AsyncIterator, List, Optional, Tuple
 
 import pytest
@@ -240,3 +241,17 @@ def chunked(payload: bytes, rng: random.Random, largest: int) -> List[object]:
         chunks.append(bytes(piece) if kind == 0 else bytearray(piece) if kind == 1 else piece)
         pos += size
     return chunks
+
+
+# -- TLS ------------------------------------------------------------------------
+
+
+def tls_contexts(ca, *names: str) -> Tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server context with a certificate for ``names``, default
+    ``localhost`` and 127.0.0.1; client context that trusts ``ca``), both
+    from ``ssl.create_default_context`` (``ca``: a ``trustme.CA``)."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(*(names or ("localhost", LOCALHOST))).configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return server, client

@@ -193,6 +193,38 @@ def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
         assert rr[size]["asyncio"]["friends"]["friend_verified"] is True
 
 
+def test_tls_cells(tmp_path, capsys):
+    """--tls adds stream-tls and rr-tls for the selected tests: every
+    transport with ssl=, friends verified as friend links; no trio rows."""
+    loops = ",".join(LOOPS)
+    data = _run_json(tmp_path, [*TINY, "--tls", "--tests", "rr,stream", "--sizes", "64",
+                                "--loops", loops])
+    assert data["header"]["tls"] is True
+    assert list(data["tests"]) == ["stream", "stream-tls", "rr", "rr-tls"]
+    for key in ("stream-tls", "rr-tls"):
+        per_loop = data["tests"][key]["results"]["64"]
+        assert list(per_loop) == ["asyncio", "uvloop"]
+        for loop, cells in per_loop.items():
+            assert list(cells) == ["tcp", "unix", "friends"], (key, loop)
+            for transport, cell in cells.items():
+                assert cell["error"] is None, (key, loop, transport, cell["error"])
+                assert cell["median"] >= 0 and cell["notes"] == [], (key, loop, transport)
+            assert cells["friends"]["friend_verified"] is True, (key, loop)
+    out = capsys.readouterr().out
+    assert "stream-tls — " in out and "rr-tls — " in out and "every transport runs TLS" in out
+    if HAVE_TRIO:
+        assert "no trio rows in stream-tls, rr-tls" in out
+
+
+def test_tls_without_trustme_is_one_line_and_exit_2(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(_cli.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "trustme" else real(name, *a))
+    assert main([*TINY, "--tests", "rr", "--tls"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trustme" in err[0]
+
+
 @needs_trio
 def test_trio_loop_alone(tmp_path, capsys):
     data = _run_json(tmp_path, [*TINY, "--loops", "trio", "--sizes", "64"])

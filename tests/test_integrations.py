@@ -51,8 +51,7 @@ def stream_chunks(seed: int) -> List[bytes]:
 class HostPortConnector(aiohttp.TCPConnector):
     """aiohttp's connector, but connecting with ``loop.create_connection(host,
     port)`` rather than handing the loop a socket aiohappyeyeballs already
-    connected (``sock=``), which friendsock can not pair (see
-    test_aiohttp_default_connector_pairs)."""
+    connected with ``loop.sock_connect`` (``sock=``): both pair."""
 
     async def _wrap_create_connection(self, *args, addr_infos, req, timeout, client_error=aiohttp.ClientConnectorError,
                                       **kwargs):
@@ -122,31 +121,14 @@ async def test_aiohttp(installed_loop, connector):
                 assert response.headers["Transfer-Encoding"] == "chunked"
                 received = [chunk async for chunk in response.content.iter_chunked(16384)]
             assert b"".join(received) == b"".join(stream_chunks(7))
-    assert len(server_side) == 3
+    # One keep-alive connection carried all three requests. The default
+    # connector connects its socket itself (loop.sock_connect) and hands it
+    # over with sock=: adopted, it pairs all the same.
+    assert server_side == [True, True, True]
     after = friendsock.stats()
-    if connector == "host-port":
-        # One keep-alive connection carried all three requests.
-        assert server_side == [True, True, True]
-        assert after.links_made > before.links_made
-        assert after.bytes_moved - before.bytes_moved >= 2 * len(body)
-    else:
-        # aiohttp connects the socket itself and passes sock=: real TCP.
-        assert server_side == [False, False, False]
-        assert after.fallbacks.get("sock", 0) > before.fallbacks.get("sock", 0)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="aiohttp's TCPConnector connects the socket itself (aiohappyeyeballs: "
-           "loop.sock_connect) and calls loop.create_connection(sock=...); friendsock "
-           "only pairs connects it makes itself, so this connection is real TCP",
-)
-async def test_aiohttp_default_connector_pairs(installed_loop):
-    async with aiohttp_server() as (url, server_side):
-        async with aiohttp.ClientSession() as session:
-            async with session.get(url + "/") as response:
-                assert await response.text() == "hello from aiohttp"
-    assert server_side == [True]
+    assert after.links_made > before.links_made
+    assert after.bytes_moved - before.bytes_moved >= 2 * len(body)
+    assert after.fallbacks == before.fallbacks
 
 
 # -- uvicorn + Starlette, httpx -----------------------------------------------------

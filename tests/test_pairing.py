@@ -779,7 +779,7 @@ def tls():
     return server_context, client_context
 
 
-async def test_ssl_works_over_tcp(tls):
+async def test_ssl_pairs_and_runs_tls_over_the_link(tls):
     server_context, client_context = tls
     echoes = Echoes()
     server = await friendsock.create_server(echoes, LOCALHOST, 0, ssl=server_context)
@@ -788,19 +788,20 @@ async def test_ssl_works_over_tcp(tls):
         transport, client = await bounded(friendsock.create_connection(
             Recorder, LOCALHOST, port_of(server), ssl=client_context, server_hostname="localhost"
         ))
-        assert not friendsock.is_friend(transport)
+        assert friendsock.is_friend(transport)
         assert transport.get_extra_info("ssl_object") is not None
         transport.write(PAYLOAD)
         assert await bounded(client.wait_bytes(len(PAYLOAD))) == PAYLOAD
         transport.close()
         await bounded(client.lost)
         await echoes.all_lost()
-        assert fallbacks_since(before) == {"ssl": 1}
+        assert fallbacks_since(before) == {}
+        assert friendsock.stats().links_made == before.links_made + 1
     finally:
         server.close()
 
 
-async def test_ssl_streams_work_over_tcp(tls):
+async def test_ssl_streams_pair(tls):
     server_context, client_context = tls
     got = asyncio.get_running_loop().create_future()
 
@@ -818,10 +819,10 @@ async def test_ssl_streams_work_over_tcp(tls):
             LOCALHOST, port_of(server), ssl=client_context, server_hostname="localhost"
         ))
         track(writer.transport)
+        assert friendsock.is_friend(writer)
         writer.write(PAYLOAD)
         assert await bounded(reader.readline()) == PAYLOAD.upper()
-        assert await bounded(got) is False
-        assert not friendsock.is_friend(writer)
+        assert await bounded(got) is True
         writer.close()
         await bounded(writer.wait_closed())
 

@@ -14,15 +14,15 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
-from ._native import native
+from ._native import loop_own_connects, native
 from .._handshake import why_not_friends
 from ._pairing import connect
 from ._server import FriendServer
-from ._tls import rides_friend_link, start_tls as start_tls_on
+from ._tls import TLSOptions, rides_friend_link, start_tls as start_tls_on
 
 # create_server keywords that asyncio ignores when given sock= (keep_alive
 # exists from 3.13 on).
-_BINDING_ONLY = ("family", "flags", "reuse_address", "reuse_port", "ssl") + (
+_BINDING_ONLY = ("family", "flags", "reuse_address", "reuse_port") + (
     ("keep_alive",) if sys.version_info >= (3, 13) else ()
 )
 # asyncio.streams' default buffer limit.
@@ -63,10 +63,12 @@ async def create_connection_on(
         reason = Fallback.NO_LISTENER
     if reason is not None:
         counters.fallback(reason)
-        return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
+        with loop_own_connects():  # its inner sock_connect is not to adopt
+            return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
+    tls = None
     if kwargs:
-        _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
-    return await connect(loop, protocol_factory, host, port, kwargs)  # type: ignore[return-value]
+        tls = _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
+    return await connect(loop, protocol_factory, host, port, kwargs, tls)  # type: ignore[return-value]
 
 
 _signatures: Dict[type, inspect.Signature] = {}
@@ -74,17 +76,17 @@ _signatures: Dict[type, inspect.Signature] = {}
 
 def _check_connection_arguments(
     loop: asyncio.AbstractEventLoop, protocol_factory: Any, host: Any, port: Any, kwargs: dict
-) -> None:
+) -> Optional[TLSOptions]:
     """The friend path takes what the loop's own create_connection takes,
     and refuses the rest with the loop's errors (TypeError for a keyword this
-    loop does not know, ValueError for TLS options without ``ssl``)."""
+    loop does not know, ValueError for TLS options without ``ssl`` ...).
+    Returns the connection's TLS, if any."""
     signature = _signatures.get(type(loop))
     if signature is None:
         signature = _signatures[type(loop)] = inspect.signature(native(loop, "create_connection"))
     signature.bind(protocol_factory, host, port, **kwargs)
-    for name in ("server_hostname", "ssl_handshake_timeout", "ssl_shutdown_timeout"):
-        if kwargs.get(name) is not None:
-            raise ValueError(f"{name} is only meaningful with ssl")
+    return TLSOptions.for_client(kwargs.get("ssl"), host, kwargs.get("server_hostname"),
+                                 kwargs.get("ssl_handshake_timeout"), kwargs.get("ssl_shutdown_timeout"))
 
 
 async def create_server(
@@ -99,8 +101,9 @@ async def create_server(
     of this process; every other client is served over real TCP.
 
     With ``sock=`` (a listener other processes may share) clients pair only
-    once this process has claimed their connection. ``friends=False`` (and
-    ``ssl=``, until friend-path TLS exists) gives the loop's own server.
+    once this process has claimed their connection. With ``ssl=`` every
+    connection is TLS, over a friend link or not. ``friends=False`` gives
+    the loop's own server.
     """
     return await create_server_on(
         asyncio.get_running_loop(), protocol_factory, host, port, friends=friends, **kwargs
@@ -116,14 +119,13 @@ async def create_server_on(
     friends: Optional[bool] = None,
     **kwargs: Any,
 ) -> asyncio.AbstractServer:
-    if friends is False or kwargs.get("ssl") or why_not_friends(friends, {}) is not None:
+    if friends is False or why_not_friends(friends, {}) is not None:
         return await native(loop, "create_server")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
     start_serving = kwargs.pop("start_serving", True)
     backlog = kwargs.pop("backlog", 100)
     sock = kwargs.pop("sock", None)
-    for name in ("ssl_handshake_timeout", "ssl_shutdown_timeout"):
-        if kwargs.pop(name, None) is not None:
-            raise ValueError(f"{name} is only meaningful with ssl")
+    tls = TLSOptions.for_server(kwargs.pop("ssl", None), kwargs.pop("ssl_handshake_timeout", None),
+                                kwargs.pop("ssl_shutdown_timeout", None))
     if sock is None:
         # The loop resolves and binds exactly as it always does; we take the
         # bound sockets over so our accept loop sees every connection.
@@ -137,8 +139,8 @@ async def create_server_on(
             raise ValueError("host/port and sock can not be specified at the same time")
         if sock.type != socket.SOCK_STREAM:
             raise ValueError(f"A Stream Socket was expected, got {sock!r}")
-        # As asyncio: what only shapes binding is ignored for a given socket
-        # (ssl is falsy here); anything else is not create_server's.
+        # As asyncio: what only shapes binding is ignored for a given socket;
+        # anything else is not create_server's.
         for key in _BINDING_ONLY:
             kwargs.pop(key, None)
         if kwargs:
@@ -147,7 +149,7 @@ async def create_server_on(
         exclusive = False  # a handed-in listener may be shared: confirm first
     for s in sockets:
         s.setblocking(False)
-    server = FriendServer(loop, sockets, protocol_factory, backlog, exclusive)
+    server = FriendServer(loop, sockets, protocol_factory, backlog, exclusive, tls)
     if start_serving:
         await server.start_serving()
     return server

@@ -1,8 +1,10 @@
 """``install()``: route a loop's ``create_connection``/``create_server``
 (and so ``asyncio.open_connection``, ``asyncio.start_server`` and every
-library built on them) through friendsock, and its ``start_tls`` (so
+library built on them) through friendsock, its ``start_tls`` (so
 ``StreamWriter.start_tls()`` and STARTTLS libraries work over friend links,
-uvloop's included).
+uvloop's included), and its ``sock_connect``/``sock_accept``/
+``connect_accepted_socket`` (so sockets that libraries connect or accept
+themselves pair too, see ``_adoption``).
 
 A loop is patched on the instance, so ``uninstall()`` restores it exactly by
 removing what was set; the pytest plugin patches loop classes instead, so
@@ -15,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from typing import Any, Callable, Dict, Iterator, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, Iterator, Optional, Union
 
+from ._adoption import adopt_connected, connect_accepted_socket, sock_accept, sock_connect
 from ._api import create_connection_on, create_server_on
 from ._native import (
     _INSTANCE_SAVED,
@@ -29,20 +32,37 @@ from ._native import (
 )
 from ._tls import start_tls as start_tls_on
 
+async def _create_connection(loop: asyncio.AbstractEventLoop, protocol_factory: Any,
+                             host: Any = None, port: Any = None, **kwargs: Any) -> Any:
+    sock = kwargs.get("sock")
+    if sock is not None and host is None and port is None:
+        adopted = await adopt_connected(loop, protocol_factory, sock, kwargs)
+        if adopted is not None:
+            return adopted
+    return await create_connection_on(loop, protocol_factory, host, port, **kwargs)
+
+
+# What each patched method runs, as ``implementation(loop, *args, **kwargs)``.
+_IMPLEMENTATIONS: Dict[str, Callable[..., Awaitable[Any]]] = {
+    "create_connection": _create_connection,
+    "create_server": create_server_on,
+    "start_tls": start_tls_on,
+    "sock_connect": sock_connect,
+    "sock_accept": sock_accept,
+    "connect_accepted_socket": connect_accepted_socket,
+}
+assert set(_IMPLEMENTATIONS) == set(_PATCHED)
+
+
 def _installed_methods(loop: asyncio.AbstractEventLoop) -> Dict[str, Any]:
-    @functools.wraps(native(loop, "create_connection"))
-    async def create_connection(protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
-        return await create_connection_on(loop, protocol_factory, host, port, **kwargs)
+    def method_for(name: str, implementation: Callable[..., Awaitable[Any]]) -> Any:
+        @functools.wraps(native(loop, name))
+        async def method(*args: Any, **kwargs: Any) -> Any:
+            return await implementation(loop, *args, **kwargs)
 
-    @functools.wraps(native(loop, "create_server"))
-    async def create_server(protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
-        return await create_server_on(loop, protocol_factory, host, port, **kwargs)
+        return method
 
-    @functools.wraps(native(loop, "start_tls"))
-    async def start_tls(transport: Any, protocol: Any, sslcontext: Any, **kwargs: Any) -> Any:
-        return await start_tls_on(loop, transport, protocol, sslcontext, **kwargs)
-
-    return {"create_connection": create_connection, "create_server": create_server, "start_tls": start_tls}
+    return {name: method_for(name, implementation) for name, implementation in _IMPLEMENTATIONS.items()}
 
 
 def _resolve(loop: Optional[asyncio.AbstractEventLoop], action: str) -> asyncio.AbstractEventLoop:
@@ -147,36 +167,21 @@ def install_class(klass: type) -> None:
     if klass in _class_patches:
         return
     patch = _ClassPatch(klass)
-    originals = patch.originals
 
-    @functools.wraps(originals["create_connection"])
-    async def create_connection(self: Any, protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
-        token = _class_wrapper_context.set((self, klass))
-        try:
-            return await create_connection_on(self, protocol_factory, host, port, **kwargs)
-        finally:
-            _class_wrapper_context.reset(token)
+    def method_for(name: str, implementation: Callable[..., Awaitable[Any]]) -> Any:
+        @functools.wraps(patch.originals[name])
+        async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            token = _class_wrapper_context.set((self, klass))
+            try:
+                return await implementation(self, *args, **kwargs)
+            finally:
+                _class_wrapper_context.reset(token)
 
-    @functools.wraps(originals["create_server"])
-    async def create_server(self: Any, protocol_factory: Any, host: Any = None, port: Any = None, **kwargs: Any) -> Any:
-        token = _class_wrapper_context.set((self, klass))
-        try:
-            return await create_server_on(self, protocol_factory, host, port, **kwargs)
-        finally:
-            _class_wrapper_context.reset(token)
-
-    @functools.wraps(originals["start_tls"])
-    async def start_tls(self: Any, transport: Any, protocol: Any, sslcontext: Any, **kwargs: Any) -> Any:
-        token = _class_wrapper_context.set((self, klass))
-        try:
-            return await start_tls_on(self, transport, protocol, sslcontext, **kwargs)
-        finally:
-            _class_wrapper_context.reset(token)
+        return method
 
     _class_patches[klass] = patch
-    klass.create_connection = create_connection  # type: ignore[attr-defined]
-    klass.create_server = create_server  # type: ignore[attr-defined]
-    klass.start_tls = start_tls  # type: ignore[attr-defined]
+    for name, implementation in _IMPLEMENTATIONS.items():
+        setattr(klass, name, method_for(name, implementation))
 
 
 def uninstall_class(klass: type) -> None:

@@ -8,10 +8,12 @@ API, and the API calls back through this, with no import circle."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-_PATCHED = ("create_connection", "create_server", "start_tls")
+_PATCHED = ("create_connection", "create_server", "start_tls", "sock_connect", "sock_accept",
+            "connect_accepted_socket")
 _MISSING = object()
 # Per patched loop: what its instance dict held before (usually nothing).
 _INSTANCE_SAVED = "_friendsock_saved"
@@ -63,3 +65,24 @@ def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
 def is_class_patched(klass: type) -> bool:
     """Whether :func:`install_class` patched ``klass`` itself."""
     return klass in _class_patches
+
+
+# Set while friendsock runs the loop's own create_connection: the loop's
+# inner sock_connect is its own business, not a socket to adopt later.
+_own_connects: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "friendsock_loop_own_connects", default=False
+)
+
+
+@contextlib.contextmanager
+def loop_own_connects() -> Iterator[None]:
+    """Around a call of the loop's own ``create_connection``."""
+    token = _own_connects.set(True)
+    try:
+        yield
+    finally:
+        _own_connects.reset(token)
+
+
+def in_loop_own_connect() -> bool:
+    return _own_connects.get()

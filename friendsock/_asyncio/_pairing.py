@@ -3,7 +3,8 @@
 The client registers its pending connect before the ``connect()`` syscall;
 the server (``_server``) claims it on accept. A connection that does not
 pair goes to the loop's own transport (``create_connection(sock=...)``), so
-uvloop's is used on uvloop.
+uvloop's is used on uvloop. With ``ssl=`` either way is TLS: a friend end
+runs the record layer over the link (``_tls``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from typing import Any, Callable, List, Tuple
+from typing import Any, Awaitable, Callable, List, Optional, Tuple
 
 from .. import _handshake
 from .._core._registry import registry
@@ -29,7 +30,10 @@ from .._handshake import (
 )
 from ._native import native
 from ._loop_state import loop_state
+from ._tls import TLSOptions, start_tls_end
 from ._transport import FriendTransport
+
+ProtocolFactory = Callable[[], asyncio.BaseProtocol]
 
 
 # -- connecting -------------------------------------------------------------
@@ -49,12 +53,14 @@ def _combined_error(exceptions: List[OSError], all_errors: bool) -> BaseExceptio
 
 async def connect(
     loop: asyncio.AbstractEventLoop,
-    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    protocol_factory: ProtocolFactory,
     host: Any,
     port: Any,
     kwargs: dict,
+    tls: Optional[TLSOptions] = None,
 ) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
-    """``create_connection`` to a port that a friendsock server listens on."""
+    """``create_connection`` to a port that a friendsock server listens on;
+    ``tls``: its ``ssl=`` (checked, see :meth:`TLSOptions.for_client`)."""
     family = kwargs.get("family", 0)
     proto = kwargs.get("proto", 0)
     flags = kwargs.get("flags", 0)
@@ -97,10 +103,12 @@ async def connect(
         pending = attempt.pending
         if pending is None:
             counters.fallback(attempt.fallback)
-            return await native(loop, "create_connection")(protocol_factory, sock=sock)
+            return await _native_connection(loop, protocol_factory, sock, tls)
         if attempt.optimistic:
-            return _start_client(loop, pending, sock, protocol_factory)
-        return await _confirm(loop, pending, sock, protocol_factory)
+            if tls is None:  # the hot path: no await
+                return _start_client(loop, pending, sock, protocol_factory)
+            return await start_client_end(loop, pending, sock, protocol_factory, tls)
+        return await _confirm(loop, pending, sock, protocol_factory, tls)
     raise _combined_error(exceptions, kwargs.get("all_errors", False))
 
 
@@ -168,33 +176,78 @@ async def _turn_after_connect(loop: asyncio.AbstractEventLoop, sock: socket.sock
 async def _connected(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any, err: int) -> None:
     """The rest of ``loop.sock_connect`` after :func:`start_connect` said ``err``."""
     if err == errno.EINPROGRESS:
-        await loop.sock_connect(sock, address)
+        await native(loop, "sock_connect")(sock, address)  # registered already: not to adopt
     elif err:
         raise OSError(err, f"Connect call failed {address}")
+
+
+def _native_connection(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: ProtocolFactory,
+    sock: socket.socket,
+    tls: Optional[TLSOptions],
+) -> Awaitable[Tuple[asyncio.Transport, asyncio.BaseProtocol]]:
+    """The connection on ``sock`` over the loop's own transport (TLS too)."""
+    keywords = {} if tls is None else tls.connect_keywords()
+    return native(loop, "create_connection")(protocol_factory, sock=sock, **keywords)  # type: ignore[no-any-return]
+
+
+async def start_client_end(
+    loop: asyncio.AbstractEventLoop,
+    pending: Pending,
+    sock: socket.socket,
+    protocol_factory: ProtocolFactory,
+    tls: Optional[TLSOptions],
+) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
+    """The client end of the claimed (or established) connect ``pending``
+    on ``sock``: plain, or TLS over the link once its handshake is done
+    (``tls``), as ``create_connection`` returns it. A failed TLS handshake
+    raises its error with the end closed."""
+    if tls is None:
+        return _start_client(loop, pending, sock, protocol_factory)
+    try:
+        protocol = protocol_factory()
+    except BaseException:
+        pending.link.client.close()  # the server end sees us go
+        raise
+    transport = _client_transport(loop, pending, sock, protocol)
+    return await start_tls_end(loop, transport, tls), protocol
 
 
 def _start_client(
     loop: asyncio.AbstractEventLoop,
     pending: Pending,
     sock: socket.socket,
-    protocol_factory: Callable[[], asyncio.BaseProtocol],
-) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+    protocol_factory: ProtocolFactory,
+) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
+    """The plain client end (:func:`start_client_end` without TLS)."""
     protocol = protocol_factory()
+    transport = _client_transport(loop, pending, sock, protocol)
+    transport.start()
+    return transport, protocol
+
+
+def _client_transport(
+    loop: asyncio.AbstractEventLoop,
+    pending: Pending,
+    sock: socket.socket,
+    protocol: asyncio.BaseProtocol,
+) -> FriendTransport:
+    """The client end's transport, not started yet."""
     client = pending.handle
     link = pending.link
     listener = pending.listener.handle
     state = loop_state(loop) if link.threaded else listener.state  # one loop: the same
-    transport = FriendTransport(loop, link.client, sock, protocol,
-                                client.sockname, client.peername, state=state)
-    transport.start()
-    return transport, protocol
+    return FriendTransport(loop, link.client, sock, protocol,
+                           client.sockname, client.peername, state=state)
 
 
 async def _confirm(
     loop: asyncio.AbstractEventLoop,
     pending: Pending,
     sock: socket.socket,
-    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    protocol_factory: ProtocolFactory,
+    tls: Optional[TLSOptions] = None,
 ) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
     """A shared listener: pair only once this process claims the connect.
 
@@ -231,5 +284,5 @@ async def _confirm(
         abandon_connect(pending, sock)
         raise
     if confirmed(pending, claimed):
-        return _start_client(loop, pending, sock, protocol_factory)
-    return await native(loop, "create_connection")(protocol_factory, sock=sock)
+        return await start_client_end(loop, pending, sock, protocol_factory, tls)
+    return await _native_connection(loop, protocol_factory, sock, tls)

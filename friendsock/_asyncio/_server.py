@@ -2,7 +2,8 @@
 
 Its own accept loop is what lets it look every accepted socket up in the
 registry: a claimed connect becomes a friend link, anything else goes to the
-loop's native ``connect_accepted_socket``.
+loop's native transport. A server with ``ssl=`` runs TLS on both: over the
+friend link (``_tls``), or the loop's own TLS transport.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import errno
 import socket
 import sys
 from asyncio import selector_events, trsock
-from typing import Any, Callable, List, Optional, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .._core._registry import PendingState
 from .._core._stats import Fallback, counters
 from .._handshake import (
     Entry,
@@ -24,7 +27,9 @@ from .._handshake import (
     make_room,
     register_listener,
 )
+from ._adoption import hold_for_client
 from ._loop_state import loop_state
+from ._tls import TLSOptions, begin_tls_end
 from ._transport import FriendTransport
 
 # As asyncio: how long to stop accepting after running out of descriptors.
@@ -95,17 +100,18 @@ class FriendServer(asyncio.AbstractServer):
         protocol_factory: Callable[[], asyncio.BaseProtocol],
         backlog: int,
         exclusive: bool,
+        tls: Optional[TLSOptions] = None,
     ) -> None:
         self._loop = loop
         self._sockets: Optional[List[socket.socket]] = sockets
         self._entries: List[Entry] = []
         self._protocol_factory = protocol_factory
         self._backlog = backlog
-        # As asyncio.Server's, for code that reads them (test helpers do):
-        # TLS servers are the loop's own.
-        self._ssl_context = None
-        self._ssl_handshake_timeout = None
-        self._ssl_shutdown_timeout = None
+        self._tls = tls
+        # As asyncio.Server's, for code that reads them (test helpers do).
+        self._ssl_context = tls.sslcontext if tls else None
+        self._ssl_handshake_timeout = tls.ssl_handshake_timeout if tls else None
+        self._ssl_shutdown_timeout = tls.ssl_shutdown_timeout if tls else None
         self._exclusive = exclusive  # sockets we bound ourselves, no SO_REUSEPORT
         self._active_count = 0
         self._waiters: Optional[List[asyncio.Future]] = []
@@ -177,12 +183,23 @@ class FriendServer(asyncio.AbstractServer):
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
     def _accepted(self, conn: socket.socket, address: Any) -> None:
-        pending, sockname = claim_accepted(conn, address)
+        pending, sockname = claim_accepted(conn, address, hold=True)
         if pending is None:
             counters.fallback(Fallback.PEER_NOT_FRIEND)
             self._loop.create_task(self._accept_native(conn, address))
-            return
-        self._accept_friend(conn, sockname, address, pending)
+        elif pending.state is PendingState.HELD:
+            self._loop.create_task(self._accept_held(conn, sockname, address, pending))
+        else:
+            self._accept_friend(conn, sockname, address, pending)
+
+    async def _accept_held(self, conn: socket.socket, sockname: Any, address: Any,
+                           pending: Pending) -> None:
+        """A client whose socket its user still holds (the loop's
+        sock_connect): a friend once it is adopted, else TCP."""
+        if await hold_for_client(self._loop, conn, pending):
+            self._accept_friend(conn, sockname, address, pending)
+        else:
+            await self._accept_native(conn, address)
 
     def _accept_friend(self, conn: socket.socket, sockname: Any, address: Any,
                        pending: Pending) -> None:
@@ -193,30 +210,67 @@ class FriendServer(asyncio.AbstractServer):
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            self._loop.call_exception_handler({
-                "message": "Error on transport creation for incoming connection",
-                "exception": exc,
-            })
+            self._report_accept_error(exc, None, None)
             link.server.close()
         else:
-            FriendTransport(self._loop, link.server, conn, protocol, sockname, address,
-                            server=self, state=self._state).start()
+            transport = FriendTransport(self._loop, link.server, conn, protocol, sockname, address,
+                                        server=self, state=self._state)
+            if self._tls is None:
+                transport.start()
+            else:
+                self._start_tls_end(transport, protocol)
         if pending.on_claimed is not None:
             pending.on_claimed()
+
+    def _start_tls_end(self, transport: FriendTransport, protocol: asyncio.BaseProtocol) -> None:
+        """The server's TLS over a friend link: the handshake starts now, and
+        its outcome is looked at when it is done (no task to wait in)."""
+        assert self._tls is not None
+        try:
+            handshake, app_transport = begin_tls_end(self._loop, transport, self._tls)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._handshake_failed(exc, protocol, None)
+            return
+        handshake.add_done_callback(partial(self._handshake_done, protocol, app_transport))
+
+    def _handshake_done(self, protocol: asyncio.BaseProtocol, app_transport: asyncio.Transport,
+                        handshake: "asyncio.Future[None]") -> None:
+        exc = None if handshake.cancelled() else handshake.exception()
+        if exc is not None:
+            app_transport.close()
+            self._handshake_failed(exc, protocol, app_transport)
+
+    def _handshake_failed(self, exc: BaseException, protocol: Any, transport: Any) -> None:
+        # As the loop's own server: a TLS handshake that fails is the
+        # client's business. asyncio reports it in debug mode only, uvloop
+        # never (both SSLProtocols log it at debug level).
+        if self._loop.get_debug() and isinstance(self._loop, asyncio.BaseEventLoop):
+            self._report_accept_error(exc, protocol, transport)
 
     async def _accept_native(self, conn: socket.socket, address: Any) -> None:
         """A peer that is not a friend: the loop's own transport, counted in
         this server (``wait_closed()`` waits for it as for a friend)."""
         protocol = None
         transport = None
+        tls = self._tls
+        handshaking = False
         try:
             protocol = self._protocol_factory()
             if isinstance(self._loop, selector_events.BaseSelectorEventLoop):
                 # What asyncio.Server's own accept does: the transport
                 # attaches to the server and detaches when it is lost.
                 waiter = self._loop.create_future()
-                transport = self._loop._make_socket_transport(  # type: ignore[attr-defined]
-                    conn, protocol, waiter=waiter, extra={"peername": address}, server=self)
+                extra = {"peername": address}
+                if tls is None:
+                    transport = self._loop._make_socket_transport(  # type: ignore[attr-defined]
+                        conn, protocol, waiter=waiter, extra=extra, server=self)
+                else:
+                    handshaking = True
+                    transport = self._loop._make_ssl_transport(  # type: ignore[attr-defined]
+                        conn, protocol, tls.sslcontext, waiter, server_side=True, extra=extra,
+                        server=self, **tls.timeouts())
                 try:
                     await waiter
                 except BaseException:
@@ -226,8 +280,12 @@ class FriendServer(asyncio.AbstractServer):
                 # uvloop's transports only attach to uvloop's own servers:
                 # count the connection through its protocol instead.
                 counter = _LostCounter.count(protocol, self)
+                ssl: Dict[str, Any] = {}
+                if tls is not None:
+                    handshaking = True
+                    ssl = {"ssl": tls.sslcontext, **tls.timeouts()}
                 try:
-                    await self._loop.connect_accepted_socket(lambda: protocol, conn)
+                    await self._loop.connect_accepted_socket(lambda: protocol, conn, **ssl)
                 except BaseException:
                     if counter is not None and self in counter.servers:
                         counter.uncount(self)
@@ -236,16 +294,22 @@ class FriendServer(asyncio.AbstractServer):
             raise
         except BaseException as exc:
             if transport is None:
-                conn.close()
-            context = {
-                "message": "Error on transport creation for incoming connection",
-                "exception": exc,
-            }
-            if protocol is not None:
-                context["protocol"] = protocol
-            if transport is not None:
-                context["transport"] = transport
-            self._loop.call_exception_handler(context)
+                conn.close()  # (uvloop detaches a socket it took: no double close)
+            if handshaking:
+                self._handshake_failed(exc, protocol, transport)
+            else:
+                self._report_accept_error(exc, protocol, transport)
+
+    def _report_accept_error(self, exc: BaseException, protocol: Any, transport: Any) -> None:
+        context = {
+            "message": "Error on transport creation for incoming connection",
+            "exception": exc,
+        }
+        if protocol is not None:
+            context["protocol"] = protocol
+        if transport is not None:
+            context["transport"] = transport
+        self._loop.call_exception_handler(context)
 
     # -- asyncio.AbstractServer -------------------------------------------
     def close(self) -> None:

@@ -1,27 +1,35 @@
-"""STARTTLS over a friend link: ``loop.start_tls`` that also upgrades a
-friendsock transport, on the stdlib loop and on uvloop.
+"""TLS over a friend link: ``ssl=`` connections and servers, and
+``loop.start_tls``, on the stdlib loop and on uvloop.
 
 TLS is above TCP, so the record layer runs over the friend transport as over
-a socket: nothing is skipped because the peer is in this process. The stdlib
-loop upgrades any transport that declares ``_start_tls_compatible``
-(:class:`FriendTransport` does), so there the loop's own ``start_tls`` does
-the work. uvloop's ``start_tls`` accepts only uvloop's own transports; for a
-friend link (or a TLS transport friendsock made over one) the same steps run
-here with asyncio's ``sslproto.SSLProtocol``, which works over any transport
-on any loop, in uvloop's order of events (see :class:`_SSLProtocol`). Every
-other transport goes to the loop's own ``start_tls``.
+a socket: nothing is skipped because the peer is in this process.
+
+``ssl=`` (:class:`TLSOptions`, :func:`start_tls_end`): asyncio's
+``sslproto.SSLProtocol`` goes between a friend end and its protocol before
+the end starts, as the loop's own ``_make_ssl_transport`` puts it over a
+socket; on uvloop in uvloop's order of events (see :class:`_SSLProtocol`).
+
+STARTTLS (:func:`start_tls`): the stdlib loop upgrades any transport that
+declares ``_start_tls_compatible`` (:class:`FriendTransport` does), so there
+the loop's own ``start_tls`` does the work. uvloop's ``start_tls`` accepts
+only uvloop's own transports; for a friend link (or a TLS transport
+friendsock made over one) the same steps run here, with the same
+``SSLProtocol``. Every other transport goes to the loop's own ``start_tls``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from asyncio import sslproto
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
 
 try:
     import ssl
 except ImportError:  # pragma: no cover - a Python built without ssl
     ssl = None  # type: ignore[assignment]
+# For methods whose ssl= argument hides the module.
+_ssl = ssl
 
 from ._native import native
 from ._transport import FriendTransport
@@ -81,6 +89,138 @@ class _SSLProtocol(sslproto.SSLProtocol):
         self._do_read()
 
 
+def _shutdown_keyword(ssl_shutdown_timeout: Optional[float]) -> Dict[str, float]:
+    # Python 3.10 has no shutdown timeout (nor the keyword) in its
+    # start_tls(), SSLProtocol and create_connection(): passed on only when given.
+    return {} if ssl_shutdown_timeout is None else {"ssl_shutdown_timeout": ssl_shutdown_timeout}
+
+
+def _check_positive(name: str, value: Optional[float]) -> None:
+    # SSLProtocol's check and words; asyncio makes it only once connected.
+    if value is not None and value <= 0:
+        raise ValueError(f"{name} should be a positive number, got {value}")
+
+
+def only_with_ssl(**given: Any) -> None:
+    """ValueError, in the loop's words, for a TLS option given without ``ssl``."""
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(f"{name} is only meaningful with ssl")
+
+
+@dataclass(frozen=True)
+class TLSOptions:
+    """The TLS one end runs (``ssl=`` and its keywords), checked and
+    defaulted as ``loop.create_connection``/``create_server`` do. A timeout
+    left None is the ``SSLProtocol`` default."""
+
+    sslcontext: "ssl.SSLContext"
+    server_side: bool = False
+    server_hostname: Optional[str] = None
+    ssl_handshake_timeout: Optional[float] = None
+    ssl_shutdown_timeout: Optional[float] = None
+
+    @classmethod
+    def for_client(
+        cls,
+        ssl: Any,
+        host: Any,
+        server_hostname: Optional[str],
+        ssl_handshake_timeout: Optional[float],
+        ssl_shutdown_timeout: Optional[float],
+    ) -> Optional["TLSOptions"]:
+        """``create_connection``'s TLS keywords; None without ``ssl``. As
+        asyncio: ``server_hostname`` defaults to ``host`` (``''`` skips the
+        hostname check), ``ssl=True`` is ``ssl.create_default_context()``."""
+        if not ssl:
+            only_with_ssl(server_hostname=server_hostname, ssl_handshake_timeout=ssl_handshake_timeout,
+                          ssl_shutdown_timeout=ssl_shutdown_timeout)
+            return None
+        if server_hostname is None:
+            if not host:
+                raise ValueError("You must set server_hostname when using ssl without a host")
+            server_hostname = host
+        # Checked before connecting, so a bad value leaves no connection behind.
+        _check_positive("ssl_handshake_timeout", ssl_handshake_timeout)
+        _check_positive("ssl_shutdown_timeout", ssl_shutdown_timeout)
+        if isinstance(ssl, bool):
+            ssl = sslproto._create_transport_context(False, server_hostname)
+        return cls(ssl, False, server_hostname, ssl_handshake_timeout, ssl_shutdown_timeout)
+
+    @classmethod
+    def for_server(
+        cls,
+        ssl: Any,
+        ssl_handshake_timeout: Optional[float],
+        ssl_shutdown_timeout: Optional[float],
+    ) -> Optional["TLSOptions"]:
+        """``create_server``'s TLS keywords; None without ``ssl``. Timeouts
+        are taken as given: as in asyncio, a bad one fails each handshake."""
+        if ssl is None:
+            only_with_ssl(ssl_handshake_timeout=ssl_handshake_timeout, ssl_shutdown_timeout=ssl_shutdown_timeout)
+            return None
+        if _ssl is None or not isinstance(ssl, _ssl.SSLContext):
+            raise TypeError("ssl argument must be an SSLContext or None")
+        return cls(ssl, True, None, ssl_handshake_timeout, ssl_shutdown_timeout)
+
+    def timeouts(self) -> Dict[str, Optional[float]]:
+        """The timeout keywords of SSLProtocol and the loop's TLS calls."""
+        return {"ssl_handshake_timeout": self.ssl_handshake_timeout,
+                **_shutdown_keyword(self.ssl_shutdown_timeout)}
+
+    def connect_keywords(self) -> Dict[str, Any]:
+        """``loop.create_connection(sock=...)``'s keywords for this TLS: the
+        same connection over the loop's own transport."""
+        return {"ssl": self.sslcontext, "server_hostname": self.server_hostname, **self.timeouts()}
+
+
+def begin_tls_end(
+    loop: asyncio.AbstractEventLoop, transport: FriendTransport, tls: TLSOptions
+) -> Tuple["asyncio.Future[None]", asyncio.Transport]:
+    """Start ``transport`` (made, not started) as a TLS end: the record layer
+    goes between it and its protocol, and its handshake begins (the end's
+    ``connection_made``). Returns the handshake's future and the TLS
+    transport, whose protocol is told ``connection_made`` once the
+    handshake is done; on a failed handshake the end is closed already.
+    Raises, with the end gone unseen by its protocol, when the layer
+    cannot be made (a server's bad timeout, a bad ``server_hostname``)."""
+    app_protocol = transport.get_protocol()
+    waiter = loop.create_future()
+    try:
+        # The stdlib loop's TLS is this very SSLProtocol; uvloop's own runs
+        # events in the order _SSLProtocol keeps.
+        layer_class = sslproto.SSLProtocol if isinstance(loop, asyncio.BaseEventLoop) else _SSLProtocol
+        layer = layer_class(loop, app_protocol, tls.sslcontext, waiter, tls.server_side,
+                            tls.server_hostname, **tls.timeouts())
+    except BaseException:
+        # Nothing ran on this end yet: it goes away as an abort, so its
+        # friend sees it go and the link is released.
+        transport.set_protocol(asyncio.Protocol())
+        transport.start()
+        transport.abort()
+        raise
+    app_transport: asyncio.Transport = layer._app_transport
+    transport.set_protocol(layer)
+    transport.start()
+    return waiter, app_transport
+
+
+async def start_tls_end(
+    loop: asyncio.AbstractEventLoop, transport: FriendTransport, tls: TLSOptions
+) -> asyncio.Transport:
+    """Start ``transport`` (made, not started, with the app protocol) as a
+    TLS end (:func:`begin_tls_end`) and await its handshake: the TLS
+    transport, as ``create_connection(ssl=...)`` returns it. A failed or
+    cancelled handshake closes the transport and raises its error."""
+    handshake, app_transport = begin_tls_end(loop, transport, tls)
+    try:
+        await handshake
+    except BaseException:
+        app_transport.close()
+        raise
+    return app_transport
+
+
 async def start_tls(
     loop: asyncio.AbstractEventLoop,
     transport: asyncio.BaseTransport,
@@ -94,9 +234,7 @@ async def start_tls(
 ) -> asyncio.Transport:
     """``loop.start_tls(transport, ...)``: upgrade ``transport`` to TLS and
     return the new transport ``protocol`` uses from now on."""
-    # Python 3.10 has no shutdown timeout (nor the keyword) in its
-    # start_tls() and SSLProtocol: passed on only when given.
-    shutdown = {} if ssl_shutdown_timeout is None else {"ssl_shutdown_timeout": ssl_shutdown_timeout}
+    shutdown = _shutdown_keyword(ssl_shutdown_timeout)
     if isinstance(loop, asyncio.BaseEventLoop) or not rides_friend_link(transport):
         # The stdlib loop takes friend transports as they are; anything not
         # on a friend link is the loop's own business, errors included.

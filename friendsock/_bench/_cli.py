@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import os
@@ -132,6 +133,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--idle", type=_list_of(_count(1, MAX_IDLE, "idle connection count"),
                                                 "idle connection count"),
                         metavar="LIST", help="idle connection counts for memory (default 1000,5000)")
+    parser.add_argument("--tls", action="store_true",
+                        help="also run the stream and rr tests over TLS (tables stream-tls, "
+                             "default 64 KiB, and rr-tls, default 64 B; --sizes applies): "
+                             "Friends+TLS vs TCP+TLS vs AF_UNIX+TLS, on the asyncio loops only "
+                             "(trio has no TLS rows); needs trustme for the certificates")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="also plot each test's ratios to TCP (needs matplotlib)")
@@ -152,7 +158,7 @@ def _trio_installed() -> bool:
     """Whether the trio loop can run: its runner imports trio (not this
     module: no module imports both asyncio and trio)."""
     try:
-        from . import _trio_runner  # noqa: F401
+        importlib.import_module("._trio_runner", __package__)
     except ImportError:
         return False
     return True
@@ -195,6 +201,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
 
         if not args.plot.lower().endswith(PLOT_SUFFIXES):
             return _fail(prog, f"--plot file must end in {', '.join(PLOT_SUFFIXES)}")
+    if args.tls and importlib.util.find_spec("trustme") is None:
+        return _fail(prog, "--tls needs trustme for its certificates (pip install trustme)")
     for path in (args.json, args.plot):
         problem = path is not None and _check_output(path)
         if problem:
@@ -212,6 +220,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         sizes=args.sizes,
         conns=args.conns,
         idle=args.idle,
+        tls=args.tls,
     )
 
     from . import _report

@@ -65,6 +65,7 @@ def collect_header(config: Config, command: str) -> Dict[str, Any]:
         "memory_rounds": config.memory_rounds,
         "transports": list(config.transports),
         "loops": list(config.loops),
+        "tls": config.tls,
     }
 
 
@@ -190,6 +191,9 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
             if key == case.key and t == "friends"):
         caption.append("friends fell back to real TCP across threads (†): this friendsock "
                        "pairs only ends on one event loop, so the Friends column is TCP")
+    if case.tls:
+        caption.append("every transport runs TLS (ssl=): the loop's own TLS over TCP and "
+                       "AF_UNIX (uvloop's in C on uvloop), asyncio's sslproto over the friend link")
     has = {t: t in transports for t in ("tcp", "unix", "friends")}
     # The memory pair exists on trio only: a column where it ran.
     has["memory"] = "memory" in transports and _has_cells(run, case, "memory")

@@ -28,7 +28,15 @@ import time
 from typing import Any, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
 
 from ._memory import IdleWorkload, raise_fd_limit
-from ._transports import LOOPS, TRANSPORTS, Endpoint, loop_factory, loop_runs, loop_transports
+from ._transports import (
+    LOOPS,
+    TRANSPORTS,
+    Endpoint,
+    loop_factory,
+    loop_runs,
+    loop_transports,
+    tls_contexts,
+)
 from ._workloads import (
     CRRWorkload,
     LoopThread,
@@ -70,6 +78,7 @@ class Case:
     params: Tuple[int, ...]
     higher_is_better: bool = True
     sized: bool = False  # --sizes applies
+    tls: bool = False  # every transport runs TLS; only with --tls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +103,12 @@ def default_cases() -> List[Case]:
     return [
         Case("stream", "stream", "TCP_STREAM: one-way throughput by write size",
              "Mbit/s", "bytes", (64, KiB, 8 * KiB, 64 * KiB, MiB), sized=True),
+        Case("stream-tls", "stream", "TCP_STREAM over TLS: one-way throughput by write size",
+             "Mbit/s", "bytes", (64 * KiB,), sized=True, tls=True),
         Case("rr", "rr", "TCP_RR: request/response, one outstanding, by size",
              "trans/s", "bytes", (64, KiB, 8 * KiB, 64 * KiB), sized=True),
+        Case("rr-tls", "rr", "TCP_RR over TLS: request/response, one outstanding, by size",
+             "trans/s", "bytes", (64,), sized=True, tls=True),
         Case("crr", "crr", "TCP_CRR: connect/request/response/close by size",
              "trans/s", "bytes", (64, KiB), sized=True),
         Case("streams-rr", "streams-rr",
@@ -133,6 +146,7 @@ class Config:
     sizes: Optional[List[int]] = None  # None: each case's own
     conns: Optional[List[int]] = None
     idle: Optional[List[int]] = None
+    tls: bool = False  # also the TLS tables of the selected tests
 
     @property
     def warmup(self) -> float:
@@ -145,7 +159,7 @@ def plan(config: Config) -> List[Case]:
     """The selected tables, with the parameters they will run."""
     cases = []
     for case in default_cases():
-        if case.test not in config.tests:
+        if case.test not in config.tests or (case.tls and not config.tls):
             continue
         params = dict(config.mode.trims).get(case.key, case.params)
         if case.sized and config.sizes:
@@ -247,7 +261,8 @@ class LoopRunner:
 
     def make_workload(self, case: Case, param: int, transport: str, tmpdir: str,
                       server_side: Any) -> Workload:
-        return make_workload(case, param, Endpoint(transport, tmpdir), server_side, self.kind)
+        endpoint = Endpoint(transport, tmpdir, tls_contexts() if case.tls else None)
+        return make_workload(case, param, endpoint, server_side, self.kind)
 
     def take_exceptions(self) -> List[Dict[str, Any]]:
         """What the loops reported since the last call."""
@@ -336,9 +351,9 @@ def describe_error(exc: BaseException) -> str:
 def make_workload(case: Case, param: int, endpoint: Endpoint, server_side: Any,
                   loop_kind: str) -> Workload:
     key = case.key
-    if key in ("stream", "threads-stream"):
+    if key in ("stream", "stream-tls", "threads-stream"):
         return StreamWorkload(endpoint, size=param, server_side=server_side)
-    if key in ("rr", "threads-rr"):
+    if key in ("rr", "rr-tls", "threads-rr"):
         return RRWorkload(endpoint, size=param, server_side=server_side)
     if key == "crr":
         return CRRWorkload(endpoint, size=param)

@@ -3,7 +3,8 @@
 ``tcp`` is friendsock with ``friends=False`` (the loop's own TCP transport),
 ``unix`` is the loop's AF_UNIX transport, ``friends`` is friendsock as a user
 gets it. A server may run on another loop (the ``threads`` test): ``serve``
-runs on the server's loop, ``connect`` on the client's.
+runs on the server's loop, ``connect`` on the client's. With TLS (``--tls``)
+each runs ``ssl=`` with a certificate from a throwaway CA (trustme).
 
 The ``trio`` loop has its own endpoints (``_trio_workloads``: that module
 imports trio, this one asyncio) and a fourth transport, ``memory``
@@ -14,9 +15,11 @@ imports trio, this one asyncio) and a fourth transport, ``memory``
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+import ssl
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import friendsock
 
@@ -29,6 +32,8 @@ TRIO_ONLY_TRANSPORTS = ("memory",)
 HOST = "127.0.0.1"
 # Large enough that hundreds of concurrent connects never overflow it.
 BACKLOG = 1024
+# The name TLS clients verify (the certificate also holds HOST).
+TLS_HOSTNAME = "localhost"
 
 ProtocolFactory = Callable[[], asyncio.BaseProtocol]
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]
@@ -46,14 +51,35 @@ def loop_runs(kind: str, case_key: str) -> bool:
     return kind != "trio" or case_key in TRIO_CASES
 
 
-class Endpoint:
-    """One server of one transport, and how clients reach it."""
+TLSContexts = Tuple[ssl.SSLContext, ssl.SSLContext]
 
-    def __init__(self, transport: str, tmpdir: str) -> None:
+
+@functools.lru_cache(maxsize=None)
+def tls_contexts() -> TLSContexts:
+    """(server, client) contexts for TLS_HOSTNAME and HOST, from a CA made
+    once per process (trustme: the CLI checks it is installed)."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(TLS_HOSTNAME, HOST).configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return server, client
+
+
+class Endpoint:
+    """One server of one transport, and how clients reach it; over TLS
+    when given ``tls`` (server and client contexts)."""
+
+    def __init__(self, transport: str, tmpdir: str, tls: Optional[TLSContexts] = None) -> None:
         if transport not in TRANSPORTS or transport in TRIO_ONLY_TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}")
         self.transport = transport
         self._tmpdir = tmpdir
+        self._serve_tls: Dict[str, Any] = {} if tls is None else {"ssl": tls[0]}
+        self._connect_tls: Dict[str, Any] = {} if tls is None else {
+            "ssl": tls[1], "server_hostname": TLS_HOSTNAME}
         self.server: Optional[asyncio.AbstractServer] = None
         self.port: Optional[int] = None
         self.path: Optional[str] = None
@@ -68,10 +94,11 @@ class Endpoint:
         if self.transport == "unix":
             self.path = self._new_path()
             loop = asyncio.get_running_loop()
-            self.server = await loop.create_unix_server(factory, self.path, backlog=BACKLOG)
+            self.server = await loop.create_unix_server(factory, self.path, backlog=BACKLOG,
+                                                        **self._serve_tls)
         else:
             self.server = await friendsock.create_server(
-                factory, HOST, 0, friends=self.friends, backlog=BACKLOG
+                factory, HOST, 0, friends=self.friends, backlog=BACKLOG, **self._serve_tls
             )
             self.port = self.server.sockets[0].getsockname()[1]
 
@@ -79,23 +106,26 @@ class Endpoint:
         """Start a StreamReader/StreamWriter server on the running loop."""
         if self.transport == "unix":
             self.path = self._new_path()
-            self.server = await asyncio.start_unix_server(handler, self.path, backlog=BACKLOG)
+            self.server = await asyncio.start_unix_server(handler, self.path, backlog=BACKLOG,
+                                                          **self._serve_tls)
         else:
             self.server = await friendsock.start_server(
-                handler, HOST, 0, friends=self.friends, backlog=BACKLOG
+                handler, HOST, 0, friends=self.friends, backlog=BACKLOG, **self._serve_tls
             )
             self.port = self.server.sockets[0].getsockname()[1]
 
     async def connect(self, factory: ProtocolFactory) -> Tuple[asyncio.BaseTransport, Any]:
         if self.transport == "unix":
             loop = asyncio.get_running_loop()
-            return await loop.create_unix_connection(factory, self.path)
-        return await friendsock.create_connection(factory, HOST, self.port, friends=self.friends)
+            return await loop.create_unix_connection(factory, self.path, **self._connect_tls)
+        return await friendsock.create_connection(factory, HOST, self.port, friends=self.friends,
+                                                  **self._connect_tls)
 
     async def open(self) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.transport == "unix":
-            return await asyncio.open_unix_connection(self.path)
-        return await friendsock.open_connection(HOST, self.port, friends=self.friends)
+            return await asyncio.open_unix_connection(self.path, **self._connect_tls)
+        return await friendsock.open_connection(HOST, self.port, friends=self.friends,
+                                                **self._connect_tls)
 
     async def close(self) -> None:
         """Stop listening (on the server's loop). Connections stay up."""

@@ -59,24 +59,37 @@ class ListenerEntry(Generic[ListenerT]):
 
 
 class PendingState(enum.Enum):
-    WAITING = "waiting"
-    CLAIMED = "claimed"
-    WITHDRAWN = "withdrawn"
+    WAITING = "waiting"  # not accepted yet
+    # Accepted, but one end is still a plain socket in its user's hands (a
+    # socket connected or accepted elsewhere, not adopted yet): the link
+    # forms when that end is adopted, or never (it is used raw: TCP).
+    HELD = "held"
+    CLAIMED = "claimed"  # both ends are friendsock's: a friend link
+    WITHDRAWN = "withdrawn"  # real TCP
 
 
 class PendingConnect(Generic[ClientT, ListenerT]):
     """A client end registered before its ``connect()`` syscall."""
 
-    __slots__ = ("key", "link", "listener", "state", "on_claimed", "handle")
+    __slots__ = ("key", "link", "listener", "state", "on_claimed", "handle", "client_ready",
+                 "server_ready", "on_settled")
 
     def __init__(self, key: FlowKey, link: Link, listener: ListenerEntry[ListenerT],
-                 handle: Any = None) -> None:
+                 handle: Any = None, client_ready: bool = True) -> None:
         self.key = key
         self.link = link
         self.listener = listener
         self.state = PendingState.WAITING
         # Called (under no lock) by the claiming side, for confirmed connects.
         self.on_claimed: Optional[Callable[[], None]] = None
+        # Whether each end is friendsock's yet: False for a socket connected
+        # (client) or accepted (server) by the loop's own sock_* methods,
+        # until it is handed to a transport.
+        self.client_ready = client_ready
+        self.server_ready = False
+        # Called (under no lock) with the outcome, CLAIMED or WITHDRAWN, by
+        # whoever settles a HELD connect, for the accepting side waiting on it.
+        self.on_settled: Optional[Callable[[PendingState], None]] = None
         # The client adapter's own object (None: a connect made by the core
         # alone, which no adapter will look at).
         self.handle: ClientT = handle
@@ -196,17 +209,51 @@ class Registry:
             listener.waiting += 1
             return True
 
-    def claim(self, key: FlowKey) -> Optional[PendingConnect]:
-        """The accepting side takes the connect, if it is still waiting."""
+    def claim(self, key: FlowKey, ready: bool = True, hold: bool = False) -> Optional[PendingConnect]:
+        """The accepting side takes the connect, if it is still waiting.
+
+        ``ready``: the accepted socket is friendsock's already (a server's
+        own accept), not a socket handed to its user. A connect whose ends
+        are not both ready is HELD until they are (:meth:`adopt`); a
+        claimer that cannot wait (``hold`` False) withdraws it instead, and
+        returns None: the connection is TCP.
+        """
         with self._lock:
             pending = self._pending.pop(key, None)
-            if pending is not None:
+            if pending is None:
+                return None
+            pending.listener.waiting -= 1
+            pending.server_ready = ready
+            if ready and pending.client_ready:
                 pending.state = PendingState.CLAIMED
-                pending.listener.waiting -= 1
+            elif hold:
+                pending.state = PendingState.HELD
+            else:
+                pending.state = PendingState.WITHDRAWN
+                return None
         return pending
 
+    def adopt(self, pending: PendingConnect, server: bool) -> PendingState:
+        """An end that was a plain socket is friendsock's now (``server``:
+        the accepted end, else the connecting end). Returns the state after:
+        CLAIMED (the link forms: this caller starts its end, and wakes the
+        other), WAITING or HELD (the other end is not there yet: wait for
+        it), WITHDRAWN (real TCP)."""
+        with self._lock:
+            if server:
+                pending.server_ready = True
+            else:
+                pending.client_ready = True
+            if pending.state is PendingState.HELD and pending.client_ready and pending.server_ready:
+                pending.state = PendingState.CLAIMED
+                # Before either end can use it (this caller starts its end
+                # after the lock), as optimistic links are made.
+                pending.link.establish()
+            return pending.state
+
     def withdraw(self, pending: PendingConnect) -> bool:
-        """The connecting side gives up; False when it was claimed first.
+        """The connect goes on as TCP; False when it was claimed first. The
+        connecting side gives up a WAITING connect, either side a HELD one.
 
         A connect its listener already dropped (``remove_listener``) is
         withdrawn all the same: nobody will claim it.
@@ -214,11 +261,16 @@ class Registry:
         with self._lock:
             if pending.state is PendingState.CLAIMED:
                 return False
+            # A HELD connect was taken off the table by its claim already.
             if self._pending.get(pending.key) is pending:
                 del self._pending[pending.key]
                 pending.listener.waiting -= 1
             pending.state = PendingState.WITHDRAWN
             return True
+
+    def is_pending(self, key: FlowKey) -> bool:
+        """Whether a connect with this flow key waits to be claimed."""
+        return key in self._pending
 
     def pending_count(self) -> int:
         return len(self._pending)

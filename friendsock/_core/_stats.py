@@ -24,6 +24,9 @@ class Fallback(str, enum.Enum):
     PEER_NOT_FRIEND = "peer-not-friend"  # accepted: the client is no friendsock connect of ours
     UNCONFIRMED = "unconfirmed"  # a shared listener: not claimed here within CONFIRM_TIMEOUT
     CONNECT_FAILED = "connect-failed"  # trio: a friend connect failed; trio's own connect retries
+    # A socket connected or accepted with the loop's sock_* methods carried
+    # payload over TCP before both ends were friendsock's (or never became so).
+    USED_RAW = "used-raw"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,306 @@
+"""Adoption on installed asyncio loops: sockets that libraries connect or
+accept themselves (``loop.sock_connect`` then ``create_connection(sock=)``,
+as aiohttp's client does; ``loop.sock_accept`` then
+``connect_accepted_socket``, as anyio's listeners do) pair too.
+
+The rule, whoever made the sockets: a connection pairs when both ends reach
+friendsock before any payload crossed the real connection; otherwise it is
+TCP, with nothing lost or reordered. So a ``sock_connect`` to a friendsock
+listener of this process registers its connect as *adoptable*; the
+accepting side claims it and holds it until the socket is handed to
+``create_connection`` (adopted), bytes or EOF come over TCP instead (it is
+used raw), or the confirmed mode's deadline passes. A listening socket
+first seen by ``sock_accept`` is registered as a shared listener (its
+clients confirm, as with ``create_server(sock=)``), and what it accepts is
+held the same way until ``connect_accepted_socket``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import weakref
+from typing import Any, Callable, Optional, Tuple
+
+from .. import _handshake
+from .._core._registry import PendingState, registry
+from .._core._stats import Fallback, counters
+from .._core._switch import is_enabled
+from .._handshake import (
+    Entry,
+    Pending,
+    adopt_accepted,
+    claim_accepted,
+    forget_listener,
+    make_room,
+    payload_moved,
+    register_adoptable_connect,
+    register_listener,
+)
+from ._loop_state import loop_state
+from ._native import in_loop_own_connect, native
+from ._pairing import _confirm, start_client_end
+from ._tls import TLSOptions, start_tls_end
+from ._transport import FriendTransport
+
+# Sockets between the loop's sock_* call and their adoption: a connected
+# socket and its pending connect; an accepted one with its claim and
+# addresses. Weak: a socket its user drops is forgotten with it (its peer,
+# held, sees the EOF, or the deadline).
+_connected: "weakref.WeakKeyDictionary[socket.socket, Pending]" = weakref.WeakKeyDictionary()
+_accepted: "weakref.WeakKeyDictionary[socket.socket, Tuple[Pending, Any, Any]]" = (
+    weakref.WeakKeyDictionary()
+)
+# What create_connection(sock=) may add to a socket it adopts.
+_TLS_KEYWORDS = frozenset({"ssl", "server_hostname", "ssl_handshake_timeout", "ssl_shutdown_timeout"})
+# Listening sockets first seen by sock_accept, and their registry entries.
+_listeners: "weakref.WeakKeyDictionary[socket.socket, _SharedListener]" = weakref.WeakKeyDictionary()
+
+
+# -- the connecting end -----------------------------------------------------
+
+
+async def sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> None:
+    """``loop.sock_connect``; a connect to a friendsock listener of this
+    process is registered first, to pair if ``sock`` is adopted."""
+    connect = native(loop, "sock_connect")
+    pending = None
+    if not in_loop_own_connect() and isinstance(address, tuple) and len(address) >= 2:
+        pending = register_adoptable_connect(sock, address, owner=loop)
+    if pending is None:
+        return await connect(sock, address)  # type: ignore[no-any-return]
+    try:
+        await connect(sock, address)
+    except BaseException:
+        go_tcp(pending, None)  # the connect failed: no connection to count
+        raise
+    _connected[sock] = pending
+
+
+async def adopt_connected(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    sock: socket.socket,
+    kwargs: dict,
+) -> Optional[Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]:
+    """``create_connection(sock=sock)`` for a socket :func:`sock_connect`
+    connected: the friend link if it pairs; None when it is the loop's own
+    business (nothing adoptable, or TCP: the caller goes on natively)."""
+    pending = _connected.pop(sock, None)
+    if pending is None:
+        return None
+    options = {key: value for key, value in kwargs.items() if value is not None and key != "sock"}
+    try:
+        if set(options) - _TLS_KEYWORDS:
+            raise ValueError("not a keyword an adopted socket takes")
+        tls = TLSOptions.for_client(options.get("ssl"), None, options.get("server_hostname"),
+                                    options.get("ssl_handshake_timeout"),
+                                    options.get("ssl_shutdown_timeout"))
+    except (TypeError, ValueError):
+        # The loop's own business, and its own errors.
+        go_tcp(pending, Fallback.SOCK)
+        return None
+    if payload_moved(sock):
+        go_tcp(pending, Fallback.USED_RAW)
+        return None
+    state = registry.adopt(pending, server=False)
+    if state is PendingState.CLAIMED:  # the accepting end holds it: pair
+        _settle(pending, state)  # first: a TLS handshake needs both ends
+        return await start_client_end(loop, pending, sock, protocol_factory, tls)
+    if state is PendingState.WITHDRAWN:  # counted by the end that withdrew
+        return None
+    # Not accepted yet, or accepted by a socket its user has not adopted
+    # yet: wait for the claim, as a confirmed connect does.
+    return await _confirm(loop, pending, sock, protocol_factory, tls)
+
+
+def go_tcp(pending: Pending, reason: Optional[Fallback]) -> None:
+    """The connection stays TCP, whichever end decides it: withdraw the
+    connect (counted once, by the end that withdraws it first), and wake an
+    accepting end holding it. The sockets stay their users'."""
+    withdrawn_before = pending.state is PendingState.WITHDRAWN
+    if registry.withdraw(pending):
+        pending.link.on_done = None
+        if not withdrawn_before:
+            if reason is not None:
+                counters.fallback(reason)
+            _settle(pending, PendingState.WITHDRAWN)
+
+
+def _settle(pending: Pending, state: PendingState) -> None:
+    hook = pending.on_settled
+    if hook is not None:
+        pending.on_settled = None
+        hook(state)
+
+
+# -- the accepting end ------------------------------------------------------
+
+
+class _SharedListener:
+    """A listening socket friendsock did not make, registered when first
+    seen by ``sock_accept``: it may be shared (pre-fork servers), so its
+    clients confirm. Forgotten when its loop closes, when it is found closed
+    (a client's connect checks), or with the socket."""
+
+    __slots__ = ("entry", "__weakref__")
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+
+    def _loop_gone(self) -> None:
+        forget_listener(self.entry)
+
+
+def _shared_listener(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Optional[Entry]:
+    listener = _listeners.get(sock)
+    if listener is not None:
+        if registry.is_listening(listener.entry):
+            return listener.entry
+        del _listeners[sock]  # forgotten (found closed, or its loop closed)
+    if not is_enabled() or sock.type != socket.SOCK_STREAM or \
+            sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        sock.getsockname()
+    except OSError:
+        return None
+    state = loop_state(loop)
+    entry = register_listener(weakref.proxy(sock), state, owner=loop, exclusive=False)
+    listener = _listeners[sock] = _SharedListener(entry)
+    state.servers.add(listener)
+    weakref.finalize(sock, forget_listener, entry)
+    return entry
+
+
+async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Tuple[socket.socket, Any]:
+    """``loop.sock_accept``; a connection from a friendsock client of this
+    process is claimed and held until :func:`connect_accepted_socket`."""
+    entry = _shared_listener(loop, sock)
+    conn, address = await native(loop, "sock_accept")(sock)
+    if entry is not None:
+        make_room(entry)
+        pending, sockname = claim_accepted(conn, address, ready=False, hold=True)
+        if pending is not None:
+            _accepted[conn] = (pending, sockname, address)
+    return conn, address
+
+
+async def connect_accepted_socket(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    sock: socket.socket,
+    **kwargs: Any,
+) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+    """``loop.connect_accepted_socket``: the friend link for a connection
+    :func:`sock_accept` held, when it pairs."""
+    held = _accepted.pop(sock, None)
+    if held is not None:
+        pending, sockname, address = held
+        options = {key: value for key, value in kwargs.items() if value is not None}
+        try:
+            if set(options) - _TLS_KEYWORDS:
+                raise ValueError("not a keyword connect_accepted_socket takes")
+            tls = TLSOptions.for_server(options.get("ssl"), options.get("ssl_handshake_timeout"),
+                                        options.get("ssl_shutdown_timeout"))
+        except (TypeError, ValueError):
+            go_tcp(pending, Fallback.SOCK)  # the loop's own errors follow
+        else:
+            if payload_moved(sock):
+                go_tcp(pending, Fallback.USED_RAW)
+            elif await _adopt_accepted_end(loop, sock, pending):
+                return await start_server_end(loop, pending, sock, sockname, address,
+                                              protocol_factory, tls)
+    return await native(loop, "connect_accepted_socket")(  # type: ignore[no-any-return]
+        protocol_factory, sock, **kwargs)
+
+
+async def _adopt_accepted_end(loop: asyncio.AbstractEventLoop, conn: socket.socket,
+                              pending: Pending) -> bool:
+    """The accepted end is friendsock's now: whether the link forms."""
+    state = registry.adopt(pending, server=True)
+    if state is PendingState.HELD:  # the connecting end is not adopted yet
+        return await hold_for_client(loop, conn, pending)
+    return state is PendingState.CLAIMED  # else withdrawn (and counted) already
+
+
+async def start_server_end(
+    loop: asyncio.AbstractEventLoop,
+    pending: Pending,
+    conn: socket.socket,
+    sockname: Any,
+    address: Any,
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    tls: Optional[TLSOptions],
+) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+    """The accepted end of a formed link, outside any friendsock server
+    (TLS over it once the handshake is done); the connecting end, if it
+    waits, goes on."""
+    adopt_accepted(conn, pending)
+    try:
+        protocol = protocol_factory()
+    except BaseException:
+        pending.link.server.close()
+        _wake_client(pending)
+        raise
+    transport = FriendTransport(loop, pending.link.server, conn, protocol, sockname, address,
+                                state=loop_state(loop))
+    if tls is None:
+        transport.start()
+        _wake_client(pending)
+        return transport, protocol
+    _wake_client(pending)  # first: the handshake needs both ends
+    return await start_tls_end(loop, transport, tls), protocol
+
+
+def _wake_client(pending: Pending) -> None:
+    if pending.on_claimed is not None:
+        pending.on_claimed()
+
+
+async def hold_for_client(loop: asyncio.AbstractEventLoop, conn: socket.socket,
+                          pending: Pending) -> bool:
+    """The accepted end of a HELD connect waits for the connecting end's
+    adoption: True once the link forms; False (the connect withdrawn) when
+    TCP bytes or EOF arrive instead (the socket is used raw), or after the
+    confirmed mode's deadline. Whatever arrived stays in ``conn``."""
+    settled: asyncio.Future = loop.create_future()
+
+    def settle(paired: bool) -> None:
+        if not settled.done():
+            settled.set_result(paired)
+
+    def on_settled(state: PendingState) -> None:  # on the connecting end's thread
+        if pending.link.threaded:
+            try:
+                loop.call_soon_threadsafe(settle, state is PendingState.CLAIMED)
+            except RuntimeError:  # our loop closed: nobody waits any more
+                pass
+        else:
+            settle(state is PendingState.CLAIMED)
+
+    pending.on_settled = on_settled
+    # Set, then check: the connecting end may have settled it first.
+    if pending.state is not PendingState.HELD:
+        settle(pending.state is PendingState.CLAIMED)
+    fd = conn.fileno()
+    loop.add_reader(fd, settle, False)
+    # Not asyncio.wait_for: before 3.12 it can swallow a cancellation that
+    # comes as the future completes.
+    deadline = loop.call_later(_handshake.CONFIRM_TIMEOUT, settle, False)
+    try:
+        paired = await settled
+    except BaseException:
+        if registry.withdraw(pending):
+            pending.link.on_done = None
+        else:  # formed meanwhile: the connecting end sees us go away
+            pending.link.server.close()
+        raise
+    finally:
+        deadline.cancel()
+        loop.remove_reader(fd)
+        pending.on_settled = None
+    if paired or pending.state is PendingState.CLAIMED:
+        return True
+    go_tcp(pending, Fallback.USED_RAW)
+    return pending.state is PendingState.CLAIMED  # formed at the last moment

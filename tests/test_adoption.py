@@ -1,0 +1,338 @@
+"""Adoption: sockets that libraries connect (``loop.sock_connect``, then
+``create_connection(sock=)``) or accept (``loop.sock_accept``, then
+``connect_accepted_socket``) themselves pair on installed loops, as long as
+no payload crossed the real connection first; anything used raw stays TCP
+with every byte in order.
+
+Each test runs on both loops and both paths: ``friend`` installs friendsock
+on the loop, ``tcp`` leaves the loop alone. Whatever the tcp path does is
+what the friend path must do, except that it pairs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+from typing import Any, AsyncIterator, Callable, List, Tuple
+
+import anyio
+import pytest
+
+import friendsock
+from friendsock._core._registry import registry
+from support import LOCALHOST, bounded, fallbacks_since, patient_confirm  # noqa: F401
+
+MiB = 1 << 20
+
+
+def maybe_installed(friends: bool) -> Any:
+    return friendsock.installed() if friends else contextlib.nullcontext()
+
+
+def raw_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock
+
+
+async def sock_connect_streams(port: int) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """What aiohttp's connector does: connect a socket of its own with
+    ``loop.sock_connect``, then hand it over with ``sock=``."""
+    sock = raw_socket()
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (LOCALHOST, port))
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)
+
+
+class SockAcceptServer:
+    """What anyio's listeners do: accept with ``loop.sock_accept``, then hand
+    each socket to ``connect_accepted_socket``; ``handle`` serves the
+    streams (``adopt=False``: it gets the raw socket instead)."""
+
+    def __init__(self, handle: Callable[..., Any], adopt: bool = True) -> None:
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind((LOCALHOST, 0))
+        self.listener.listen(100)
+        self.listener.setblocking(False)
+        self.port = self.listener.getsockname()[1]
+        self.handle = handle
+        self.adopt = adopt
+        self.writers: List[asyncio.StreamWriter] = []
+        self.tasks: List[asyncio.Task] = []
+        self._accepting = asyncio.get_running_loop().create_task(self._accept_forever())
+
+    async def _accept_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(self.listener)
+            self.tasks.append(loop.create_task(self._serve(conn)))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        if not self.adopt:
+            try:
+                await self.handle(conn)
+            finally:
+                conn.close()
+            return
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        self.writers.append(writer)
+        try:
+            await self.handle(reader, writer)
+        finally:
+            writer.close()
+
+    async def aclose(self) -> None:
+        self._accepting.cancel()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(self._accepting, *self.tasks, return_exceptions=True)
+        self.listener.close()
+
+
+@contextlib.asynccontextmanager
+async def sock_accept_server(handle: Callable[..., Any], adopt: bool = True) -> AsyncIterator[SockAcceptServer]:
+    server = SockAcceptServer(handle, adopt)
+    # Its first sock_accept call registers the listener: clients connect after.
+    await first_accept_call(server.port, friendsock.is_installed())
+    try:
+        yield server
+    finally:
+        await server.aclose()
+
+
+async def echo_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(MiB):
+            writer.write(data)
+            await writer.drain()
+        writer.write_eof()
+    finally:
+        writer.close()
+
+
+async def first_accept_call(port: int, friends: bool) -> None:
+    """Until a listener that friendsock first sees at its sock_accept call
+    is registered (only then do connects to it pair): a few loop turns."""
+    for _ in range(1000):
+        if not friends or registry.has_port(port):
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the listener never called sock_accept")
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size: int) -> None:
+    """``size`` random bytes through an echo, checked by sha256."""
+    payload = os.urandom(size)
+
+    async def send() -> None:
+        writer.write(payload)
+        await writer.drain()
+        writer.write_eof()
+
+    sender = asyncio.ensure_future(send())
+    echoed = await bounded(reader.read(-1))
+    await bounded(sender)
+    assert hashlib.sha256(echoed).digest() == hashlib.sha256(payload).digest()
+
+
+@contextlib.asynccontextmanager
+async def start_server_echo() -> AsyncIterator[int]:
+    server = await asyncio.start_server(echo_streams, LOCALHOST, 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def sock_accept_echo() -> AsyncIterator[int]:
+    async with sock_accept_server(echo_streams) as server:
+        yield server.port
+
+
+SERVERS = {"start_server": start_server_echo, "sock_accept": sock_accept_echo}
+
+
+# -- pairing -------------------------------------------------------------------
+
+
+# (open_connection, start_server): both ends friendsock's own, test_pairing.py
+@pytest.mark.parametrize("client_kind, server_kind", [
+    ("sock_connect", "start_server"),
+    ("sock_connect", "sock_accept"),
+    ("open_connection", "sock_accept"),
+])
+async def test_sockets_made_elsewhere_pair(friends, client_kind, server_kind, patient_confirm):
+    with maybe_installed(friends):
+        async with SERVERS[server_kind]() as port:
+            before = friendsock.stats()
+            if client_kind == "sock_connect":
+                reader, writer = await sock_connect_streams(port)
+            else:
+                reader, writer = await asyncio.open_connection(LOCALHOST, port)
+            try:
+                assert friendsock.is_friend(writer) is friends
+                await exchange(reader, writer, 4 * MiB)
+            finally:
+                writer.close()
+            if friends:
+                assert friendsock.stats().links_made == before.links_made + 1
+                assert fallbacks_since(before) == {}
+
+
+async def test_anyio_listener_pairs_with_asyncio_and_anyio_clients(friends, patient_confirm):
+    """anyio's create_tcp_listener serves over sock_accept +
+    connect_accepted_socket; asyncio.open_connection and anyio.connect_tcp
+    both pair with it."""
+    payload = os.urandom(2 * MiB)
+    served: List[bool] = []
+
+    async def handle(stream: Any) -> None:
+        async with stream:
+            served.append(friendsock.is_friend(stream._transport))
+            received = bytearray()
+            while len(received) < len(payload):
+                received += await stream.receive()
+            await stream.send(bytes(received))
+
+    with maybe_installed(friends):
+        listener = await anyio.create_tcp_listener(local_host=LOCALHOST, local_port=0)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with anyio.create_task_group() as group:
+            group.start_soon(listener.serve, handle)
+            await first_accept_call(port, friends)
+            reader, writer = await asyncio.open_connection(LOCALHOST, port)
+            try:
+                writer.write(payload)
+                assert await bounded(reader.readexactly(len(payload))) == payload
+                assert friendsock.is_friend(writer) is friends
+            finally:
+                writer.close()
+            async with await anyio.connect_tcp(LOCALHOST, port) as stream:
+                await stream.send(payload)
+                received = bytearray()
+                with anyio.fail_after(10):
+                    while len(received) < len(payload):
+                        received += await stream.receive()
+                assert bytes(received) == payload
+                assert friendsock.is_friend(stream._transport) is friends
+            group.cancel_scope.cancel()
+        await listener.aclose()
+    assert served == [friends, friends]
+
+
+# -- used raw: TCP, byte-exact ------------------------------------------------------
+
+
+@pytest.mark.parametrize("server_kind", list(SERVERS))
+async def test_bytes_sent_raw_before_adoption_keep_the_connection_tcp(friends, server_kind):
+    with maybe_installed(friends):
+        async with SERVERS[server_kind]() as port:
+            before = friendsock.stats()
+            loop = asyncio.get_running_loop()
+            sock = raw_socket()
+            await loop.sock_connect(sock, (LOCALHOST, port))
+            await loop.sock_sendall(sock, b"raw first|")
+            reader, writer = await asyncio.open_connection(sock=sock)
+            try:
+                assert not friendsock.is_friend(writer)
+                writer.write(b"then the stream")
+                writer.write_eof()
+                assert await bounded(reader.read(-1)) == b"raw first|then the stream"
+            finally:
+                writer.close()
+            if friends:
+                assert fallbacks_since(before).get("used-raw") == 1
+
+
+@pytest.mark.parametrize("server_kind", list(SERVERS))
+async def test_a_socket_used_raw_only_is_byte_exact(friends, server_kind):
+    payload = os.urandom(512 * 1024)
+    with maybe_installed(friends):
+        async with SERVERS[server_kind]() as port:
+            loop = asyncio.get_running_loop()
+            sock = raw_socket()
+            try:
+                await loop.sock_connect(sock, (LOCALHOST, port))
+                await loop.sock_sendall(sock, payload)
+                sock.shutdown(socket.SHUT_WR)
+                echoed = bytearray()
+                while chunk := await bounded(loop.sock_recv(sock, MiB)):
+                    echoed += chunk
+                assert bytes(echoed) == payload
+            finally:
+                sock.close()
+
+
+async def test_a_server_that_writes_raw_before_adoption_stays_tcp(friends):
+    async def greet_then_adopt(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await echo_streams(reader, writer)
+
+    loop = asyncio.get_running_loop()
+
+    class Greeting(SockAcceptServer):
+        async def _serve(self, conn: socket.socket) -> None:
+            await loop.sock_sendall(conn, b"220 hello\r\n")
+            await super()._serve(conn)
+
+    with maybe_installed(friends):
+        server = Greeting(greet_then_adopt)
+        await first_accept_call(server.port, friends)
+        try:
+            reader, writer = await asyncio.open_connection(LOCALHOST, server.port)
+            try:
+                assert await bounded(reader.readline()) == b"220 hello\r\n"
+                assert not friendsock.is_friend(writer)
+                writer.write(b"EHLO")
+                writer.write_eof()
+                assert await bounded(reader.read(-1)) == b"EHLO"
+            finally:
+                writer.close()
+        finally:
+            await server.aclose()
+
+
+async def test_a_server_that_never_adopts_serves_raw(friends):
+    """The client waits no longer than the confirmed mode's deadline for a
+    claim that never comes, then goes on over TCP."""
+    loop = asyncio.get_running_loop()
+
+    async def raw_echo(conn: socket.socket) -> None:
+        while data := await loop.sock_recv(conn, 65536):
+            await loop.sock_sendall(conn, data)
+
+    with maybe_installed(friends):
+        async with sock_accept_server(raw_echo, adopt=False) as server:
+            reader, writer = await bounded(asyncio.open_connection(LOCALHOST, server.port))
+            try:
+                assert not friendsock.is_friend(writer)
+                await exchange(reader, writer, 256 * 1024)
+            finally:
+                writer.close()
+
+
+# -- listeners seen by sock_accept -----------------------------------------------------
+
+
+async def test_a_closed_sock_accept_listener_pairs_no_more(friends):
+    with maybe_installed(friends):
+        listeners = registry.listener_count()
+        async with sock_accept_echo() as port:
+            if friends:
+                assert registry.listener_count() == listeners + 1
+        # Closed by its user: a connect finds the port closed, as over TCP,
+        # and the registry forgets the listener.
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection(LOCALHOST, port)
+        assert registry.listener_count() == listeners
