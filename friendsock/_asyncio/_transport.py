@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any, Callable, Optional, Tuple
 
 from .._core._errors import LinkBrokenError, PeerResetError
-from .._core._link import LinkEnd, Seen
+from .._core._link import ChannelState, LinkEnd, Seen
 from .._friend_socket import FriendSocket
 from ._loop_state import LoopState, loop_state
 
@@ -225,39 +225,37 @@ class FriendTransport(asyncio.Transport):
             # (resume_reading() drains), nor after EOF, when asyncio stops
             # reading for good (a later reset is learnt by writing).
             return
+        channel = self._in
         if self._buffered:
             if not self._drain_into_buffers():
                 return
-        elif not self._drain_data():
-            return
-        seen = self._in.seen()
+        else:  # data_received(), the hot path: inline
+            try:
+                # The first chunk with the same lock round trip as begin_drain.
+                data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
+                while data:
+                    self._protocol.data_received(data)  # type: ignore[attr-defined]
+                    if self._paused_reading or self._closing:
+                        return
+                    if budget <= 0 or not channel.queued:
+                        break
+                    data = channel.pull(_MAX_CHUNK, _MAX_JOIN)
+                    budget -= len(data)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
+                return
+        if channel.state is not ChannelState.OPEN:  # else more may come
+            self._drain_end(channel.seen())
+
+    def _drain_end(self, seen: Seen) -> None:
+        """The writer is done: EOF or the reset once its bytes are read."""
         if seen is Seen.RESET:
             self._force_close(self._end.read_error().as_os_error())
         elif seen is Seen.EOF:
             self._deliver_eof()
         # DATA: newer bytes, their drain is scheduled (EOF after them).
-
-    def _drain_data(self) -> bool:
-        """``data_received()`` with what is queued now; False when reading
-        stopped meanwhile (paused, closed, or the protocol failed)."""
-        channel = self._in
-        try:
-            # The first chunk with the same lock round trip as begin_drain.
-            data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
-            while data:
-                self._protocol.data_received(data)  # type: ignore[attr-defined]
-                if self._paused_reading or self._closing:
-                    return False
-                if budget <= 0 or not channel.queued:
-                    break
-                data = channel.pull(_MAX_CHUNK, _MAX_JOIN)
-                budget -= len(data)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
-            return False
-        return True
 
     def _drain_into_buffers(self) -> bool:
         """``get_buffer()``/``buffer_updated()`` with what is queued now;
