@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ import ssl
 import struct
 import sys
 import threading
+import warnings
 
 import pytest
 import trustme
@@ -914,3 +916,36 @@ async def test_streams_pair(friends):
         assert server_writer.get_extra_info("peername") == writer.get_extra_info("sockname")
         writer.close()
         await bounded(writer.wait_closed())
+
+
+async def test_a_failing_protocol_factory_ends_the_connection(friends):
+    """create_connection raises what the protocol factory raised, and the
+    server's end of the connection sees it end (EOF), as over TCP on the
+    stdlib loop, which leaves the socket to the collector. (uvloop calls
+    the factory before it connects: over TCP nothing is accepted there; a
+    friend connection exists before the factory runs, and ends.)"""
+    accepted: "asyncio.Future[Recorder]" = asyncio.get_running_loop().create_future()
+
+    def server_protocol() -> Recorder:
+        protocol = Recorder()
+        accepted.set_result(protocol)
+        return protocol
+
+    def failing() -> asyncio.Protocol:
+        raise ValueError("no protocol today")
+
+    server = await friendsock.create_server(server_protocol, LOCALHOST, 0, friends=friends)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)  # asyncio's own socket, over TCP
+            with pytest.raises(ValueError, match="no protocol today"):
+                await bounded(friendsock.create_connection(failing, LOCALHOST, port_of(server),
+                                                           friends=friends))
+            gc.collect()
+        if friends or isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop):
+            server_end = await bounded(accepted)
+            await bounded(server_end.eof)
+            server_end.transport.close()
+            assert await bounded(server_end.lost) is None
+    finally:
+        server.close()

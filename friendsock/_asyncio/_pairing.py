@@ -221,7 +221,11 @@ def _start_client(
     protocol_factory: ProtocolFactory,
 ) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
     """The plain client end (:func:`start_client_end` without TLS)."""
-    protocol = protocol_factory()
+    try:
+        protocol = protocol_factory()
+    except BaseException:
+        pending.link.client.close()  # as the loop closes the socket: the server end sees EOF
+        raise
     transport = _client_transport(loop, pending, sock, protocol)
     transport.start()
     return transport, protocol
