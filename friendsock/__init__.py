@@ -20,7 +20,7 @@ from ._asyncio._api import (
 )
 from ._asyncio._install import install, installed, is_installed, new_event_loop, uninstall
 from ._core._registry import registry as _registry
-from ._core._stats import FriendStats, counters as _counters
+from ._core._stats import FriendStats, ListenerStats, counters as _counters
 from ._core._switch import is_enabled, set_enabled
 
 __version__ = "0.1.0"
@@ -39,12 +39,14 @@ def is_friend(obj: Any) -> bool:
 
 
 def stats() -> FriendStats:
-    """A snapshot of the process-wide counters."""
+    """A snapshot of the process-wide counters, in total and per listener
+    address (``stats().listeners``)."""
     return _counters.snapshot(pending=_registry.pending_count())
 
 
 __all__ = [
     "FriendStats",
+    "ListenerStats",
     "create_connection",
     "create_server",
     "install",

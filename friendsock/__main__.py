@@ -1,32 +1,46 @@
-"""``python -m friendsock SUBCOMMAND``; the one subcommand so far is ``bench``."""
+"""``python -m friendsock SUBCOMMAND`` (and the ``friendsock`` console
+script): ``run`` a program with friendsock on, or ``bench``."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional, Sequence
 
 USAGE = """\
-usage: python -m friendsock bench [options]
+usage: {prog} SUBCOMMAND [args]
 
 subcommands:
-  bench    compare real TCP, AF_UNIX and friend links (python -m friendsock bench --help)
+  run      run a Python program with friendsock on every event loop it makes,
+           and report what paired ({prog} run --help)
+  bench    compare real TCP, AF_UNIX and friend links ({prog} bench --help)
 """
+
+
+def _prog() -> str:
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m friendsock" if name in ("", "__main__.py", "-c") else name
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    prog = _prog()
     if args and args[0] in ("-h", "--help"):
-        print(USAGE, end="")
+        print(USAGE.format(prog=prog), end="")
         return 0
+    if args and args[0] == "run":
+        from ._run import main as run_main
+
+        return run_main(args[1:], prog=f"{prog} run")
     if not args or args[0] != "bench":
         if args:
-            print(f"python -m friendsock: error: unknown subcommand {args[0]!r}", file=sys.stderr)
-        print(USAGE, end="", file=sys.stderr)
+            print(f"{prog}: error: unknown subcommand {args[0]!r}", file=sys.stderr)
+        print(USAGE.format(prog=prog), end="", file=sys.stderr)
         return 2
     # Imported here: the benchmark's dependencies (rich) are optional.
     from ._bench._cli import main as bench_main
 
-    return bench_main(args[1:], prog="python -m friendsock bench")
+    return bench_main(args[1:], prog=f"{prog} bench")
 
 
 if __name__ == "__main__":

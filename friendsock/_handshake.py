@@ -175,6 +175,22 @@ def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[Fallback]
     return None
 
 
+def fallback_address(host: Any, port: Any) -> Any:
+    """Where a connect to ``(host, port)`` that takes real TCP before any
+    address is tried is counted in ``stats().listeners``: the endpoint of the
+    listener of ours it reaches (a numeric host), else the address as the
+    caller named it."""
+    infos = numeric_address_infos(host, port)
+    if infos is None:
+        return (host, port)
+    address = infos[0][4]
+    if registry.has_port(address[1]):
+        entry, _ = registry.match_listener(address)
+        if entry is not None:
+            return entry.endpoint
+    return address
+
+
 def numeric_address_infos(host: Any, port: Any, family: int = 0, proto: int = 0) -> Optional[list]:
     """getaddrinfo's answer for a numeric IP, without the resolver thread
     (asyncio and trio skip it the same way); None when the host needs
@@ -248,7 +264,8 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
     """
     handle = entry.handle
     client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
-    link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded)
+    link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded,
+                listener=entry.endpoint)
     sockname = sock.getsockname()
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
                                       ClientEnd(sock, sockname, address), client_ready=not adoptable)
@@ -430,7 +447,7 @@ def confirmed(pending: Pending, claimed: bool) -> bool:
     if claimed or not registry.withdraw(pending):
         return True
     pending.link.on_done = None  # the socket is plain TCP's now, not the link's
-    counters.fallback(Fallback.UNCONFIRMED)
+    counters.fallback(Fallback.UNCONFIRMED, pending.listener.endpoint)
     return False
 
 

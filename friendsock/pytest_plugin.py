@@ -8,7 +8,9 @@
   connections paired or fell back;
 - ``@pytest.mark.real_tcp`` forces real TCP for one test;
 - ``friendsock_server`` starts friendsock servers on ``127.0.0.1:0`` and
-  closes them after the test.
+  closes them after the test;
+- under ``--friendsock``, the terminal summary reports what paired in the
+  session (links made, bytes moved, fallbacks by reason, top listeners).
 
 The fixtures are plain (synchronous) fixtures whose work happens on the
 test's own loop, so they behave the same in pytest-asyncio's strict and auto
@@ -24,10 +26,13 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import pytest
 
 from ._asyncio._api import create_server, is_friend, start_server
-from ._asyncio._install import install_class, uninstall_class
-from ._asyncio._native import is_class_patched
+from ._asyncio._install import install_classes, uninstall_class
 from ._core._stats import FriendStats
 from ._core._switch import is_enabled, set_enabled
+from ._report import since, text_lines
+
+# The counters when a session-wide --friendsock session started.
+_SESSION_BASELINE = pytest.StashKey[FriendStats]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,40 +59,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _loop_classes() -> List[type]:
-    classes: List[type] = [asyncio.BaseEventLoop]
-    try:
-        import uvloop
-    except ImportError:
-        pass
-    else:
-        classes.append(uvloop.Loop)
-    return classes
-
-
-def _patch_loop_classes() -> List[type]:
-    """Patch every known loop class; returns the ones this call patched."""
-    patched = []
-    for klass in _loop_classes():
-        if not is_class_patched(klass):
-            install_class(klass)
-            patched.append(klass)
-    return patched
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "real_tcp: this test's connections use real TCP, never friend links"
     )
     option = config.getoption("friendsock")
     if option or (option is None and config.getini("friendsock")):
-        patched = _patch_loop_classes()
+        from . import stats
+
+        config.stash[_SESSION_BASELINE] = stats()
+        patched = install_classes()
 
         def restore() -> None:
             for klass in patched:
                 uninstall_class(klass)
 
         config.add_cleanup(restore)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    baseline = config.stash.get(_SESSION_BASELINE, None)
+    if baseline is None:
+        return
+    from . import stats
+
+    terminalreporter.ensure_newline()
+    terminalreporter.section("friendsock")
+    for line in text_lines(since(baseline, stats())):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)
@@ -156,7 +155,7 @@ def friendsock() -> Iterator[FriendsockFixture]:
 
     Request it before fixtures that start servers, so they pair too.
     """
-    patched = _patch_loop_classes()
+    patched = install_classes()
     try:
         yield FriendsockFixture()
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import errno
 import socket
 import ssl
@@ -18,6 +19,7 @@ import uvloop
 
 import friendsock
 from friendsock._asyncio._install import install_class, native, uninstall_class
+from friendsock._asyncio._native import _class_wrapper_context
 from support import Recorder
 
 PATCHED = ("create_connection", "create_server")
@@ -384,6 +386,75 @@ def test_uninstall_class_restores_the_class_exactly():
         assert vars(klass).keys() == saved.keys()
         assert all(vars(klass)[key] is value for key, value in saved.items())
 
+
+async def _drive_by_hand(coro):
+    """Run ``coro`` as a protocol callback may drive a loop coroutine (uvloop's
+    tests do, with start_tls): each step from a callback in a fresh Context,
+    not in a task."""
+    value = None
+    while True:
+        try:
+            yielded = contextvars.copy_context().run(coro.send, value)
+        except StopIteration as stop:
+            return stop.value
+        if yielded is None:
+            await asyncio.sleep(0)
+        else:
+            await asyncio.wait([yielded])
+
+
+@pytest.mark.parametrize("factory, klass", [(asyncio.new_event_loop, asyncio.BaseEventLoop),
+                                            (uvloop.new_event_loop, uvloop.Loop)], ids=["asyncio", "uvloop"])
+def test_class_patch_with_a_coroutine_driven_by_hand(factory, klass):
+    """A patched method's coroutine resumed in another Context than it
+    started in (a ContextVar token from the first can not be reset there)
+    completes, and leaves no setting behind in either."""
+    async def main():
+        server = await asyncio.start_server(echo_handler, "127.0.0.1", 0)
+        try:
+            loop = asyncio.get_running_loop()
+            coro = loop.create_connection(asyncio.Protocol, *server.sockets[0].getsockname()[:2])
+            transport, _ = await _drive_by_hand(coro)
+            try:
+                assert friendsock.is_friend(transport)
+            finally:
+                transport.close()
+            assert _class_wrapper_context.get() is None
+        finally:
+            server.close()
+
+    install_class(klass)
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(main())
+    finally:
+        uninstall_class(klass)
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["friend", "tcp"])
+async def test_create_connection_sock_cancelled_a_turn_later(installed):
+    """create_connection(sock=) on a socket connected with sock_connect is
+    still waiting a turn after it started (as the loop's own waits for
+    connection_made); cancelled then, it raises CancelledError and the
+    server end sees the connection close, on either path."""
+    loop = asyncio.get_running_loop()
+    with friendsock.installed() if installed else contextlib.nullcontext():
+        async with stream_server() as (server, port, writers):
+            sock = socket.socket()
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            task = loop.create_task(loop.create_connection(Recorder, sock=sock))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):
+                if writers:
+                    break
+                await asyncio.sleep(0.01)
+            # The echo handler ends at EOF and closes its side.
+            await asyncio.wait_for(writers[0].wait_closed(), 10)
+            assert sock.fileno() == -1  # closed with the transport
 
 # -- keyword arguments friendsock does not handle keep their meaning ------------
 

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import os
 import random
 import socket
+import ssl
 import sys
-from typing import AsyncIterator, List, Tuple
+from typing import AsyncIterator, List, Optional, Tuple
 
 import aiohttp
 import httpx
 import pytest
 import pytest_asyncio
+import trustme
 import uvicorn
 from aiohttp import web
 from starlette.applications import Starlette
@@ -31,6 +34,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.asyncio.server import serve as ws_serve
 
 import friendsock
+from support import tls_contexts
 
 
 @pytest_asyncio.fixture
@@ -63,9 +67,10 @@ class HostPortConnector(aiohttp.TCPConnector):
 
 
 @contextlib.asynccontextmanager
-async def aiohttp_server() -> AsyncIterator[Tuple[str, List[bool]]]:
-    """An aiohttp app on web.AppRunner + web.TCPSite; yields (base URL,
-    is_friend of each request's server-side transport)."""
+async def aiohttp_server(ssl_context: Optional[ssl.SSLContext] = None) -> AsyncIterator[Tuple[str, List[bool]]]:
+    """An aiohttp app on web.AppRunner + web.TCPSite (HTTPS with
+    ``ssl_context``); yields (base URL, is_friend of each request's
+    server-side transport)."""
     server_side: List[bool] = []
 
     @web.middleware
@@ -77,7 +82,8 @@ async def aiohttp_server() -> AsyncIterator[Tuple[str, List[bool]]]:
         return web.Response(text="hello from aiohttp")
 
     async def echo(request):
-        return web.Response(body=await request.read())
+        received = await request.read()
+        return web.Response(body=received, headers={"X-Request-SHA256": hashlib.sha256(received).hexdigest()})
 
     async def stream(request):
         response = web.StreamResponse()
@@ -95,10 +101,11 @@ async def aiohttp_server() -> AsyncIterator[Tuple[str, List[bool]]]:
     runner = web.AppRunner(app)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
         await site.start()
         port = runner.addresses[0][1]
-        yield f"http://127.0.0.1:{port}", server_side
+        scheme = "https" if ssl_context is not None else "http"
+        yield f"{scheme}://127.0.0.1:{port}", server_side
     finally:
         await runner.cleanup()
 
@@ -129,6 +136,51 @@ async def test_aiohttp(installed_loop, connector):
     assert after.links_made > before.links_made
     assert after.bytes_moved - before.bytes_moved >= 2 * len(body)
     assert after.fallbacks == before.fallbacks
+
+
+BIG_BODY = 4 * 2 ** 20
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def aiohttp_echo(session: aiohttp.ClientSession, url: str, body: bytes) -> bytes:
+    """POST ``body`` with aiohttp's client, checking that the client end of
+    the connection is a friend link and that the server got ``body`` whole
+    (its ``X-Request-SHA256``); returns the response body."""
+    async with session.post(url, data=io.BytesIO(body)) as response:
+        assert response.status == 200
+        assert friendsock.is_friend(response.connection.transport)
+        assert response.headers["X-Request-SHA256"] == sha256(body)
+        return await response.read()
+
+
+def assert_paired_since(before: friendsock.FriendStats, body: bytes, links: int = 1) -> None:
+    after = friendsock.stats()
+    assert after.links_made == before.links_made + links
+    assert after.bytes_moved - before.bytes_moved >= 2 * len(body)
+    assert after.fallbacks == before.fallbacks
+
+
+async def test_aiohttp_tls(installed_loop):
+    """HTTPS: aiohttp's default connector connects its socket itself and hands
+    it over with sock= and ssl=; adopted, the TLS runs over the friend link."""
+    server_context, client_context = tls_contexts(trustme.CA())
+    body = os.urandom(BIG_BODY)
+    before = friendsock.stats()
+    async with aiohttp_server(ssl_context=server_context) as (url, server_side):
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context)) as session:
+            async with session.post(url + "/echo", data=io.BytesIO(body)) as response:
+                assert response.status == 200
+                transport = response.connection.transport
+                assert transport.get_extra_info("ssl_object") is not None
+                assert friendsock.is_friend(transport)
+                assert response.headers["X-Request-SHA256"] == sha256(body)
+                received = await response.read()
+    assert sha256(received) == sha256(body)
+    assert server_side == [True]
+    assert_paired_since(before, body)
 
 
 # -- uvicorn + Starlette, httpx -----------------------------------------------------
@@ -199,6 +251,98 @@ async def test_uvicorn_starlette_with_httpx(installed_loop, listen):
     finally:
         server.should_exit = True
         await asyncio.wait_for(serving, 30)
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_serving(app) -> AsyncIterator[StartedServer]:
+    """``app`` on uvicorn, 127.0.0.1, port 0, on the running loop."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, loop="none", lifespan="off",
+                            log_config=None, log_level="warning", access_log=False)
+    server = StartedServer(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        await asyncio.wait_for(server.listening.wait(), 10)
+        yield server
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 30)
+
+
+async def test_aiohttp_client_with_uvicorn(installed_loop):
+    """aiohttp's default connector (sock_connect, then sock=) against uvicorn."""
+    async def echo(request: Request):
+        received = await request.body()
+        return Response(received, media_type="application/octet-stream",
+                        headers={"X-Request-SHA256": sha256(received)})
+
+    app = Starlette(routes=[Route("/echo", echo, methods=["POST"])])
+    body = os.urandom(BIG_BODY)
+    async with uvicorn_serving(app) as server:
+        port = server.servers[0].sockets[0].getsockname()[1]
+        before = friendsock.stats()
+        async with aiohttp.ClientSession() as session:
+            received = await aiohttp_echo(session, f"http://127.0.0.1:{port}/echo", body)
+            connections = list(server.server_state.connections)
+            assert len(connections) == 1
+            assert friendsock.is_friend(connections[0].transport)
+        assert sha256(received) == sha256(body)
+        assert_paired_since(before, body)
+
+
+# -- aiohttp's client against a hand-written HTTP/1.1 server ------------------------
+
+
+async def http_echo_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """HTTP/1.1 with keep-alive, just enough for a client's POST: reads the
+    request head and its Content-Length body, answers with the body."""
+    try:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                assert exc.partial == b"", exc.partial  # the client closed between requests
+                return
+            request_line, *header_lines = head.decode("latin-1").split("\r\n")
+            assert request_line.startswith("POST /echo HTTP/1.1"), request_line
+            headers = dict(line.split(":", 1) for line in header_lines if line)
+            headers = {name.strip().lower(): value.strip() for name, value in headers.items()}
+            received = await reader.readexactly(int(headers["content-length"]))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                b"Content-Length: %d\r\nX-Request-SHA256: %s\r\n\r\n"
+                % (len(received), sha256(received).encode())
+            )
+            writer.write(received)
+            await writer.drain()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+@pytest.mark.parametrize("start_server", ["friendsock", "asyncio"])
+async def test_aiohttp_client_with_stream_server(installed_loop, start_server):
+    server_side: List[bool] = []
+    handled: List[asyncio.Future] = []
+
+    async def handler(reader, writer):
+        server_side.append(friendsock.is_friend(writer))
+        handled.append(asyncio.ensure_future(http_echo_handler(reader, writer)))
+
+    starter = friendsock.start_server if start_server == "friendsock" else asyncio.start_server
+    server = await starter(handler, "127.0.0.1", 0)
+    body = os.urandom(BIG_BODY)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        before = friendsock.stats()
+        async with aiohttp.ClientSession() as session:
+            received = await aiohttp_echo(session, f"http://127.0.0.1:{port}/echo", body)
+        await asyncio.wait_for(asyncio.gather(*handled), 10)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert sha256(received) == sha256(body)
+    assert server_side == [True]
+    assert_paired_since(before, body)
 
 
 # -- websockets ---------------------------------------------------------------------

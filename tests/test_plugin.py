@@ -358,3 +358,90 @@ def test_fixtures_with_the_option_on_uvloop(pytester):
     result = run(pytester, "--friendsock", "test_fixtures.py", "test_zero_change.py")
     result.assert_outcomes(passed=9 + 3, failed=3)
     result.stdout.fnmatch_lines(MUST_FAIL, consecutive=False)
+
+
+
+# pytest-aiohttp's fixtures, on a plain aiohttp app: its test server listens on
+# a socket it binds itself (create_server(sock=...)), its client is aiohttp's
+# default connector (loop.sock_connect, then create_connection(sock=...)).
+AIOHTTP_CLIENT_TESTS = """
+import asyncio
+import os
+
+import pytest
+from aiohttp import web
+
+import friendsock
+
+LOOP_MODULE = {loop_module!r}
+
+
+{mark}
+async def test_aiohttp_client_pairs(aiohttp_client):
+    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == LOOP_MODULE
+    server_side = []
+
+    async def echo(request):
+        server_side.append(friendsock.is_friend(request.transport))
+        return web.Response(body=await request.read())
+
+    app = web.Application(client_max_size=2 ** 21)
+    app.router.add_post("/echo", echo)
+    before = friendsock.stats()
+    client = await aiohttp_client(app)
+    body = os.urandom(2 ** 20)
+    for _ in range(2):  # one kept-alive connection
+        response = await client.post("/echo", data=body)
+        assert response.status == 200
+        assert await response.read() == body
+    after = friendsock.stats()
+    fallbacks = {{k: v - before.fallbacks.get(k, 0) for k, v in after.fallbacks.items()
+                 if v != before.fallbacks.get(k, 0)}}
+    assert server_side == [True, True], f"not a friend link; fallbacks: {{fallbacks}}"
+    assert after.links_made == before.links_made + 1
+    assert fallbacks == {{}}
+"""
+
+# Only the plugins the inner run needs, loaded by module: the entry-point
+# autoload would also import pytest-trio and hypothesis, about 1.5 s a run.
+AIOHTTP_PLUGINS = ("-p", "pytest_asyncio.plugin", "-p", "pytest_aiohttp.plugin", "-p", "friendsock.pytest_plugin")
+
+
+def run_aiohttp_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str, mode: str,
+                        uvloop: bool) -> pytest.RunResult:
+    pytester.makeini(textwrap.dedent(f"""
+        [pytest]
+        asyncio_mode = {mode}
+        asyncio_default_fixture_loop_scope = function
+        filterwarnings =
+            error::ResourceWarning
+            error::pytest.PytestUnraisableExceptionWarning
+    """))
+    if uvloop:
+        pytester.makeconftest(UVLOOP_CONFTEST)
+    pytester.makepyfile(test_aiohttp_client=AIOHTTP_CLIENT_TESTS.format(
+        mark="@pytest.mark.asyncio" if mode == "strict" else "",
+        loop_module="uvloop" if uvloop else "asyncio",
+    ))
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    return run(pytester, *AIOHTTP_PLUGINS, *args)
+
+
+@pytest.mark.parametrize("mode, uvloop", [
+    ("strict", False),
+    ("strict", True),
+    ("auto", False),
+], ids=["strict-default-loop", "strict-uvloop", "auto-default-loop"])
+def test_pytest_aiohttp_client_pairs(pytester, monkeypatch, mode, uvloop):
+    """pytest-aiohttp's ``aiohttp_client`` under ``--friendsock``: its
+    connection is a friend link, both ends, with no fallback counted."""
+    result = run_aiohttp_project(pytester, monkeypatch, "--friendsock", mode=mode, uvloop=uvloop)
+    result.assert_outcomes(passed=1)
+
+
+def test_pytest_aiohttp_client_without_the_option(pytester, monkeypatch):
+    result = run_aiohttp_project(pytester, monkeypatch, mode="strict", uvloop=True)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*FAILED test_aiohttp_client.py::test_aiohttp_client_pairs - AssertionError: not a friend link*"]
+    )

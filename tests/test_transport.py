@@ -167,6 +167,107 @@ async def test_callback_order(friends, how, side):
         assert other.events == ["made", "data", "eof", "lost"]
 
 
+class RaisingRecorder(Recorder):
+    """A Recorder whose connection_made fails (after recording)."""
+
+    error = ZeroDivisionError("in connection_made")
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        raise self.error
+
+
+class AbortingRecorder(Recorder):
+    """A Recorder that aborts its transport in connection_made."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        transport.abort()
+
+
+@pytest.mark.parametrize("side", ["client", "server"])
+async def test_connection_made_raising_keeps_the_connection(friends, side):
+    """As the loop's own transports, whose connection_made is a loop
+    callback: its exception goes to the exception handler as an "Exception
+    in callback", and the connection stays. The stdlib loop reads on
+    (uvloop starts reading only once connection_made returned); a later
+    close() gives connection_lost(None)."""
+    loop = asyncio.get_running_loop()
+    reports: List[dict] = []
+    loop.set_exception_handler(lambda _loop, context: reports.append(context))
+    raising = {"client_protocol": RaisingRecorder} if side == "client" else {"server_protocol": RaisingRecorder}
+    async with connected_pair(friends, **raising) as (transport, client, server):
+        failed, other = (client, server) if side == "client" else (server, client)
+        await wait(failed.made)
+        await asyncio.sleep(0)  # a callback's exception is reported once it ran
+        assert [r["exception"] for r in reports] == [RaisingRecorder.error]
+        assert reports[0]["message"].startswith("Exception in callback")
+        assert not failed.transport.is_closing()
+        reading = isinstance(loop, asyncio.BaseEventLoop)
+        assert failed.transport.is_reading() is reading
+        if reading:  # (unread bytes would make the close below a reset)
+            other.transport.write(b"still here")
+            assert await wait(failed.wait_bytes(10)) == b"still here"
+        failed.transport.write(b"me too")
+        assert await wait(other.wait_bytes(6)) == b"me too"
+        failed.transport.close()
+        assert await wait(failed.lost) is None
+        await wait(other.eof)
+    assert len(reports) == 1
+
+
+async def test_abort_in_connection_made(friends):
+    """create_connection returns a turn after connection_made, so an abort()
+    there has run its connection_lost(None) by then. On uvloop the
+    transport then has no socket to give (its socket object is made when
+    first asked for); the stdlib loop's keeps the closed one."""
+    async with connected_pair(friends, client_protocol=AbortingRecorder) as (transport, client, server):
+        assert client.events == ["made", "lost"] and client.lost_exc is None
+        sock = transport.get_extra_info("socket")
+        if isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop):
+            assert sock is not None
+        else:
+            assert sock is None
+        await wait(server.lost)
+
+
+class Greeter(Recorder):
+    """A server protocol that writes as soon as it is connected."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        transport.write(b"hello")
+
+
+async def test_no_data_received_before_create_connection_returns(friends):
+    """However soon the server writes, the client's create_connection
+    returns before its protocol's first data_received on the stdlib loop
+    (its transport reads only after its waiter woke the caller; uvloop's
+    own TCP may deliver first)."""
+    returned: List[bool] = []
+
+    class Client(Recorder):
+        def data_received(self, data: bytes) -> None:
+            returned.append(bool(seen))
+            super().data_received(data)
+
+    seen: List[asyncio.Transport] = []
+    server = await friendsock.create_server(Greeter, "127.0.0.1", 0, friends=friends)
+    try:
+        transport, client = await friendsock.create_connection(
+            Client, "127.0.0.1", server.sockets[0].getsockname()[1], friends=friends)
+        seen.append(transport)
+        try:
+            assert await wait(client.wait_bytes(5)) == b"hello"
+            stdlib_loop = isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
+            assert returned == [True] or not stdlib_loop
+        finally:
+            transport.close()
+            await wait(client.lost)
+    finally:
+        server.close()
+
+
 # -- echo ---------------------------------------------------------------------
 
 

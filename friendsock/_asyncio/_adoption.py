@@ -39,7 +39,7 @@ from .._handshake import (
 )
 from ._loop_state import loop_state
 from ._native import in_loop_own_connect, native
-from ._pairing import _confirm, start_client_end
+from ._pairing import _confirm, connection_made_turn, start_client_end
 from ._tls import TLSOptions, start_tls_end
 from ._transport import FriendTransport
 
@@ -123,7 +123,7 @@ def go_tcp(pending: Pending, reason: Optional[Fallback]) -> None:
         pending.link.on_done = None
         if not withdrawn_before:
             if reason is not None:
-                counters.fallback(reason)
+                counters.fallback(reason, pending.listener.endpoint)
             _settle(pending, PendingState.WITHDRAWN)
 
 
@@ -246,9 +246,9 @@ async def start_server_end(
     transport = FriendTransport(loop, pending.link.server, conn, protocol, sockname, address,
                                 state=loop_state(loop))
     if tls is None:
-        transport.start()
+        transport.start(reading=False)
         _wake_client(pending)
-        return transport, protocol
+        return await connection_made_turn(transport, protocol)
     _wake_client(pending)  # first: the handshake needs both ends
     return await start_tls_end(loop, transport, tls), protocol
 

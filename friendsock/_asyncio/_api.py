@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from ._native import loop_own_connects, native
-from .._handshake import why_not_friends
+from .._handshake import fallback_address, why_not_friends
 from ._pairing import connect
 from ._server import FriendServer
 from ._tls import TLSOptions, rides_friend_link, start_tls as start_tls_on
@@ -62,13 +62,26 @@ async def create_connection_on(
     if reason is None and (host is None or port is None or not registry.has_port(int(port))):
         reason = Fallback.NO_LISTENER
     if reason is not None:
-        counters.fallback(reason)
+        counters.fallback(reason, _destination(host, port, kwargs.get("sock")))
         with loop_own_connects():  # its inner sock_connect is not to adopt
             return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
     tls = None
     if kwargs:
         tls = _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
     return await connect(loop, protocol_factory, host, port, kwargs, tls)  # type: ignore[return-value]
+
+
+def _destination(host: Any, port: Any, sock: Any) -> Any:
+    """Where a connect that does not try to pair is counted (see
+    :func:`fallback_address`); a ``sock=`` by its peer."""
+    if sock is not None:
+        try:
+            host, port = sock.getpeername()[:2]
+        except (OSError, AttributeError, TypeError, ValueError):
+            return None
+    if host is None or port is None:
+        return None
+    return fallback_address(host, port)
 
 
 _signatures: Dict[type, inspect.Signature] = {}

@@ -15,9 +15,10 @@ fallbacks reach the loop's original methods through :func:`native`.
 from __future__ import annotations
 
 import asyncio
+from asyncio import selector_events
 import contextlib
 import functools
-from typing import Any, Awaitable, Callable, Dict, Iterator, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Union
 
 from ._adoption import adopt_connected, connect_accepted_socket, sock_accept, sock_connect
 from ._api import create_connection_on, create_server_on
@@ -26,8 +27,9 @@ from ._native import (
     _MISSING,
     _PATCHED,
     _class_patches,
-    _class_wrapper_context,
     _ClassPatch,
+    in_class_wrapper,
+    is_class_patched,
     native,
 )
 from ._tls import start_tls as start_tls_on
@@ -171,11 +173,7 @@ def install_class(klass: type) -> None:
     def method_for(name: str, implementation: Callable[..., Awaitable[Any]]) -> Any:
         @functools.wraps(patch.originals[name])
         async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            token = _class_wrapper_context.set((self, klass))
-            try:
-                return await implementation(self, *args, **kwargs)
-            finally:
-                _class_wrapper_context.reset(token)
+            return await in_class_wrapper(implementation(self, *args, **kwargs), self, klass)
 
         return method
 
@@ -194,3 +192,32 @@ def uninstall_class(klass: type) -> None:
             delattr(klass, name)
         else:
             setattr(klass, name, value)
+
+
+def loop_classes() -> List[type]:
+    """The loop classes that cover every asyncio loop a program can make:
+    the stdlib's selector loops and ``uvloop.Loop`` when uvloop is
+    installed. ``BaseSelectorEventLoop``, not ``BaseEventLoop``: it defines
+    its own ``sock_connect``/``sock_accept``, which a patch of its base
+    would never reach."""
+    classes: List[type] = [selector_events.BaseSelectorEventLoop]
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        classes.append(uvloop.Loop)
+    return classes
+
+
+def install_classes() -> List[type]:
+    """Patch every loop class of :func:`loop_classes` (:func:`install_class`),
+    so every loop the process makes pairs, in any thread, however made
+    (``asyncio.run``, ``asyncio.Runner``, uvloop's ``run``/``install``).
+    Returns the classes this call patched (:func:`uninstall_class` undoes)."""
+    patched = []
+    for klass in loop_classes():
+        if not is_class_patched(klass):
+            install_class(klass)
+            patched.append(klass)
+    return patched

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+import types
+from typing import Any, Callable, Coroutine, Dict, Generator, Iterator, Optional, Tuple
 
 _PATCHED = ("create_connection", "create_server", "start_tls", "sock_connect", "sock_accept",
             "connect_accepted_socket")
@@ -41,6 +42,37 @@ _class_patches: Dict[type, _ClassPatch] = {}
 _class_wrapper_context: contextvars.ContextVar[Optional[Tuple[Any, type]]] = contextvars.ContextVar(
     "friendsock_class_wrapper", default=None
 )
+
+
+@types.coroutine
+def in_class_wrapper(coro: Coroutine[Any, Any, Any], loop: Any, klass: type) -> Generator[Any, Any, Any]:
+    """Await ``coro``, a class-level wrapper's implementation, with
+    ``_class_wrapper_context`` set during each of its steps, not across
+    them: a coroutine driven by hand (``coro.send()`` from a callback) may
+    be resumed in another Context than the one it started in, where a
+    token from the first can not be reset, and the first must not keep
+    the setting."""
+    value = (loop, klass)
+    sent: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        token = _class_wrapper_context.set(value)
+        try:
+            yielded = coro.send(sent) if error is None else coro.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            # Not kept: a traceback through this frame would hold the error
+            # it carries (a cycle that keeps every frame's locals alive).
+            error = None
+            _class_wrapper_context.reset(token)
+        try:
+            sent, error = (yield yielded), None
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            sent, error = None, exc
 
 
 def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:

@@ -102,11 +102,9 @@ async def connect(
             raise
         pending = attempt.pending
         if pending is None:
-            counters.fallback(attempt.fallback)
+            counters.fallback(attempt.fallback, attempt.address)
             return await _native_connection(loop, protocol_factory, sock, tls)
         if attempt.optimistic:
-            if tls is None:  # the hot path: no await
-                return _start_client(loop, pending, sock, protocol_factory)
             return await start_client_end(loop, pending, sock, protocol_factory, tls)
         return await _confirm(loop, pending, sock, protocol_factory, tls)
     raise _combined_error(exceptions, kwargs.get("all_errors", False))
@@ -204,7 +202,7 @@ async def start_client_end(
     (``tls``), as ``create_connection`` returns it. A failed TLS handshake
     raises its error with the end closed."""
     if tls is None:
-        return _start_client(loop, pending, sock, protocol_factory)
+        return await connection_made_turn(*_start_client(loop, pending, sock, protocol_factory))
     try:
         protocol = protocol_factory()
     except BaseException:
@@ -214,20 +212,37 @@ async def start_client_end(
     return await start_tls_end(loop, transport, tls), protocol
 
 
+async def connection_made_turn(
+    transport: FriendTransport, protocol: asyncio.BaseProtocol
+) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
+    """As the loop's ``create_connection`` (and ``connect_accepted_socket``)
+    returns, for a ``transport`` started without reading: a turn after
+    ``connection_made``, once what it scheduled ran (the ``connection_lost``
+    of an ``abort()`` in it, say), and before any ``data_received``.
+    Cancelled meanwhile, the transport is closed, as the loop closes its own."""
+    try:
+        await asyncio.sleep(0)
+    except BaseException:
+        transport.close()
+        raise
+    transport.start_reading()
+    return transport, protocol
+
+
 def _start_client(
     loop: asyncio.AbstractEventLoop,
     pending: Pending,
     sock: socket.socket,
     protocol_factory: ProtocolFactory,
-) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
-    """The plain client end (:func:`start_client_end` without TLS)."""
+) -> Tuple[FriendTransport, asyncio.BaseProtocol]:
+    """The plain client end (:func:`start_client_end` without TLS), not reading yet."""
     try:
         protocol = protocol_factory()
     except BaseException:
         pending.link.client.close()  # as the loop closes the socket: the server end sees EOF
         raise
     transport = _client_transport(loop, pending, sock, protocol)
-    transport.start()
+    transport.start(reading=False)  # (connection_made_turn starts it)
     return transport, protocol
 
 

@@ -176,16 +176,16 @@ class FriendServer(asyncio.AbstractServer):
                 self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accepting, sock, entry)
                 return
             conn.setblocking(False)
-            self._accepted(conn, address)
+            self._accepted(conn, address, entry)
 
     def _resume_accepting(self, sock: socket.socket, entry: Entry) -> None:
         if self._sockets is not None and self._serving:
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
-    def _accepted(self, conn: socket.socket, address: Any) -> None:
+    def _accepted(self, conn: socket.socket, address: Any, entry: Entry) -> None:
         pending, sockname = claim_accepted(conn, address, hold=True)
         if pending is None:
-            counters.fallback(Fallback.PEER_NOT_FRIEND)
+            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
             self._loop.create_task(self._accept_native(conn, address))
         elif pending.state is PendingState.HELD:
             self._loop.create_task(self._accept_held(conn, sockname, address, pending))

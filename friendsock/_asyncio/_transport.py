@@ -19,11 +19,13 @@ instead of leaving them hanging.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import socket
 import warnings
 import weakref
+from asyncio import format_helpers
 from functools import partial
 from typing import Any, Callable, Optional, Tuple
 
@@ -71,6 +73,7 @@ class FriendTransport(asyncio.Transport):
         "_low_water",
         "_schedule_drain",
         "_state",
+        "_socket_unseen",
         "__weakref__",
     )
 
@@ -107,23 +110,18 @@ class FriendTransport(asyncio.Transport):
         self._protocol_paused = False
         self._high_water = _DEFAULT_HIGH_WATER
         self._low_water = _DEFAULT_HIGH_WATER // 4
+        self._socket_unseen = True  # get_extra_info("socket") not asked yet
         self._state = state = state or loop_state(loop)
         drain, add = self._drain, state.drains.add
         self._schedule_drain = lambda: add(drain)  # from this loop's own thread
         if server is not None:
             server._attach()
 
-    def start(self) -> None:
-        """Hook into the link and tell the protocol (its connection_made)."""
+    def start(self, reading: bool = True) -> None:
+        """Hook into the link and tell the protocol (its connection_made);
+        with ``reading=False`` incoming bytes wait for :meth:`start_reading`."""
         self._state.transports[id(self)] = weakref.ref(self)
-        if self._end.link.threaded:
-            # The friend runs on another thread: what it asks of us is
-            # handed to our loop (the reader's loop, for its bytes).
-            readable, writable = self._remote_hooks()
-        else:
-            readable, writable = self._schedule_drain, self._writable
-        self._out.attach_writer(writable)
-        pending = self._in.attach_reader(readable)
+        self._out.attach_writer(self._hooks()[1])
         sock = self._extra["socket"]
         # As the loop's own TCP transports (asyncio and uvloop alike), so
         # getsockopt() answers the same on both paths.
@@ -134,15 +132,51 @@ class FriendTransport(asyncio.Transport):
         # The kernel sizes a socket's buffers when the connection is set up
         # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
         sock.sync_buffer_sizes()
+        if not self._connection_made() and not isinstance(self._loop, asyncio.BaseEventLoop):
+            # uvloop starts reading only once connection_made returned.
+            self._paused_reading = True
+        if reading:
+            self.start_reading()
+
+    def start_reading(self) -> None:
+        """Take the friend's bytes (and its EOF or reset) from now on: what
+        it wrote meanwhile waits in the link. create_connection starts
+        reading once it returns, as a loop's own transport reads only after
+        its waiter woke the caller, so no data_received comes first."""
+        if self._closing:  # reads no more (its connection_lost detaches)
+            return
+        if self._in.attach_reader(self._hooks()[0]):
+            self._schedule_drain()
+
+    def _hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
+        """(readable, writable): what the link calls when there is
+        something to read, or room to write."""
+        if self._end.link.threaded:
+            # The friend runs on another thread: what it asks of us is
+            # handed to our loop (the reader's loop, for its bytes).
+            return self._remote_hooks()
+        return self._schedule_drain, self._writable
+
+    def _connection_made(self) -> bool:
+        """The protocol's connection_made, as the loop's own transports call
+        it: a loop callback, in a copy of the current context, whose
+        exception goes to the exception handler ("Exception in callback")
+        and leaves the connection as it is (asyncio and uvloop keep it: a
+        later close() gives connection_lost(None)). False if it raised."""
+        callback = self._protocol.connection_made
+        context = contextvars.copy_context()
         try:
-            self._protocol.connection_made(self)
+            context.run(callback, self)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            self._fatal_error(exc, "Fatal error: protocol.connection_made() call failed.")
-            return
-        if pending:
-            self._schedule_drain()
+            self._loop.call_exception_handler({
+                "message": f"Exception in callback {format_helpers._format_callback_source(callback, (self,))}",
+                "exception": exc,
+                "handle": asyncio.Handle(callback, (self,), self._loop, context),
+            })
+            return False
+        return True
 
     def _remote_hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
         """The hooks the friend's thread calls: one wake-up of our loop per
@@ -178,6 +212,15 @@ class FriendTransport(asyncio.Transport):
             self._end.abort()
 
     # -- BaseTransport ----------------------------------------------------
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "socket" and self._socket_unseen:
+            # uvloop makes a transport's socket object when first asked, and
+            # none once the transport is gone; asyncio always has one.
+            if self._closed and not isinstance(self._loop, asyncio.BaseEventLoop):
+                return None
+            self._socket_unseen = False
+        return self._extra.get(name, default)
+
     def is_closing(self) -> bool:
         return self._closing
 

@@ -593,11 +593,12 @@ class Link:
     """Two channels and two ends: ``client`` and ``server``.
 
     ``threaded``: the ends run on different threads (decided when the link
-    is made: a listener's loop is known before connect()).
+    is made: a listener's loop is known before connect()); ``listener``: the
+    endpoint of the listener it connects to, where ``stats()`` counts it.
     """
 
-    __slots__ = ("client", "server", "threaded", "_open_ends", "_lock", "established",
-                 "on_done", "__weakref__")
+    __slots__ = ("client", "server", "threaded", "listener", "_open_ends", "_lock",
+                 "established", "on_done", "__weakref__")
 
     def __init__(
         self,
@@ -606,6 +607,7 @@ class Link:
         server_sndbuf: int,
         server_rcvbuf: int,
         threaded: bool = False,
+        listener: Optional[Tuple[str, int]] = None,
     ) -> None:
         kind: Type[Channel] = LockedChannel if threaded else Channel
         meter = counters.shard()
@@ -614,6 +616,7 @@ class Link:
         self.client = LinkEnd(self, outgoing=to_server, incoming=to_client)
         self.server = LinkEnd(self, outgoing=to_client, incoming=to_server)
         self.threaded = threaded
+        self.listener = listener
         self._open_ends = 2
         # Ends on two threads close on their own threads (or on whichever
         # finds a loop gone): "closed once" and "done once" must hold across
@@ -629,7 +632,7 @@ class Link:
         over), so no lock."""
         if not self.established:
             self.established = True
-            counters.shard().made += 1
+            counters.link_made(self.listener)
 
     @property
     def done(self) -> bool:

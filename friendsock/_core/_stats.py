@@ -8,7 +8,9 @@ import enum
 import os
 import threading
 import types
-from typing import Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ._addresses import normalize_endpoint
 
 
 class Fallback(str, enum.Enum):
@@ -36,7 +38,10 @@ class FriendStats:
     ``links_made``: friend links ever paired; ``links_alive``: links with at
     least one end still open; ``bytes_moved``: payload bytes delivered over
     friend links; ``fallbacks``: connections that took real TCP, by reason;
-    ``pending``: client connects waiting for their server to accept.
+    ``pending``: client connects waiting for their server to accept;
+    ``listeners``: links made and fallbacks per listener address
+    (:class:`ListenerStats`), most links first; a connect that reached no
+    listener of ours is counted under the address it connected to.
     """
 
     links_made: int
@@ -44,6 +49,50 @@ class FriendStats:
     bytes_moved: int
     fallbacks: Mapping[str, int]
     pending: int
+    listeners: Mapping[str, "ListenerStats"] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ListenerStats:
+    """Links made and fallbacks at one listener address (``"127.0.0.1:8000"``,
+    ``"[::1]:8000"``), counted per end as in :class:`FriendStats`: a server's
+    own fallbacks (``peer-not-friend``) and its clients' (``sock``,
+    ``opted-out``, ...) both land here."""
+
+    address: str
+    links_made: int
+    fallbacks: Mapping[str, int]
+
+    @property
+    def fell_back(self) -> int:
+        """Connections counted here that took real TCP, whatever the reason."""
+        return sum(self.fallbacks.values())
+
+
+# Per-address counts are kept for this many addresses per thread; any
+# further address (a client of many hosts) is counted under OTHER.
+MAX_PLACES = 1024
+OTHER: Tuple[str, Any] = ("(other addresses)", None)
+
+
+def format_address(key: Tuple[str, Any]) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    host, port = key
+    if port is None:
+        return host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Place:
+    """One thread's counts at one address."""
+
+    __slots__ = ("made", "fallbacks")
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.fallbacks: Dict[str, int] = {}
 
 
 class Shard:
@@ -51,13 +100,34 @@ class Shard:
     needs no lock and loses nothing, however many threads run links; a
     snapshot adds the shards up."""
 
-    __slots__ = ("made", "done", "moved", "fallbacks")
+    __slots__ = ("made", "done", "moved", "fallbacks", "places")
 
     def __init__(self) -> None:
         self.made = 0  # links established on this thread
         self.done = 0  # links whose last end closed on this thread
         self.moved = 0  # bytes read by ends on this thread
         self.fallbacks: Dict[str, int] = {}
+        self.places: Dict[Tuple[str, Any], _Place] = {}  # the same per address
+
+    def place(self, address: Any) -> _Place:
+        """The counts at ``address``: a listener's endpoint, a socket
+        address, or ``(host, port)`` as a caller named it."""
+        place = self.places.get(address)  # a listener's endpoint is its own key
+        if place is not None:
+            return place
+        host, port = address[0], address[1]
+        if isinstance(host, bytes):  # trio takes a host name as bytes too
+            host = host.decode("ascii", "replace")
+            address = (host, port)
+        key = normalize_endpoint(address) if isinstance(host, str) else (str(host), port)
+        place = self.places.get(key)
+        if place is None:
+            if len(self.places) >= MAX_PLACES:
+                key = OTHER
+                place = self.places.get(key)
+            if place is None:
+                place = self.places[key] = _Place()
+        return place
 
 
 class Counters:
@@ -80,10 +150,23 @@ class Counters:
                 self._shards.append(shard)
             return shard
 
-    def fallback(self, reason: Fallback) -> None:
+    def fallback(self, reason: Fallback, address: Any = None) -> None:
+        """A connection took real TCP; ``address``: the listener's endpoint,
+        or where the connect went when no listener of ours was there."""
         # Counted by the plain string: FriendStats.fallbacks is looked up by it.
-        fallbacks = self.shard().fallbacks
+        shard = self.shard()
+        fallbacks = shard.fallbacks
         fallbacks[reason.value] = fallbacks.get(reason.value, 0) + 1
+        if address is not None:
+            fallbacks = shard.place(address).fallbacks
+            fallbacks[reason.value] = fallbacks.get(reason.value, 0) + 1
+
+    def link_made(self, listener: Optional[Any]) -> None:
+        """A friend link was established to ``listener`` (its endpoint)."""
+        shard = self.shard()
+        shard.made += 1
+        if listener is not None:
+            shard.place(listener).made += 1
 
     @property
     def links_made(self) -> int:
@@ -110,6 +193,7 @@ class Counters:
             bytes_moved=sum(shard.moved for shard in shards),
             fallbacks=types.MappingProxyType(dict(fallbacks)),
             pending=pending,
+            listeners=_listeners(shards),
         )
 
     def _reset_after_fork(self) -> None:
@@ -118,6 +202,22 @@ class Counters:
         # live on (and never closes them, see the adapters' pid checks).
         self._lock = threading.Lock()
         self.shard().done += self.links_alive
+
+
+def _listeners(shards: List[Shard]) -> Mapping[str, ListenerStats]:
+    made: collections.Counter[str] = collections.Counter()
+    fallbacks: Dict[str, collections.Counter[str]] = {}
+    for shard in shards:
+        for key, place in dict(shard.places).items():  # dict(): one atomic copy
+            address = format_address(key)
+            made[address] += place.made
+            fallbacks.setdefault(address, collections.Counter()).update(dict(place.fallbacks))
+    stats = [
+        ListenerStats(address, made[address], types.MappingProxyType(dict(counts)))
+        for address, counts in fallbacks.items()
+    ]
+    stats.sort(key=lambda s: (-s.links_made, -s.fell_back, s.address))
+    return types.MappingProxyType({s.address: s for s in stats})
 
 
 counters = Counters()

@@ -27,6 +27,7 @@ from .._handshake import (
     call_on_claim,
     claim_accepted,
     confirmed,
+    fallback_address,
     forget_listener,
     numeric_address_infos,
     make_room,
@@ -117,7 +118,8 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         conn.setblocking(False)
         pending, sockname = claim_accepted(conn, address)
         if pending is None:
-            counters.fallback(Fallback.PEER_NOT_FRIEND)
+            entry = self._entry
+            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint if entry is not None else None)
             return _socket_stream(conn)
         adopt_accepted(conn, pending)
         stream = FriendStream(pending.link.server, conn, sockname, address, self._state)
@@ -235,7 +237,7 @@ async def open_tcp_stream(
         if stream is not None:
             return stream
     else:
-        counters.fallback(reason)
+        counters.fallback(reason, fallback_address(host, port))
     return await trio.open_tcp_stream(host, port, happy_eyeballs_delay=happy_eyeballs_delay,
                                       local_address=local_address)
 
@@ -257,17 +259,19 @@ async def _connect(host: Union[str, bytes], port: int,
         local_infos = await trio.socket.getaddrinfo(local_address, 0, type=socket.SOCK_STREAM)
     token = trio.lowlevel.current_trio_token()
     reason = Fallback.NO_LISTENER
+    where: Any = (host, port)  # where the fallback is counted
     for af, socktype, proto, _, address in infos:
         attempt = ConnectAttempt(address)
         entry = attempt.entry
         if entry is None:
             continue
+        where = entry.endpoint
         sock = attempt.open(af, socktype, proto)  # socket() errors are raised: no fallback
         try:
             attempt.bind(af, local_infos)
             if attempt.entry is None:  # not an address of ours
                 attempt.give_up()
-                reason = attempt.fallback
+                reason, where = attempt.fallback, address
                 continue
             await trio.lowlevel.checkpoint_if_cancelled()
             while (err := attempt.start(token)) is None:
@@ -287,7 +291,7 @@ async def _connect(host: Union[str, bytes], port: int,
         if attempt.optimistic:
             return _start_client(pending, sock)
         return await _confirm(pending, sock, token)
-    counters.fallback(reason)
+    counters.fallback(reason, where)
     return None
 
 

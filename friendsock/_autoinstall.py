@@ -1,0 +1,28 @@
+"""``FRIENDSOCK_INSTALL=1``: friendsock on for every asyncio and uvloop loop
+of any Python program started in this environment, unchanged.
+
+``friendsock.pth``, which installing friendsock puts in site-packages, is
+run by Python's ``site`` module at every start-up; it only looks the
+variable up and imports this module when it is set (not ``0``). This
+patches the loop classes (as ``python -m friendsock run`` and the pytest
+plugin do) before the program's first line, and reports at exit (on
+stderr, unless no connection went through friendsock; ``FRIENDSOCK_REPORT``
+says where: ``stderr``, ``json=FILE``, ``off``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._asyncio._install import install_classes
+from ._core._switch import _OFF_VALUES
+from ._report import report_at_exit, targets_from_environment
+
+
+def wanted() -> bool:
+    return os.environ.get("FRIENDSOCK_INSTALL", "").strip().lower() not in _OFF_VALUES | {""}
+
+
+if wanted():
+    install_classes()
+    report_at_exit(targets_from_environment(os.environ.get("FRIENDSOCK_REPORT")), only_if_used=True)
