@@ -446,9 +446,36 @@ def confirmed(pending: Pending, claimed: bool) -> bool:
     that fails instead: :func:`abandon_connect`.)"""
     if claimed or not registry.withdraw(pending):
         return True
+    # Counted even when withdrawn already: a listener closed under it
+    # withdraws without counting (see go_tcp for the held connects).
     pending.link.on_done = None  # the socket is plain TCP's now, not the link's
     counters.fallback(Fallback.UNCONFIRMED, pending.listener.endpoint)
     return False
+
+
+def go_tcp(pending: Pending, reason: Optional[Fallback]) -> bool:
+    """A connect made or accepted by the loop's sock_* methods goes on as
+    TCP, whichever end decides it: withdraw it (counted once, by the end
+    that withdraws it first), and wake an accepting end holding it. The sockets stay their users'. False, and
+    nothing done, when the link formed first."""
+    withdrawn_before = pending.state is PendingState.WITHDRAWN
+    if not registry.withdraw(pending):
+        return False
+    pending.link.on_done = None  # the socket is plain TCP's now, not the link's
+    if not withdrawn_before:
+        if reason is not None:
+            counters.fallback(reason, pending.listener.endpoint)
+        settle_held(pending, PendingState.WITHDRAWN)
+    return True
+
+
+def settle_held(pending: Pending, state: PendingState) -> None:
+    """Tell an accepting end waiting on a HELD connect (``on_settled``) how
+    it ended: CLAIMED or WITHDRAWN."""
+    hook = pending.on_settled
+    if hook is not None:
+        pending.on_settled = None
+        hook(state)
 
 
 def claim_accepted(conn: socket.socket, address: Any, *, ready: bool = True,

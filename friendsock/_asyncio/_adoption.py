@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Tuple
 
 from .. import _handshake
 from .._core._registry import PendingState, registry
-from .._core._stats import Fallback, counters
+from .._core._stats import Fallback
 from .._core._switch import is_enabled
 from .._handshake import (
     Entry,
@@ -32,10 +32,12 @@ from .._handshake import (
     adopt_accepted,
     claim_accepted,
     forget_listener,
+    go_tcp,
     make_room,
     payload_moved,
     register_adoptable_connect,
     register_listener,
+    settle_held,
 )
 from ._loop_state import loop_state
 from ._native import in_loop_own_connect, native
@@ -105,33 +107,13 @@ async def adopt_connected(
         return None
     state = registry.adopt(pending, server=False)
     if state is PendingState.CLAIMED:  # the accepting end holds it: pair
-        _settle(pending, state)  # first: a TLS handshake needs both ends
+        settle_held(pending, state)  # first: a TLS handshake needs both ends
         return await start_client_end(loop, pending, sock, protocol_factory, tls)
     if state is PendingState.WITHDRAWN:  # counted by the end that withdrew
         return None
     # Not accepted yet, or accepted by a socket its user has not adopted
     # yet: wait for the claim, as a confirmed connect does.
     return await _confirm(loop, pending, sock, protocol_factory, tls)
-
-
-def go_tcp(pending: Pending, reason: Optional[Fallback]) -> None:
-    """The connection stays TCP, whichever end decides it: withdraw the
-    connect (counted once, by the end that withdraws it first), and wake an
-    accepting end holding it. The sockets stay their users'."""
-    withdrawn_before = pending.state is PendingState.WITHDRAWN
-    if registry.withdraw(pending):
-        pending.link.on_done = None
-        if not withdrawn_before:
-            if reason is not None:
-                counters.fallback(reason, pending.listener.endpoint)
-            _settle(pending, PendingState.WITHDRAWN)
-
-
-def _settle(pending: Pending, state: PendingState) -> None:
-    hook = pending.on_settled
-    if hook is not None:
-        pending.on_settled = None
-        hook(state)
 
 
 # -- the accepting end ------------------------------------------------------
@@ -291,16 +273,12 @@ async def hold_for_client(loop: asyncio.AbstractEventLoop, conn: socket.socket,
     try:
         paired = await settled
     except BaseException:
-        if registry.withdraw(pending):
-            pending.link.on_done = None
-        else:  # formed meanwhile: the connecting end sees us go away
+        if not go_tcp(pending, None):  # formed meanwhile: the connecting end sees us go
             pending.link.server.close()
         raise
     finally:
         deadline.cancel()
         loop.remove_reader(fd)
         pending.on_settled = None
-    if paired or pending.state is PendingState.CLAIMED:
-        return True
-    go_tcp(pending, Fallback.USED_RAW)
-    return pending.state is PendingState.CLAIMED  # formed at the last moment
+    # Not paired: TCP, unless it formed at the last moment.
+    return paired or not go_tcp(pending, Fallback.USED_RAW)
