@@ -29,13 +29,13 @@ __version__ = "0.1.0"
 def is_friend(obj: Any) -> bool:
     """Whether ``obj`` is one end of a friend link: an asyncio transport or
     ``StreamWriter`` (TLS over a friend link included), or a
-    ``friendsock.trio`` stream."""
+    ``friendsock.trio`` stream or paired ``trio.socket`` socket."""
     if _is_asyncio_friend(obj):
         return True
-    # A trio friend stream exists only once the trio adapter was imported;
+    # A trio friend end exists only once the trio adapter was imported;
     # asking must not import trio.
-    trio_streams = sys.modules.get("friendsock._trio._stream")
-    return trio_streams is not None and isinstance(obj, trio_streams.FriendStream)
+    friendsock_trio = sys.modules.get("friendsock.trio")
+    return friendsock_trio is not None and friendsock_trio.is_friend(obj)
 
 
 def stats() -> FriendStats:

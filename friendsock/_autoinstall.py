@@ -1,11 +1,12 @@
 """``FRIENDSOCK_INSTALL=1``: friendsock on for every asyncio and uvloop loop
-of any Python program started in this environment, unchanged.
+(and for trio) of any Python program started in this environment, unchanged.
 
 ``friendsock.pth``, which installing friendsock puts in site-packages, is
 run by Python's ``site`` module at every start-up; it only looks the
 variable up and imports this module when it is set (not ``0``). This
-patches the loop classes (as ``python -m friendsock run`` and the pytest
-plugin do) before the program's first line, and reports at exit (on
+patches the loop classes, and trio once the program imports it (as
+``python -m friendsock run`` and the pytest plugin do), before the
+program's first line, and reports at exit (on
 stderr, unless no connection went through friendsock; ``FRIENDSOCK_REPORT``
 says where: ``stderr``, ``json=FILE``, ``off``).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from ._asyncio._install import install_classes
+from ._everywhere import install_everywhere
 from ._core._switch import _OFF_VALUES
 from ._report import report_at_exit, targets_from_environment
 
@@ -24,5 +25,5 @@ def wanted() -> bool:
 
 
 if wanted():
-    install_classes()
+    install_everywhere()
     report_at_exit(targets_from_environment(os.environ.get("FRIENDSOCK_REPORT")), only_if_used=True)

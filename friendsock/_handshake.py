@@ -323,7 +323,7 @@ def make_room(entry: Entry) -> None:
         registry.accept_room_made(entry, accept_room(entry))
 
 
-def abandon_connect(pending: Pending, sock: socket.socket) -> None:
+def abandon_connect(pending: Pending, sock: socket.socket, close: bool = True) -> None:
     """The connecting side gives up (its connect failed, or was cancelled).
 
     Withdrawn in time: the socket is closed here, and an optimistic link
@@ -337,7 +337,8 @@ def abandon_connect(pending: Pending, sock: socket.socket) -> None:
         if link.established:
             link.client.close()
             link.server.close()
-        sock.close()
+        if close:
+            sock.close()
     else:
         link.client.close()
 
@@ -411,12 +412,14 @@ class ConnectAttempt:
         there): no claim to wait for."""
         return self.pending is not None and self.pending.listener.exclusive and self.only_one
 
-    def give_up(self) -> None:
+    def give_up(self, close: bool = True) -> None:
         """The connect failed or was cancelled: :func:`abandon_connect` once
-        registered, else close the socket (if made)."""
+        registered, else close the socket (if made). ``close=False``: the
+        socket is its user's, who closes it (a failed connect of a socket
+        made elsewhere)."""
         if self.pending is not None:
-            abandon_connect(self.pending, self.pending.handle.sock)
-        elif self.sock is not None:
+            abandon_connect(self.pending, self.pending.handle.sock, close=close)
+        elif self.sock is not None and close:
             self.sock.close()
 
     def _socket(self) -> socket.socket:
@@ -429,14 +432,11 @@ def call_on_claim(pending: Pending, here: Callable[[], None], elsewhere: Callabl
     """Have the claim of the confirmed connect ``pending`` call ``here`` when
     the accepting side runs on the caller's scheduler; else ``elsewhere``, on
     the accepting thread (to hand ``here`` over to the caller's)."""
-    if pending.link.threaded:
-        pending.on_claimed = elsewhere
-        # Set, then check: the accepting thread may have claimed the
-        # connect before on_claimed was there to call.
-        if pending.state is PendingState.CLAIMED:
-            here()
-    else:
-        pending.on_claimed = here
+    pending.on_claimed = elsewhere if pending.link.threaded else here
+    # Set, then check: the accepting side may have claimed the connect
+    # before on_claimed was there to call (while the connect finished).
+    if pending.state is PendingState.CLAIMED:
+        here()
 
 
 def confirmed(pending: Pending, claimed: bool) -> bool:

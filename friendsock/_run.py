@@ -20,14 +20,15 @@ import sys
 import types
 from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple
 
-from ._asyncio._install import install_classes
+from ._everywhere import install_everywhere
 from ._report import Target, parse_target, report_at_exit
 
 USAGE = """\
 usage: {prog} [options] (-m module | script.py | -c code) [args]
 
 Runs a Python program in this interpreter, as python would, with friendsock
-installed on every asyncio and uvloop event loop it creates, and reports at
+installed on every asyncio and uvloop event loop it creates (and on trio,
+anyio's trio backend included, once it imports trio), and reports at
 exit how many connections paired and why the others fell back to real TCP.
 
 options:
@@ -112,7 +113,7 @@ def main(argv: Sequence[str], prog: str) -> int:
     if quiet:
         targets = [target for target in targets if target[0] != "stderr"]
     # Before anything of the program is imported (a -m module's packages).
-    install_classes()
+    install_everywhere()
     run_program(program, lambda: report_at_exit(targets))
     return 0
 

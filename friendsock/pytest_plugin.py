@@ -1,11 +1,12 @@
 """The pytest plugin (registered through the ``pytest11`` entry point).
 
 - ``--friendsock`` (or ``friendsock = true`` in the ini file) pairs friend
-  links on every asyncio and uvloop loop the session creates, with no change
-  to the tests; ``--no-friendsock`` overrides the ini file;
+  links on every asyncio and uvloop loop the session creates, and in trio
+  (pytest-trio, anyio's plugin on either backend), with no change to the
+  tests; ``--no-friendsock`` overrides the ini file;
 - the ``friendsock`` fixture pairs friend links for one test, on whatever
-  loop the test runs, and exposes the counters, with assertions that
-  connections paired or fell back;
+  loop the test runs or in trio, and exposes the counters, with assertions
+  that connections paired or fell back;
 - ``@pytest.mark.real_tcp`` forces real TCP for one test;
 - ``friendsock_server`` starts friendsock servers on ``127.0.0.1:0`` and
   closes them after the test;
@@ -25,8 +26,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import pytest
 
-from ._asyncio._api import create_server, is_friend, start_server
-from ._asyncio._install import install_classes, uninstall_class
+from ._asyncio._api import create_server, start_server
+from ._everywhere import install_everywhere
 from ._core._stats import FriendStats
 from ._core._switch import is_enabled, set_enabled
 from ._report import since, text_lines
@@ -42,7 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         dest="friendsock",
         default=None,
-        help="pair in-process TCP connections as friend links on every asyncio/uvloop loop",
+        help="pair in-process TCP connections as friend links on every asyncio/uvloop loop and in trio",
     )
     group.addoption(
         "--no-friendsock",
@@ -68,13 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
         from . import stats
 
         config.stash[_SESSION_BASELINE] = stats()
-        patched = install_classes()
-
-        def restore() -> None:
-            for klass in patched:
-                uninstall_class(klass)
-
-        config.add_cleanup(restore)
+        config.add_cleanup(install_everywhere())
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -100,6 +95,12 @@ def _friendsock_real_tcp_marker(request: pytest.FixtureRequest) -> Iterator[None
         yield
     finally:
         set_enabled(was_enabled)
+
+
+def _is_friend(connection: Any) -> bool:
+    from . import is_friend
+
+    return is_friend(connection)
 
 
 class FriendsockFixture:
@@ -132,7 +133,7 @@ class FriendsockFixture:
 
     def assert_paired(self, connection: Any) -> None:
         """``connection`` (a transport or a StreamWriter) is a friend link."""
-        if not is_friend(connection):
+        if not _is_friend(connection):
             raise AssertionError(
                 f"{connection!r} is not a friend link (fallbacks in this test: {self.fallbacks})"
             )
@@ -140,7 +141,7 @@ class FriendsockFixture:
     def assert_fell_back(self, connection: Any, reason: Optional[str] = None) -> None:
         """``connection`` took real TCP (and, when ``reason`` is given, a
         fallback for that reason was counted during this test)."""
-        if is_friend(connection):
+        if _is_friend(connection):
             raise AssertionError(f"{connection!r} is a friend link, expected real TCP")
         if reason is not None and reason not in self.fallbacks:
             raise AssertionError(
@@ -151,16 +152,16 @@ class FriendsockFixture:
 @pytest.fixture
 def friendsock() -> Iterator[FriendsockFixture]:
     """Friend links for this test, on every asyncio/uvloop loop (whatever
-    the test's loop scope), and the counters since the test started.
+    the test's loop scope) and in trio, and the counters since the test
+    started.
 
     Request it before fixtures that start servers, so they pair too.
     """
-    patched = install_classes()
+    uninstall = install_everywhere()
     try:
         yield FriendsockFixture()
     finally:
-        for klass in patched:
-            uninstall_class(klass)
+        uninstall()
 
 
 def _is_stream_handler(handler: Callable[..., Any]) -> bool:

@@ -1,14 +1,19 @@
 """friendsock on trio: ``open_tcp_stream``, ``open_tcp_listeners`` and
 ``serve_tcp`` with trio's signatures (plus ``friends=``), pairing with any
-friendsock end in this process, asyncio ones on other threads included.
+friendsock end in this process, asyncio ones on other threads included;
+and :func:`install`, after which unchanged trio code (and anyio on trio)
+pairs too.
 
-A paired connection is a :class:`FriendStream`; anything else is the
-``trio.SocketStream`` trio itself would give.
+A paired connection is a :class:`FriendStream`, or, for code that connects
+or accepts ``trio.socket`` sockets itself, a :class:`FriendTrioSocket`;
+anything else is what trio itself would give.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import trio
 
 from ._trio._pairing import (
     FriendListener,
@@ -16,19 +21,28 @@ from ._trio._pairing import (
     open_tcp_stream,
     serve_tcp,
 )
+from ._trio._install import install, is_installed, uninstall
+from ._trio._socket import FriendTrioSocket
 from ._trio._stream import FriendStream
 
 
 def is_friend(stream: Any) -> bool:
-    """Whether ``stream`` is one end of a friend link."""
-    return isinstance(stream, FriendStream)
+    """Whether ``stream`` (a stream, or a ``trio.socket`` socket, or a
+    ``trio.SocketStream`` over one) is one end of a friend link."""
+    if isinstance(stream, trio.SocketStream):
+        stream = stream.socket
+    return isinstance(stream, (FriendStream, FriendTrioSocket))
 
 
 __all__ = [
     "FriendListener",
     "FriendStream",
+    "FriendTrioSocket",
+    "install",
     "is_friend",
+    "is_installed",
     "open_tcp_listeners",
     "open_tcp_stream",
     "serve_tcp",
+    "uninstall",
 ]

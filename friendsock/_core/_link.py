@@ -151,12 +151,14 @@ class Channel:
         self.notify_writable = hook
 
     def wake_writer_at(self, threshold: Optional[int]) -> bool:
-        """Ask for ``notify_writable`` once ``write_buffer_size() <= threshold``
-        (relative to the capacity, so a ``setsockopt`` moves it too).
+        """Ask for ``notify_writable`` once ``queued - capacity <= threshold``
+        (relative to the capacity, so a ``setsockopt`` moves it too): 0 once
+        the writer's own buffer is empty, -1 once a byte more fits (a
+        socket's writability).
 
         Returns True (and asks nothing) when that already holds.
         """
-        if threshold is not None and self.write_buffer_size() <= threshold:
+        if threshold is not None and self.queued - self.sndbuf - self.rcvbuf <= threshold:
             self._writer_wake_at = None
             return True
         self._writer_wake_at = threshold
@@ -524,6 +526,30 @@ class LinkEnd:
         if self.outgoing.closed_with_backlog:
             return self.send_error()
         return None
+
+    def send_some(self, data: bytes) -> int:
+        """A socket's ``send()``: queue what fits in ``sndbuf + friend rcvbuf``
+        now, and return how many bytes that is (0: no room, wait for
+        ``wake_writer_at(-1)``). Raises :class:`LinkBrokenError` as the
+        kernel's send fails: EPIPE after our own shutdown, the friend's
+        reset (see :meth:`send_refused`)."""
+        out = self.outgoing
+        if out.state is not ChannelState.OPEN:
+            if out.state is ChannelState.RESET or self.incoming.state is ChannelState.RESET:
+                raise self.send_error()
+            raise LinkBrokenError(errno.EPIPE)
+        room = out.sndbuf + out.rcvbuf - out.queued
+        if room <= 0 and not out.reader_closed:
+            return 0
+        if len(data) > room > 0:
+            data = data[:room]
+        try:
+            out.push(data)
+        except PeerResetError:
+            self.send_refused()  # TCP takes this one: the friend answers it with a reset
+        except ChannelShutdownError:  # reset meanwhile, on the friend's thread
+            raise self.send_error() from None
+        return len(data)
 
     @staticmethod
     def read_error() -> LinkBrokenError:

@@ -8,10 +8,12 @@ peer outside friendsock sees plain TCP.
 
 from __future__ import annotations
 
+import contextvars
 import errno
+import os
 import socket
 import sys
-from typing import Any, Awaitable, Callable, List, Optional, Union
+from typing import Any, Awaitable, Callable, List, Optional, Tuple, Union
 
 import trio
 
@@ -35,7 +37,7 @@ from .._handshake import (
     wait_for_room,
     why_not_friends,
 )
-from ._run import run_state
+from ._run import RunState, run_state
 from ._stream import FriendStream
 
 if sys.version_info < (3, 11):  # trio depends on the backport there
@@ -59,8 +61,21 @@ _IGNORABLE_ACCEPT_ERRNOS = frozenset(
 _CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
 
 
+# trio's own functions, as they were before anything patched them: the
+# fallbacks are trio's plain TCP, and make sockets that pair no more
+# (``native_calls``).
+_trio_from_stdlib_socket = trio.socket.from_stdlib_socket
+_trio_open_tcp_stream = trio.open_tcp_stream
+_trio_open_tcp_listeners = trio.open_tcp_listeners
+
+# Set while friendsock runs trio's own code for plain TCP: trio sockets it
+# makes then connect and listen natively, even under install().
+native_calls: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
+    "friendsock_trio_native_calls", default=False)
+
+
 def _socket_stream(sock: socket.socket) -> trio.SocketStream:
-    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+    return trio.SocketStream(_trio_from_stdlib_socket(sock))
 
 
 # -- listening ----------------------------------------------------------------
@@ -73,7 +88,7 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock  # the real listening socket, non-blocking
-        self.socket = trio.socket.from_stdlib_socket(sock)
+        self.socket = _trio_from_stdlib_socket(sock)
         self._state = state = run_state()
         # Bound by us without SO_REUSEPORT: a connect to it can only land here.
         self._entry: Optional[Entry] = register_listener(sock, state, owner=state.token,
@@ -84,49 +99,7 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         return f"<friendsock.trio.FriendListener {self.socket!r}>"
 
     async def accept(self) -> trio.abc.HalfCloseableStream:
-        while True:
-            try:
-                conn, address = await self._accept_socket()
-            except OSError as exc:
-                if exc.errno in _CLOSED_ERRNOS:
-                    raise trio.ClosedResourceError from None
-                if exc.errno not in _IGNORABLE_ACCEPT_ERRNOS:
-                    raise
-            else:
-                entry = self._entry
-                if entry is not None:
-                    # Connects held back by a full accept queue may go on now.
-                    make_room(entry)
-                return self._stream_for(conn, address)
-
-    async def _accept_socket(self) -> "tuple[socket.socket, Any]":
-        await trio.lowlevel.checkpoint_if_cancelled()
-        parked = False
-        while True:
-            try:
-                conn, address = self._sock.accept()
-                break
-            except BlockingIOError:
-                # aclose() wakes this with ClosedResourceError.
-                await trio.lowlevel.wait_readable(self._sock)
-                parked = True
-        if not parked:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return conn, address
-
-    def _stream_for(self, conn: socket.socket, address: Any) -> trio.abc.HalfCloseableStream:
-        conn.setblocking(False)
-        pending, sockname = claim_accepted(conn, address)
-        if pending is None:
-            entry = self._entry
-            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint if entry is not None else None)
-            return _socket_stream(conn)
-        adopt_accepted(conn, pending)
-        stream = FriendStream(pending.link.server, conn, sockname, address, self._state)
-        stream.start()
-        if pending.on_claimed is not None:
-            pending.on_claimed()
-        return stream
+        return await accept_stream(self._sock, self._entry, self._state)
 
     async def aclose(self) -> None:
         self._forget()
@@ -139,6 +112,71 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
             self._entry = None
             self._state.listeners.pop(id(self), None)
             forget_listener(entry)
+
+
+async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
+                        state: RunState) -> trio.abc.HalfCloseableStream:
+    """``trio.SocketListener.accept`` on ``listen_sock``: a
+    :class:`FriendStream` for a friendsock client of this process (a connect
+    to the listener ``entry``), a ``trio.SocketStream`` for anyone else."""
+    while True:
+        try:
+            conn, address = await accept_connection(listen_sock, entry)
+        except OSError as exc:
+            if exc.errno in _CLOSED_ERRNOS:
+                raise trio.ClosedResourceError from None
+            if exc.errno not in _IGNORABLE_ACCEPT_ERRNOS:
+                raise
+        else:
+            pending, sockname = claim_connection(conn, address, entry)
+            if pending is None:
+                return _socket_stream(conn)
+            stream = FriendStream(pending.link.server, conn, sockname, address, state)
+            stream.start()
+            claimed(pending)
+            return stream
+
+
+async def accept_connection(listen_sock: socket.socket,
+                            entry: Optional[Entry]) -> Tuple[socket.socket, Any]:
+    """``accept()`` on the real listening socket, as trio's socket does it
+    (a checkpoint; closing the socket wakes it with ClosedResourceError).
+    The connection comes back non-blocking; connects held back by the
+    listener ``entry``'s full accept queue may go on now."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    parked = False
+    while True:
+        try:
+            conn, address = listen_sock.accept()
+            break
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(listen_sock)
+            parked = True
+    if entry is not None:
+        make_room(entry)
+    if not parked:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+    conn.setblocking(False)
+    return conn, address
+
+
+def claim_connection(conn: socket.socket, address: Any,
+                     entry: Optional[Entry]) -> Tuple[Optional[Pending], Any]:
+    """The pending connect an accepted connection belongs to, claimed and
+    adopted (its link established), with the socket's own address; None
+    (the fallback counted) for a peer that is no friend."""
+    pending, sockname = claim_accepted(conn, address)
+    if pending is None:
+        counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint if entry is not None else None)
+        return None, None
+    adopt_accepted(conn, pending)
+    return pending, sockname
+
+
+def claimed(pending: Pending) -> None:
+    """The server end is ready: tell a client waiting for the claim."""
+    if pending.on_claimed is not None:
+        pending.on_claimed()
 
 
 def _compute_backlog(backlog: Optional[int]) -> int:
@@ -160,7 +198,11 @@ async def open_tcp_listeners(
     """``trio.open_tcp_listeners``, returning :class:`FriendListener` objects
     (``trio.SocketListener`` objects with ``friends=False``)."""
     if why_not_friends(friends, {}) is not None:
-        return await trio.open_tcp_listeners(port, host=host, backlog=backlog)
+        token = native_calls.set(True)
+        try:
+            return await _trio_open_tcp_listeners(port, host=host, backlog=backlog)
+        finally:
+            native_calls.reset(token)
     if not isinstance(port, int):
         raise TypeError(f"port must be an int not {port!r}")
     computed_backlog = _compute_backlog(backlog)
@@ -238,8 +280,12 @@ async def open_tcp_stream(
             return stream
     else:
         counters.fallback(reason, fallback_address(host, port))
-    return await trio.open_tcp_stream(host, port, happy_eyeballs_delay=happy_eyeballs_delay,
-                                      local_address=local_address)
+    token = native_calls.set(True)
+    try:
+        return await _trio_open_tcp_stream(host, port, happy_eyeballs_delay=happy_eyeballs_delay,
+                                           local_address=local_address)
+    finally:
+        native_calls.reset(token)
 
 
 async def _connect(host: Union[str, bytes], port: int,
@@ -269,18 +315,6 @@ async def _connect(host: Union[str, bytes], port: int,
         sock = attempt.open(af, socktype, proto)  # socket() errors are raised: no fallback
         try:
             attempt.bind(af, local_infos)
-            if attempt.entry is None:  # not an address of ours
-                attempt.give_up()
-                reason, where = attempt.fallback, address
-                continue
-            await trio.lowlevel.checkpoint_if_cancelled()
-            while (err := attempt.start(token)) is None:
-                await _room_made(entry, token)
-            pending = attempt.pending
-            if pending is None:  # the listener just went away
-                attempt.give_up()
-                continue
-            await _connected(sock, address, err)
         except OSError:
             attempt.give_up()
             reason = Fallback.CONNECT_FAILED
@@ -288,11 +322,53 @@ async def _connect(host: Union[str, bytes], port: int,
         except BaseException:
             attempt.give_up()
             raise
-        if attempt.optimistic:
-            return _start_client(pending, sock)
-        return await _confirm(pending, sock, token)
+        if attempt.entry is None:  # not an address of ours
+            attempt.give_up()
+            reason, where = attempt.fallback, address
+            continue
+        try:
+            paired = await _pair(attempt, token)
+        except OSError:  # given up
+            reason = Fallback.CONNECT_FAILED
+            continue
+        if paired is None:  # the listener just went away
+            attempt.give_up()
+            continue
+        if paired:
+            return _start_client(attempt.pending, sock)  # type: ignore[arg-type]
+        return _socket_stream(sock)
     counters.fallback(reason, where)
     return None
+
+
+async def _pair(attempt: ConnectAttempt, token: trio.lowlevel.TrioToken,
+                close_on_error: bool = True) -> Optional[bool]:
+    """Register and make the connect of ``attempt`` (its socket open and
+    bound): True once it is a friend link, False when it went on as plain TCP
+    (connected, unconfirmed), None when the listener went away before
+    anything was connected. A failed connect raises its ``OSError``; the
+    attempt is given up (its socket closed unless not ``close_on_error``),
+    and so is a cancelled one (its socket closed, as trio does)."""
+    entry = attempt.entry
+    assert entry is not None and attempt.sock is not None
+    sock = attempt.sock
+    try:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while (err := attempt.start(token)) is None:
+            await _room_made(entry, token)
+        pending = attempt.pending
+        if pending is None:
+            return None
+        await _connected(sock, attempt.address, err)
+    except OSError:
+        attempt.give_up(close=close_on_error)
+        raise
+    except BaseException:
+        attempt.give_up()
+        raise
+    if attempt.optimistic:
+        return True
+    return await _confirm(pending, sock, token)
 
 
 async def _room_made(entry: Entry, token: trio.lowlevel.TrioToken) -> None:
@@ -340,8 +416,8 @@ async def _connected(sock: socket.socket, address: Any, err: int) -> None:
         err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if not err:
             return
-    if err:
-        raise OSError(err, f"Error connecting to {address!r}: {errno.errorcode.get(err, err)}")
+    if err:  # worded as trio words it
+        raise OSError(err, f"Error connecting to {address}: {os.strerror(err)}")
     await trio.lowlevel.cancel_shielded_checkpoint()
 
 
@@ -352,11 +428,11 @@ def _start_client(pending: Pending, sock: socket.socket) -> FriendStream:
     return stream
 
 
-async def _confirm(pending: Pending, sock: socket.socket,
-                   token: trio.lowlevel.TrioToken) -> AnyStream:
+async def _confirm(pending: Pending, sock: socket.socket, token: trio.lowlevel.TrioToken) -> bool:
     """A listener other processes may share: pair only once this process
-    claims the connect. Anything arriving on the real socket means another
-    process accepted it; so does silence past the deadline."""
+    claims the connect (True). Anything arriving on the real socket means
+    another process accepted it; so does silence past the deadline (False:
+    the connection goes on as plain TCP)."""
     claimed = trio.Event()
 
     def claimed_elsewhere() -> None:  # on the accepting thread
@@ -385,6 +461,4 @@ async def _confirm(pending: Pending, sock: socket.socket,
         # sees us go away.
         abandon_connect(pending, sock)
         raise
-    if confirmed(pending, claimed.is_set()):
-        return _start_client(pending, sock)
-    return _socket_stream(sock)
+    return confirmed(pending, claimed.is_set())

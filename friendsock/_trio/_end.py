@@ -1,0 +1,247 @@
+"""What every trio-side friend end shares, whatever it looks like to its
+user (a ``FriendStream``, or a ``trio.socket`` socket that paired): hooking
+into the link, parking a task until the friend's write (or read) wakes it,
+and going away with the run.
+
+A task waiting to receive (or for room to send) parks; the friend's write
+(or read) reschedules it, directly on the same run, with one
+``run_sync_soon`` per burst when the friend runs on another thread. Errors
+are raised here in the core's vocabulary (:class:`LinkBrokenError`); each
+kind of end translates them once (``_broken``, ``_closed_error``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+import weakref
+from typing import Any, Callable, Optional, Tuple
+
+import trio
+
+from .._core._errors import LinkBrokenError, PeerResetError
+from .._core._link import LinkEnd, Seen
+from ._run import RunState
+
+# Small writes are joined into one receive up to this size.
+_MAX_JOIN = 64 * 1024
+
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
+_current_task = trio.lowlevel.current_task
+_reschedule = trio.lowlevel.reschedule
+_wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+_ABORTED = trio.lowlevel.Abort.SUCCEEDED
+
+
+def stream_error(exc: OSError) -> BaseException:
+    """The one translation of a socket error into trio's stream vocabulary,
+    as ``trio.SocketStream`` makes it."""
+    if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+        return trio.ClosedResourceError("this socket was already closed")
+    error = trio.BrokenResourceError(f"socket connection broken: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+class TrioEnd:
+    """One end of a friend link living in a trio run."""
+
+    _end: LinkEnd
+    _state: RunState
+    _closed: bool
+    _reader: Optional[trio.lowlevel.Task]
+    _writer: Optional[trio.lowlevel.Task]
+
+    def _init_end(self, end: LinkEnd, state: RunState) -> None:
+        self._end = end
+        self._out = end.outgoing
+        self._in = end.incoming
+        self._state = state
+        self._closed = False
+        self._reader = None  # parked waiting for bytes
+        self._writer = None  # parked waiting for room
+
+    # -- what each kind of end says ----------------------------------------
+    def _closed_error(self) -> BaseException:
+        """What a call on this end raises once it is closed."""
+        raise NotImplementedError
+
+    def _broken(self, exc: LinkBrokenError) -> BaseException:
+        """The translation of a link failure for this kind of end."""
+        raise NotImplementedError
+
+    # -- the link --------------------------------------------------------
+    def _hook_in(self) -> None:
+        """Hook into the link (on the run's thread)."""
+        self._state.streams[id(self)] = weakref.ref(self)  # type: ignore[arg-type]
+        readable, writable = self._hooks()
+        self._out.attach_writer(writable)
+        self._in.attach_reader(readable)
+
+    def _hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
+        """The hooks the friend calls. They hold this end weakly: an end its
+        owner dropped is collected (and resets its friend) even while the
+        friend lives. A friend on another thread hands each wake-up to our
+        run (one per burst: the channel notifies once until we look again)."""
+        ref = weakref.ref(self)
+
+        def wake_reader() -> None:
+            end = ref()
+            if end is not None:
+                end._wake_reader()
+
+        def wake_writer() -> None:
+            end = ref()
+            if end is not None:
+                end._wake_writer()
+
+        if not self._end.link.threaded:
+            return wake_reader, wake_writer
+        run_sync_soon = self._state.token.run_sync_soon
+
+        def hand_over(wake: Callable[[], None]) -> Callable[[], None]:
+            def remote() -> None:
+                try:
+                    run_sync_soon(wake)
+                except trio.RunFinishedError:
+                    end = ref()
+                    if end is not None:
+                        end._run_gone()
+
+            return remote
+
+        return hand_over(wake_reader), hand_over(wake_writer)
+
+    def _unhook(self) -> None:
+        self._in.notify_readable = None
+        self._out.notify_writable = None
+
+    def _close_end(self) -> None:
+        """Close this end: tasks parked on it wake up to find it closed."""
+        self._closed = True
+        self._wake_reader()
+        self._wake_writer()
+        self._unhook()
+        self._state.streams.pop(id(self), None)
+        self._end.close()
+
+    def _run_gone(self) -> None:
+        """Our run ended with this end open (called on whatever thread found
+        out). The friend sees what a process that dies leaves behind: a
+        reset, after the bytes already in its receive buffer."""
+        if self._closed:
+            return
+        self._closed = True
+        self._unhook()
+        self._end.reset(keep=self._out.rcvbuf)
+
+    def _warn_unclosed(self, what: str, warn: Any = warnings.warn) -> None:
+        """Collected open: warn, and close as a socket collected unclosed
+        (what was queued still goes). The collector may run on any thread,
+        even inside a channel's lock: the run does the closing."""
+        state = getattr(self, "_state", None)  # None: never hooked in
+        if state is None or self._closed or state.pid != os.getpid():
+            return
+        warn(f"unclosed {what} {self!r}", ResourceWarning, source=self)
+        self._closed = True
+        state.streams.pop(id(self), None)
+        end = self._end
+        try:
+            state.token.run_sync_soon(end.abort)
+        except trio.RunFinishedError:
+            end.reset(keep=self._out.rcvbuf)
+
+    # -- waking ------------------------------------------------------------
+    def _wake_reader(self) -> None:
+        task = self._reader
+        if task is not None:
+            self._reader = None
+            _reschedule(task)
+
+    def _wake_writer(self) -> None:
+        task = self._writer
+        if task is not None:
+            self._writer = None
+            _reschedule(task)
+
+    # Parked: the task waits in wait_task_rescheduled (a checkpoint); the
+    # friend's wake-up or our close reschedules it, a cancel aborts it.
+    def _abort_reader(self, _: Any) -> trio.lowlevel.Abort:
+        self._reader = None
+        return _ABORTED
+
+    def _abort_writer(self, _: Any) -> trio.lowlevel.Abort:
+        self._writer = None
+        return _ABORTED
+
+    # -- receiving and waiting for room ------------------------------------
+    async def _receive(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes, b"" at EOF; a checkpoint. Cancelled,
+        nothing was consumed."""
+        await _checkpoint_if_cancelled()
+        channel = self._in
+        parked = False
+        while True:
+            if self._closed:
+                raise self._closed_error()
+            seen = channel.seen()
+            if seen is Seen.DATA:
+                data = channel.pull(max_bytes, _MAX_JOIN)
+                break
+            if seen is Seen.NOTHING:
+                channel.begin_drain()  # the next push notifies us again
+                if channel.seen() is not Seen.NOTHING:
+                    continue
+                if self._reader is not None:  # as trio's wait_readable on one fd
+                    raise trio.BusyResourceError("another task is already reading from this socket")
+                self._reader = _current_task()
+                await _wait_task_rescheduled(self._abort_reader)
+                parked = True
+                continue
+            if seen is Seen.RESET:
+                raise self._broken(self._end.read_error())
+            data = b""  # EOF
+            break
+        if not parked:
+            await _cancel_shielded_checkpoint()
+        return data
+
+    async def _send_all(self, data: bytes) -> None:
+        """Queue all of ``data`` (not empty), then wait until what we queued
+        fits in ``sndbuf + friend rcvbuf``; a checkpoint. Cancelled while
+        waiting, the bytes stay queued and still arrive, in order."""
+        await _checkpoint_if_cancelled()
+        out = self._out
+        try:
+            out.push(data)
+        except PeerResetError:
+            try:
+                self._end.send_refused()
+            except LinkBrokenError as exc:
+                raise self._broken(exc) from None
+        if (out.queued <= out.sndbuf + out.rcvbuf and not out.reader_closed) or \
+                not await self._wait_for_room(0, raise_broken=True):
+            await _cancel_shielded_checkpoint()
+
+    async def _wait_for_room(self, threshold: int, raise_broken: bool) -> bool:
+        """Until ``queued - (sndbuf + friend rcvbuf) <= threshold``, or the
+        friend stopped reading. Returns whether it parked (a checkpoint)."""
+        out = self._out
+        parked = False
+        while True:
+            if self._closed:
+                raise self._closed_error()
+            if out.reader_closed:
+                error = self._end.pending_send_error() if raise_broken else None
+                if error is not None:
+                    raise self._broken(error)
+                return parked
+            if out.wake_writer_at(threshold):
+                return parked
+            if self._writer is not None:  # as trio's wait_writable on one fd
+                raise trio.BusyResourceError("another task is already writing to this socket")
+            self._writer = _current_task()
+            await _wait_task_rescheduled(self._abort_writer)
+            parked = True

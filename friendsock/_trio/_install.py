@@ -1,0 +1,230 @@
+"""``friendsock.trio.install()``: unchanged trio code pairs.
+
+trio has no event loop object to patch, so the patches are process-wide,
+on trio's socket layer, and ``uninstall()`` puts back exactly what was
+there. Everything of trio's that makes TCP connections goes through its
+socket class, so patching that one place reaches ``trio.open_tcp_stream``,
+``trio.serve_tcp``, ``trio.open_tcp_listeners``, ``trio.SocketListener``
+over sockets made elsewhere (hypercorn's), anyio's trio backend, and any
+trio function a module imported by name before ``install()``:
+
+- ``listen()``, and ``trio.socket.from_stdlib_socket`` of a listening
+  socket, register the socket for pairing; ``close()`` forgets it;
+- ``connect()`` and ``accept()`` pair the socket itself: it becomes a
+  :class:`FriendTrioSocket`, the same object, still a ``trio.socket``
+  socket, so the streams trio and anyio build over it are their own
+  (``type(stream) is trio.SocketStream``, as libraries check);
+- ``trio.SocketStream.receive_some``/``send_all`` over a friend socket take
+  a shorter way through the link (any other socket: trio's own code).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import trio
+
+from .._core._registry import registry
+from .._core._stats import Fallback, counters
+from .._core._switch import is_enabled
+from .._handshake import ConnectAttempt, Entry, forget_listener, register_listener
+from . import _pairing
+from ._pairing import _pair, accept_connection, claim_connection, claimed, native_calls
+from ._run import run_state
+from ._socket import FriendTrioSocket, TrioSocketType, become_friend, stream_receive_some, stream_send_all
+
+_SocketType = TrioSocketType
+
+_MISSING = object()
+# Where a trio socket registered as a listener keeps its registry entry.
+_ENTRY = "_friendsock_listener"
+_INET = (socket.AF_INET, socket.AF_INET6)
+
+_lock = threading.Lock()
+_saved: Optional[Dict[Tuple[Any, str], Any]] = None  # None: not installed
+
+
+def _native(owner: Any, name: str) -> Any:
+    """trio's own ``owner.name``, as saved at install."""
+    saved = _saved
+    if saved is not None:
+        value = saved.get((owner, name), _MISSING)
+        if value is not _MISSING:
+            return value
+    return getattr(owner, name)
+
+
+# -- listeners ------------------------------------------------------------------
+
+
+def _is_tcp(sock: socket.socket) -> bool:
+    return sock.family in _INET and sock.type == socket.SOCK_STREAM
+
+
+def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
+    """The registry entry of the listening trio socket ``trio_sock``,
+    registered on first use (in a run; None outside one, for a socket that
+    is no TCP listener, or with pairing switched off). ``exclusive``: the
+    socket was made by trio in this process without SO_REUSEPORT (see
+    ListenerEntry); one made elsewhere may be shared with another process."""
+    entry = trio_sock.__dict__.get(_ENTRY)
+    if entry is not None or native_calls.get() or not is_enabled():
+        return entry
+    sock = trio_sock._sock
+    try:
+        if not _is_tcp(sock) or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return None
+        if exclusive and getattr(socket, "SO_REUSEPORT", None) is not None:
+            exclusive = not sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+        state = run_state()
+    except (OSError, RuntimeError):  # closed, or not in a run
+        return None
+    # A weak proxy: the registry must not keep its user's socket open.
+    entry = register_listener(weakref.proxy(sock), state, owner=state.token, exclusive=exclusive)
+    trio_sock.__dict__[_ENTRY] = entry
+    state.listeners[id(trio_sock)] = entry
+    weakref.finalize(trio_sock, forget_listener, entry)
+    return entry
+
+
+def _forget(trio_sock: Any) -> None:
+    entry = trio_sock.__dict__.pop(_ENTRY, None)
+    if entry is not None:
+        forget_listener(entry)
+
+
+def _socket_listen(self: Any, *args: Any) -> None:
+    self._sock.listen(*args)
+    # Made and bound by trio here: exclusive unless SO_REUSEPORT says not.
+    listener_entry(self, exclusive=True)
+
+
+def _socket_close(self: Any) -> None:
+    _forget(self)
+    _native(_SocketType, "close")(self)
+
+
+def _from_stdlib_socket(sock: socket.socket) -> Any:
+    trio_sock = _pairing._trio_from_stdlib_socket(sock)
+    if _is_tcp(sock):
+        listener_entry(trio_sock)
+    return trio_sock
+
+
+# -- sockets that connect and accept themselves --------------------------------------
+
+
+async def _socket_accept(self: Any) -> Tuple[Any, Any]:
+    if not _is_tcp(self._sock) or native_calls.get():
+        return await _native(_SocketType, "accept")(self)
+    entry = listener_entry(self)
+    conn, address = await accept_connection(self._sock, entry)
+    trio_sock = _pairing._trio_from_stdlib_socket(conn)
+    pending, sockname = claim_connection(conn, address, entry)
+    if pending is not None:
+        become_friend(trio_sock, pending.link.server, sockname, address, run_state())
+        claimed(pending)
+    return trio_sock, address
+
+
+async def _socket_connect(self: Any, address: Any) -> None:
+    native = _native(_SocketType, "connect")
+    sock = self._sock
+    if native_calls.get() or not is_enabled() or not _is_tcp(sock):
+        return await native(self, address)
+    resolved = await self._resolve_address_nocp(address, local=False)
+    if not registry.has_port(resolved[1]):
+        counters.fallback(Fallback.NO_LISTENER, resolved)
+        return await native(self, resolved)
+    attempt = ConnectAttempt(resolved)
+    if attempt.entry is None:
+        counters.fallback(Fallback.NO_LISTENER, resolved)
+        return await native(self, resolved)
+    attempt.sock = sock
+    try:
+        unbound = sock.getsockname()[1] == 0
+    except OSError:
+        unbound = False  # closed: the native connect says so
+    if unbound:
+        attempt.bind(sock.family, None)  # to the destination IP, to pair
+    if attempt.entry is None:  # not an address of ours
+        counters.fallback(attempt.fallback, resolved)
+        return await native(self, resolved)
+    token = trio.lowlevel.current_trio_token()
+    paired = await _pair(attempt, token, close_on_error=False)
+    if paired is None:  # the listener just went away: nothing connected yet
+        return await native(self, resolved)
+    if paired:
+        pending = attempt.pending
+        assert pending is not None
+        client = pending.handle
+        become_friend(self, pending.link.client, client.sockname, client.peername, run_state())
+
+
+# -- install / uninstall ----------------------------------------------------------------
+
+
+async def _stream_receive_some(self: trio.SocketStream, max_bytes: Optional[int] = None) -> bytes:
+    sock = self.socket
+    if type(sock) is FriendTrioSocket:
+        return await stream_receive_some(sock, max_bytes)
+    return await _native(trio.SocketStream, "receive_some")(self, max_bytes)
+
+
+async def _stream_send_all(self: trio.SocketStream, data: Any) -> None:
+    sock = self.socket
+    if type(sock) is FriendTrioSocket:
+        return await stream_send_all(self, sock, data)
+    return await _native(trio.SocketStream, "send_all")(self, data)
+
+
+def _patches() -> List[Tuple[Any, str, Any]]:
+    return [
+        (trio.SocketStream, "receive_some", _stream_receive_some),
+        (trio.SocketStream, "send_all", _stream_send_all),
+        (trio.socket, "from_stdlib_socket", _from_stdlib_socket),
+        (_SocketType, "listen", _socket_listen),
+        (_SocketType, "close", _socket_close),
+        (_SocketType, "connect", _socket_connect),
+        (_SocketType, "accept", _socket_accept),
+    ]
+
+
+def is_installed() -> bool:
+    """Whether :func:`install` is in force."""
+    return _saved is not None
+
+
+def install() -> None:
+    """From now on, in this process, unchanged trio code pairs: trio's own
+    functions and sockets, and what is built on them (anyio's trio backend,
+    hypercorn's trio worker, httpx on trio). Idempotent."""
+    global _saved
+    with _lock:
+        if _saved is not None:
+            return
+        saved: Dict[Tuple[Any, str], Any] = {}
+        for owner, name, value in _patches():
+            saved[(owner, name)] = vars(owner).get(name, _MISSING)
+            setattr(owner, name, value)
+        _saved = saved
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: trio's own objects are back, exactly. Listeners
+    registered meanwhile stop pairing as they close; links already made stay
+    friends until closed."""
+    global _saved
+    with _lock:
+        saved = _saved
+        if saved is None:
+            return
+        for (owner, name), value in saved.items():
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+        _saved = None

@@ -1,0 +1,277 @@
+"""A ``trio.socket`` socket whose connection paired.
+
+Code that drives ``trio.socket`` sockets itself (anyio's trio backend,
+libraries that connect a socket and wrap it) keeps its socket object: once
+its connect or accept pairs, the object's class becomes
+:class:`FriendTrioSocket`, whose data calls go through the link with the
+socket's own semantics (``send`` takes what fits in ``sndbuf + friend
+rcvbuf``, ``recv`` returns b"" at EOF, failures are the ``OSError`` the
+kernel would give). The real socket stays open underneath for addresses and
+options, as for every friend end.
+"""
+
+from __future__ import annotations
+
+import errno
+import operator
+import socket
+from typing import Any, Optional, Tuple
+
+import trio
+
+from .._core._errors import LinkBrokenError
+from .._core._link import LinkEnd, Seen
+from .._friend_socket import FriendSocket
+from ._end import TrioEnd, stream_error
+from ._run import RunState
+
+# trio's own socket class (private: found through a socket it wraps).
+# Paired sockets become a subclass of it, so isinstance() checks against
+# trio.socket.SocketType still hold.
+with socket.socket() as _probe:
+    TrioSocketType: type = type(trio.socket.from_stdlib_socket(_probe))
+del _probe
+
+_checkpoint = trio.lowlevel.checkpoint
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
+
+
+def _unsupported(what: str) -> OSError:
+    return OSError(errno.EOPNOTSUPP, f"{what} is not supported on a friend socket: its bytes "
+                                     f"do not go through the descriptor")
+
+
+def _no_flags(flags: int) -> None:
+    if flags:
+        raise _unsupported(f"flags={flags!r}")
+
+
+class FriendTrioSocket(TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type]
+    """A ``trio.socket`` socket (made by trio, connected or accepted) whose
+    bytes move through a friend link. Not made directly: see
+    :func:`become_friend`."""
+
+    _sock: socket.socket
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("friend sockets are made by connect() and accept(), not directly")
+
+    def _closed_error(self) -> BaseException:
+        return OSError(errno.EBADF, "Bad file descriptor")
+
+    def _broken(self, exc: LinkBrokenError) -> BaseException:
+        return exc.as_os_error()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<friendsock FriendTrioSocket [closed] family={self.family!r}>"
+        return (f"<friendsock FriendTrioSocket laddr={self._sockname!r} raddr={self._peername!r} "
+                f"queued={self._out.queued}>")
+
+    def __del__(self) -> None:
+        self._warn_unclosed("friend socket")
+
+    # -- what stays the real socket's ---------------------------------------
+    def fileno(self) -> int:
+        return -1 if self._closed else self._sock.fileno()
+
+    def getsockname(self) -> Any:
+        self._check_open()
+        return self._sockname
+
+    def getpeername(self) -> Any:
+        self._check_open()
+        return self._peername
+
+    def getsockopt(self, *args: Any) -> Any:
+        self._check_open()
+        return self._options.getsockopt(*args)
+
+    def setsockopt(self, *args: Any) -> None:
+        self._check_open()
+        self._options.setsockopt(*args)
+
+    def dup(self) -> Any:
+        raise _unsupported("dup()")
+
+    def detach(self) -> int:
+        raise _unsupported("detach()")
+
+    def share(self, *args: Any) -> bytes:  # pragma: no cover - Windows only
+        raise _unsupported("share()")
+
+    def listen(self, *args: Any) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    async def accept(self) -> Any:
+        await _checkpoint()
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    async def connect(self, address: Any) -> None:
+        await _checkpoint()
+        raise OSError(errno.EISCONN, "Transport endpoint is already connected")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+
+    # -- receiving ----------------------------------------------------------
+    async def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        bufsize = operator.index(bufsize)
+        if bufsize < 0:
+            raise ValueError("negative buffersize in recv")
+        _no_flags(flags)
+        if bufsize == 0 or self._read_shut:
+            await _checkpoint()
+            return b""
+        return await self._receive(bufsize)
+
+    async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        view = memoryview(buffer).cast("B")
+        if nbytes < 0:
+            raise ValueError("negative buffersize in recv_into")
+        if nbytes:
+            if nbytes > len(view):
+                raise ValueError("buffer too small for requested bytes")
+            view = view[:nbytes]
+        data = await self.recv(len(view), flags)
+        view[:len(data)] = data
+        return len(data)
+
+    async def recvfrom(self, bufsize: int, flags: int = 0) -> Tuple[bytes, None]:
+        # A connected stream socket's recvfrom() gives no address.
+        return await self.recv(bufsize, flags), None
+
+    async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Tuple[int, None]:
+        return await self.recv_into(buffer, nbytes, flags), None
+
+    async def recvmsg(self, *args: Any) -> Any:
+        await _checkpoint()
+        raise _unsupported("recvmsg()")
+
+    async def recvmsg_into(self, *args: Any) -> Any:
+        await _checkpoint()
+        raise _unsupported("recvmsg_into()")
+
+    def is_readable(self) -> bool:
+        self._check_open()
+        return self._read_shut or self._in.seen() is not Seen.NOTHING
+
+    # -- sending --------------------------------------------------------------
+    async def send(self, data: Any, flags: int = 0) -> int:
+        """What fits in ``sndbuf + friend rcvbuf``, once at least a byte does;
+        cancelled while waiting, nothing was sent."""
+        if type(data) is not bytes:
+            data = memoryview(data).tobytes()  # the caller may reuse its buffer
+        _no_flags(flags)
+        await _checkpoint_if_cancelled()
+        parked = False
+        end = self._end
+        while True:
+            if self._closed:
+                raise self._closed_error()
+            try:
+                sent = end.send_some(data) if data else 0
+            except LinkBrokenError as exc:
+                raise exc.as_os_error() from None
+            if sent or not data:
+                break
+            parked = await self._wait_for_room(-1, raise_broken=True) or parked
+        if not parked:
+            await _cancel_shielded_checkpoint()
+        return sent
+
+    async def sendto(self, *args: Any) -> int:
+        await _checkpoint()
+        raise OSError(errno.EISCONN, "Transport endpoint is already connected")
+
+    async def sendmsg(self, *args: Any) -> int:
+        await _checkpoint()
+        raise _unsupported("sendmsg()")
+
+    async def wait_writable(self) -> None:
+        await _checkpoint_if_cancelled()
+        if not await self._wait_for_room(-1, raise_broken=False):
+            await _cancel_shielded_checkpoint()
+
+    # -- shutting down and closing ----------------------------------------
+    def shutdown(self, flag: int) -> None:
+        self._check_open()
+        if flag not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        if flag != socket.SHUT_RD:
+            try:
+                self._end.shutdown_write()
+            except LinkBrokenError as exc:
+                raise exc.as_os_error() from None
+            self._did_shutdown_SHUT_WR = True
+        if flag != socket.SHUT_WR:
+            self._read_shut = True  # later reads find EOF, as on Linux
+
+    def close(self) -> None:
+        if not self._closed:
+            self._close_end()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()  # not the real socket's __exit__: the link owns it
+
+
+def become_friend(trio_sock: Any, end: LinkEnd, sockname: Any, peername: Any,
+                  state: RunState) -> FriendTrioSocket:
+    """Turn the ``trio.socket`` socket ``trio_sock`` (its real socket connected
+    or accepted, the link established) into the friend socket of ``end``."""
+    trio_sock.__class__ = FriendTrioSocket
+    friend: FriendTrioSocket = trio_sock
+    friend._init_end(end, state)
+    friend._sockname = sockname
+    friend._peername = peername
+    friend._read_shut = False
+    friend._options = FriendSocket(friend._sock, end, friend._wake_writer)
+    friend._hook_in()
+    # The kernel sized the real socket's buffers when the connection was set
+    # up; the link was made before that.
+    friend._options.sync_buffer_sizes()
+    return friend
+
+
+# -- trio.SocketStream over a friend socket -------------------------------------------
+# What trio.SocketStream's own receive_some and send_all do, in one step
+# each instead of a loop of socket calls (install() routes a SocketStream
+# whose socket paired here).
+
+DEFAULT_RECEIVE_SIZE = 65536
+
+
+async def stream_receive_some(sock: FriendTrioSocket, max_bytes: Optional[int]) -> bytes:
+    if max_bytes is None:
+        max_bytes = DEFAULT_RECEIVE_SIZE
+    elif max_bytes < 1:
+        raise ValueError("max_bytes must be >= 1")
+    else:
+        max_bytes = operator.index(max_bytes)
+    try:
+        if sock._read_shut:
+            return await sock.recv(max_bytes)
+        return await sock._receive(max_bytes)
+    except OSError as exc:
+        raise stream_error(exc) from None
+
+
+async def stream_send_all(stream: trio.SocketStream, sock: FriendTrioSocket, data: Any) -> None:
+    if sock._did_shutdown_SHUT_WR:
+        raise trio.ClosedResourceError("can't send data after sending EOF")
+    with stream._send_conflict_detector:
+        if type(data) is not bytes:
+            data = memoryview(data).tobytes()  # the caller may reuse its buffer
+        if not data:
+            if sock._closed:
+                raise trio.ClosedResourceError("socket was already closed")
+            await _checkpoint()
+            return
+        try:
+            if sock._closed:
+                raise sock._closed_error()
+            await sock._send_all(data)
+        except OSError as exc:
+            raise stream_error(exc) from None

@@ -1,0 +1,677 @@
+"""``friendsock.trio.install()``: unchanged trio code, trio sockets driven
+directly, anyio on both backends, hypercorn's trio worker with httpx.
+
+Each behaviour test runs on the friend path (installed) and on real TCP
+(not installed: trio exactly as it is, the reference); both must agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+from typing import Any, Iterator, Tuple
+
+import anyio
+import anyio.abc
+import anyio.streams.tls
+import pytest
+import trio
+import trio.testing
+import trustme
+
+import friendsock
+import friendsock.trio as fst
+from friendsock._trio._install import _SocketType
+from trio import open_tcp_stream as open_tcp_stream_imported_early
+from trio_support import (  # noqa: F401 (nothing_left_behind: an autouse fixture)
+    LOCALHOST,
+    MiB,
+    TIMEOUT,
+    capacity,
+    fill,
+    nothing_left_behind,
+    receive_exactly,
+    receive_until_eof,
+    shrink_buffers,
+)
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def installed(friends: bool) -> Iterator[bool]:
+    """The friend path: ``friendsock.trio.install()`` for the test; real TCP:
+    trio as it is."""
+    assert not fst.is_installed()
+    if friends:
+        fst.install()
+    try:
+        yield friends
+    finally:
+        fst.uninstall()
+
+
+def links_made() -> int:
+    return friendsock.stats().links_made
+
+
+# -- unchanged trio code ------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_serve_tcp_and_open_tcp_stream_pair(installed):
+    before = links_made()
+    payload = random.Random(1).randbytes(100_003)
+    server_kinds = []
+
+    async def echo(stream: trio.abc.Stream) -> None:
+        server_kinds.append(fst.is_friend(stream))
+        async with stream:
+            got = await receive_exactly(stream, len(payload))
+            await stream.send_all(got)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, echo, 0)
+        assert all(type(listener) is trio.SocketListener for listener in listeners)
+        port = listeners[0].socket.getsockname()[1]
+        with trio.fail_after(TIMEOUT):
+            async with await trio.open_tcp_stream(LOCALHOST, port) as client:
+                assert type(client) is trio.SocketStream
+                assert fst.is_friend(client) is installed
+                await client.send_all(payload)
+                assert await receive_exactly(client, len(payload)) == payload
+        nursery.cancel_scope.cancel()
+    assert server_kinds == [installed]
+    assert links_made() - before == (1 if installed else 0)
+
+
+@pytest.mark.trio
+async def test_connect_then_accept_in_one_task(installed):
+    """trio's own listener: connect, send and send EOF before the accept."""
+    listeners = await trio.open_tcp_listeners(0, host=LOCALHOST)
+    async with listeners[0] as listener:
+        port = listener.socket.getsockname()[1]
+        with trio.fail_after(TIMEOUT):
+            client = await trio.open_tcp_stream(LOCALHOST, port)
+            async with client:
+                await client.send_all(b"before the accept")
+                await client.send_eof()
+                async with await listener.accept() as server:
+                    assert fst.is_friend(server) is fst.is_friend(client) is installed
+                    assert await receive_until_eof(server) == b"before the accept"
+                    await server.send_all(b"reply")
+                assert await receive_until_eof(client) == b"reply"
+
+
+@pytest.mark.trio
+async def test_a_function_imported_before_install_pairs(installed):
+    """``from trio import open_tcp_stream`` before install(): the same
+    function, whose sockets pair; the stream is trio's own type."""
+    assert open_tcp_stream_imported_early is trio.open_tcp_stream
+    listeners = await trio.open_tcp_listeners(0, host=LOCALHOST)
+    async with listeners[0] as listener:
+        port = listener.socket.getsockname()[1]
+        with trio.fail_after(TIMEOUT):
+            async with await open_tcp_stream_imported_early("localhost", port) as client:
+                assert type(client) is trio.SocketStream
+                assert fst.is_friend(client) is installed
+                assert friendsock.is_friend(client) is installed
+                async with await listener.accept() as server:
+                    assert type(server) is trio.SocketStream
+                    assert fst.is_friend(server) is installed
+                    await client.send_all(b"ping")
+                    assert await server.receive_some() == b"ping"
+
+
+# -- trio sockets driven directly ----------------------------------------------------
+
+
+async def socket_pair(host: str = LOCALHOST) -> Tuple[Any, Any, Any]:
+    """(listening, client, server) trio sockets: bind, listen, connect, accept."""
+    listening = trio.socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    await listening.bind((host, 0))
+    listening.listen()
+    client = trio.socket.socket(listening.family)
+    with trio.fail_after(TIMEOUT):
+        await client.connect(listening.getsockname())
+        server, address = await listening.accept()
+    assert address == client.getsockname()
+    return listening, client, server
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("host", [LOCALHOST, "::1"])
+async def test_trio_sockets_pair_and_keep_the_socket_contract(installed, host):
+    listening, client, server = await socket_pair(host)
+    with listening, client, server:
+        for sock in (client, server):
+            assert fst.is_friend(sock) is installed
+            assert isinstance(sock, trio.socket.SocketType)
+        assert client.getpeername() == server.getsockname()
+        assert client.getsockname() == server.getpeername()
+        assert client.family == listening.family and client.type == socket.SOCK_STREAM
+        assert not server.is_readable()
+        assert await client.send(b"hello") == 5
+        with trio.fail_after(TIMEOUT):
+            await trio.testing.wait_all_tasks_blocked()
+            while not server.is_readable():  # real TCP: loopback delivers at once
+                await trio.sleep(0)
+        buffer = bytearray(10)
+        assert await server.recv_into(buffer, 3) == 3 and buffer[:3] == b"hel"
+        assert await server.recvfrom(10) == (b"lo", None)
+        client.shutdown(socket.SHUT_WR)
+        assert client.did_shutdown_SHUT_WR
+        assert await server.recv(10) == b""
+        with pytest.raises(BrokenPipeError):
+            await client.send(b"after shutdown")
+        await server.send(b"still open this way")
+        assert await receive_all(client) == b"still open this way"
+        await trio.testing.wait_all_tasks_blocked()
+        server.close()
+        assert server.fileno() == -1
+        with pytest.raises(OSError):
+            server.getpeername()
+        assert await client.recv(10) == b""
+
+
+async def receive_all(sock: Any, size: int = 1 << 16) -> bytes:
+    got = bytearray()
+    with trio.fail_after(TIMEOUT):
+        while len(got) < 19:
+            data = await sock.recv(size)
+            assert data
+            got += data
+    return bytes(got)
+
+
+@pytest.mark.trio
+async def test_send_takes_what_fits_and_bytes_arrive_in_order(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        payload = random.Random(2).randbytes(16 * MiB)
+        first = await client.send(payload)
+        assert 0 < first < len(payload)  # the rest does not fit: sent in part
+        if installed:
+            assert first == capacity(client, server)
+
+        async def send_rest() -> None:
+            view = memoryview(payload)[first:]
+            while view:
+                view = view[await client.send(view):]
+            client.shutdown(socket.SHUT_WR)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_rest)
+            got = bytearray()
+            with trio.fail_after(TIMEOUT):
+                while data := await server.recv(random.choice([1, 1000, 1 << 20])):
+                    got += data
+        assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+
+
+async def fill_socket(sock: Any, chunk: int = 65536) -> int:
+    """send() until it waits for room (nothing else runnable), then cancel
+    it; returns how many bytes send() took."""
+    sent = 0
+
+    async def sender() -> None:
+        nonlocal sent
+        while True:
+            sent += await sock.send(b"x" * chunk)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    return sent
+
+
+async def drain_socket(sock: Any) -> int:
+    """recv() until EOF; returns how many bytes came, all b"x"."""
+    got = 0
+    with trio.fail_after(TIMEOUT):
+        while data := await sock.recv(1 << 20):
+            assert set(data) == {ord("x")}
+            got += len(data)
+    return got
+
+
+@pytest.mark.trio
+async def test_cancelled_send_sends_nothing(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        sent = await fill_socket(client)  # its last send, parked, was cancelled
+        with trio.CancelScope() as cancelled:
+            cancelled.cancel()
+            await client.send(b"x" * 10)
+        client.shutdown(socket.SHUT_WR)
+        assert await drain_socket(server) == sent
+
+
+@pytest.mark.trio
+async def test_close_with_unread_bytes_resets_the_peer(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        await client.send(b"never read")
+        await server.send(b"read")
+        with trio.fail_after(TIMEOUT):
+            await trio.testing.wait_all_tasks_blocked()
+            while not server.is_readable():
+                await trio.sleep(0)
+        server.close()
+        with trio.fail_after(TIMEOUT):
+            assert await client.recv(10) == b"read"
+            with pytest.raises(ConnectionResetError):
+                await client.recv(10)
+
+
+@pytest.mark.trio
+async def test_wait_writable_and_socket_options(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        with trio.fail_after(TIMEOUT):
+            await client.wait_writable()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 16384
+        sent = await fill_socket(client, 4096)
+        if installed:
+            assert sent == capacity(client, server)
+        writable = trio.Event()
+
+        async def wait_writable() -> None:
+            await client.wait_writable()
+            writable.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_writable)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not writable.is_set()
+            client.shutdown(socket.SHUT_WR)
+            assert await drain_socket(server) == sent
+            with trio.fail_after(TIMEOUT):
+                await writable.wait()
+
+
+@pytest.mark.trio
+async def test_friend_sockets_refuse_what_would_bypass_the_link(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        if not installed:
+            client.dup().close()
+            return
+        with pytest.raises(OSError, match="not supported on a friend socket"):
+            client.dup()
+        with pytest.raises(OSError, match="not supported on a friend socket"):
+            client.detach()
+        with pytest.raises(OSError, match="not supported on a friend socket"):
+            await client.recv(10, socket.MSG_PEEK)
+        with pytest.raises(OSError) as info:
+            await client.connect(listening.getsockname())
+        assert info.value.errno == 106  # EISCONN
+
+
+@pytest.mark.trio
+async def test_check_half_closeable_stream_over_trio_sockets(installed):
+    """trio.SocketStream over sockets that paired themselves (anyio's and
+    early-imported trio functions' kind of friend end)."""
+    made = 0
+    opened = []
+
+    async def stream_maker():
+        nonlocal made
+        listening, client, server = await socket_pair()
+        opened.append(listening)
+        made += 1
+        assert fst.is_friend(client) is fst.is_friend(server) is installed
+        return trio.SocketStream(client), trio.SocketStream(server)
+
+    async def clogged_stream_maker():
+        client, server = await stream_maker()
+        await shrink_buffers(client, server)
+        await shrink_buffers(server, client)
+        for writer in (client, server):
+            await fill(writer)
+        return client, server
+
+    before = links_made()
+    try:
+        await trio.testing.check_half_closeable_stream(stream_maker, clogged_stream_maker)
+    finally:
+        for listening in opened:
+            listening.close()
+    assert made > 10
+    assert links_made() - before == (made if installed else 0)
+
+
+# -- install / uninstall ------------------------------------------------------------
+
+
+def test_uninstall_restores_the_exact_objects():
+    places = [
+        (trio.socket, "from_stdlib_socket"),
+        (_SocketType, "listen"),
+        (_SocketType, "close"),
+        (_SocketType, "connect"),
+        (_SocketType, "accept"),
+    ]
+    missing = object()
+    before = [vars(owner).get(name, missing) for owner, name in places]
+    assert not fst.is_installed()
+    fst.install()
+    try:
+        fst.install()  # idempotent
+        assert fst.is_installed()
+        during = [vars(owner).get(name, missing) for owner, name in places]
+        assert all(now is not then for now, then in zip(during, before))
+    finally:
+        fst.uninstall()
+    fst.uninstall()  # uninstalled already: nothing to do
+    assert not fst.is_installed()
+    after = [vars(owner).get(name, missing) for owner, name in places]
+    assert all(now is then for now, then in zip(after, before))
+
+
+# -- anyio on both backends -------------------------------------------------------------
+
+BACKENDS = [
+    pytest.param(("asyncio", {}), id="anyio-asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="anyio-uvloop"),
+    pytest.param(("trio", {}), id="anyio-trio"),
+]
+
+
+def run_anyio(backend: Tuple[str, dict], installed: bool, main: Any) -> Any:
+    """``main()`` on anyio's ``backend``, friendsock installed the way that
+    backend's user installs it (asyncio: on the running loop; trio: the
+    process-wide patches, from the ``installed`` fixture)."""
+    name, options = backend
+
+    async def wrapper() -> Any:
+        if installed and name == "asyncio":
+            friendsock.install()
+        with anyio.fail_after(TIMEOUT):
+            return await main()
+
+    return anyio.run(wrapper, backend=name, backend_options=options)
+
+
+async def anyio_echo_exchange(payload: bytes, tls: "Tuple[ssl.SSLContext, ssl.SSLContext] | None" = None) -> bytes:
+    async def echo(stream: anyio.abc.ByteStream) -> None:
+        async with stream:
+            got = bytearray()
+            while len(got) < len(payload):
+                got += await stream.receive()
+            await stream.send(bytes(got))
+
+    listener: Any = await anyio.create_tcp_listener(local_host=LOCALHOST)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    if tls is not None:
+        listener = anyio.streams.tls.TLSListener(listener, tls[0])
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, echo)
+        # Serving: on asyncio a listener made elsewhere is first seen at its
+        # first accept (anyio's accepts with loop.sock_accept).
+        await anyio.wait_all_tasks_blocked()
+        if tls is None:
+            client = await anyio.connect_tcp(LOCALHOST, port)
+        else:
+            client = await anyio.connect_tcp(LOCALHOST, port, ssl_context=tls[1],
+                                             tls_hostname="localhost")
+        async with client:
+            await client.send(payload)
+            got = bytearray()
+            while len(got) < len(payload):
+                got += await client.receive()
+        group.cancel_scope.cancel()
+    return bytes(got)
+
+
+@pytest.fixture
+def patient_confirm(monkeypatch):
+    # anyio's listeners are sockets made elsewhere (maybe shared with another
+    # process): a connect pairs once they claim it, within CONFIRM_TIMEOUT.
+    from friendsock import _handshake
+
+    monkeypatch.setattr(_handshake, "CONFIRM_TIMEOUT", TIMEOUT)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_anyio_connect_tcp_and_create_tcp_listener_pair(installed, backend, patient_confirm):
+    payload = random.Random(3).randbytes(4 * MiB)
+    before = friendsock.stats()
+    assert run_anyio(backend, installed, lambda: anyio_echo_exchange(payload)) == payload
+    after = friendsock.stats()
+    assert after.links_made - before.links_made == (1 if installed else 0)
+    assert after.fallbacks == before.fallbacks
+
+
+@pytest.fixture(scope="module")
+def tls_contexts() -> Tuple[ssl.SSLContext, ssl.SSLContext]:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    return server_ctx, client_ctx
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_anyio_tls_over_a_friend_link(installed, backend, patient_confirm, tls_contexts):
+    payload = random.Random(4).randbytes(1 * MiB)
+    before = links_made()
+    got = run_anyio(backend, installed, lambda: anyio_echo_exchange(payload, tls_contexts))
+    assert got == payload
+    assert links_made() - before == (1 if installed else 0)
+
+
+# -- hypercorn's trio worker and httpx on trio -------------------------------------------
+
+
+async def asgi_echo(scope: dict, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/octet-stream")]})
+    await send({"type": "http.response.body", "body": hashlib.sha256(body).digest() + bytes(body)})
+
+
+@pytest.mark.trio
+async def test_hypercorn_trio_worker_with_httpx_on_trio(installed, patient_confirm):
+    import httpx
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [f"{LOCALHOST}:0"]
+    config.accesslog = None
+    config.errorlog = None
+    payload = random.Random(5).randbytes(4 * MiB)
+    before = friendsock.stats()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(lambda task_status: serve(asgi_echo, config, shutdown_trigger=stop.wait,
+                                                               task_status=task_status))
+        url = binds[0]
+        with trio.fail_after(TIMEOUT):
+            async with httpx.AsyncClient() as http:
+                response = await http.post(url + "/echo", content=payload)
+        stop.set()
+    assert response.status_code == 200
+    assert response.content == hashlib.sha256(payload).digest() + payload
+    after = friendsock.stats()
+    assert after.links_made - before.links_made == (1 if installed else 0)
+
+
+# -- a peer in another process -------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_a_peer_in_another_process_stays_tcp(installed):
+    before = friendsock.stats()
+    peer = textwrap.dedent("""
+        import socket, sys
+        with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as s:
+            s.sendall(b"from another process")
+            s.shutdown(socket.SHUT_WR)
+            assert s.recv(100) == b"ack"
+    """)
+    listeners = await trio.open_tcp_listeners(0, host=LOCALHOST)
+    async with listeners[0] as listener:
+        port = listener.socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            process = await nursery.start(lambda task_status: trio.run_process(
+                [sys.executable, "-c", peer, str(port)], task_status=task_status))
+            with trio.fail_after(TIMEOUT):
+                async with await listener.accept() as server:
+                    assert type(server) is trio.SocketStream and not fst.is_friend(server)
+                    assert await receive_until_eof(server) == b"from another process"
+                    await server.send_all(b"ack")
+        assert process.returncode == 0
+    after = friendsock.stats()
+    assert after.links_made == before.links_made
+    if installed:
+        assert after.fallbacks.get("peer-not-friend", 0) - before.fallbacks.get("peer-not-friend", 0) == 1
+
+
+# -- the pytest plugin: pytest-trio and anyio's plugin, unchanged -----------------------------
+
+TRIO_SUITE = """
+import pytest
+import trio
+import anyio
+import friendsock
+
+pytestmark = pytest.mark.{marker}
+
+
+async def {prefix}test_echo({fixtures}):
+    async def echo(stream):
+        async with stream:
+            await stream.send_all(await stream.receive_some())
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, echo, 0)
+        port = listeners[0].socket.getsockname()[1]
+        async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+            await client.send_all(b"ping")
+            assert await client.receive_some() == b"ping"
+            {check}
+        nursery.cancel_scope.cancel()
+"""
+
+ANYIO_SUITE = """
+import pytest
+import anyio
+import friendsock
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
+
+
+async def test_echo():
+    async def echo(stream):
+        async with stream:
+            await stream.send(await stream.receive())
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, echo)
+        await anyio.wait_all_tasks_blocked()  # serving (asyncio: seen at the first accept)
+        async with await anyio.connect_tcp("127.0.0.1", port) as client:
+            await client.send(b"ping")
+            assert await client.receive() == b"ping"
+        group.cancel_scope.cancel()
+"""
+
+
+def run_inner(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", *args, timeout=60)
+
+
+def test_plugin_covers_pytest_trio(pytester):
+    pytester.makeini("[pytest]\ntrio_mode = false\n")
+    pytester.makepyfile(test_suite=TRIO_SUITE.format(marker="trio", prefix="", fixtures="", check=""))
+    result = run_inner(pytester, "--friendsock")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*= friendsock =*", "links made:  1"])
+    result = run_inner(pytester)
+    result.assert_outcomes(passed=1)
+    assert "links made" not in result.stdout.str()
+
+
+def test_fixture_and_real_tcp_marker_under_pytest_trio(pytester):
+    pytester.makepyfile(
+        test_paired=TRIO_SUITE.format(marker="trio", prefix="", fixtures="friendsock",
+                                      check="friendsock.assert_paired(client)"),
+        test_real=TRIO_SUITE.format(marker="trio", prefix="", fixtures="friendsock",
+                                    check="friendsock.assert_fell_back(client)")
+        .replace("pytestmark = pytest.mark.trio", "pytestmark = [pytest.mark.trio, pytest.mark.real_tcp]"),
+    )
+    run_inner(pytester).assert_outcomes(passed=2)
+
+
+def test_plugin_covers_anyio_on_both_backends(pytester):
+    pytester.makeconftest("from friendsock import _handshake\n_handshake.CONFIRM_TIMEOUT = 10\n")
+    pytester.makepyfile(test_suite=ANYIO_SUITE)
+    result = run_inner(pytester, "--friendsock")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*= friendsock =*", "links made:  2", "fell back:   0"])
+
+
+# -- switched on for a whole program ----------------------------------------------------------
+
+
+def test_friendsock_run_covers_an_unchanged_trio_program(tmp_path):
+    program = tmp_path / "program.py"
+    program.write_text(textwrap.dedent("""
+        import trio
+
+        async def main():
+            async def echo(stream):
+                async with stream:
+                    await stream.send_all(await stream.receive_some())
+
+            async with trio.open_nursery() as nursery:
+                listeners = await nursery.start(trio.serve_tcp, echo, 0)
+                port = listeners[0].socket.getsockname()[1]
+                async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+                    await client.send_all(b"ping")
+                    assert await client.receive_some() == b"ping"
+                nursery.cancel_scope.cancel()
+            print("done")
+
+        trio.run(main)
+    """))
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRIENDSOCK")}
+    result = subprocess.run([sys.executable, "-m", "friendsock", "run", "-q", "--report", f"json={report}",
+                             str(program)], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "done\n"
+    import json
+
+    assert json.loads(report.read_text())["links_made"] == 1
