@@ -35,7 +35,7 @@ CASE_KEYS = {
     "threads-rr", "threads-stream", "memory-heap", "memory-rss",
 }
 TRIO_CASE_KEYS = {"stream", "rr", "crr"}
-LOOPS = ["asyncio", "uvloop"] + (["trio"] if HAVE_TRIO else [])
+LOOPS = ["asyncio", "uvloop"] + (["trio", "anyio"] if HAVE_TRIO else [])
 CELL_KEYS = {"median", "min", "max", "rounds", "unit", "friend_verified", "error", "notes"}
 TINY = ["--seconds", "0.02", "--rounds", "1", "--no-progress"]
 
@@ -57,7 +57,7 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
 
     assert data["format"] == "friendsock-bench/1"
     header = data["header"]
-    for key in ("command", "python", "friendsock", "uvloop", "trio", "cpus", "mode", "seconds",
+    for key in ("command", "python", "friendsock", "uvloop", "trio", "anyio", "cpus", "mode", "seconds",
                 "rounds", "transports", "loops", "elapsed_s", "interrupted"):
         assert key in header
     assert header["loops"] == LOOPS
@@ -107,17 +107,20 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
     if HAVE_TRIO:
         assert "Memory pair" in out and "% mem" in out and "targets" in out
         assert "the trio loop runs stream, rr, crr only" in out
+        assert "the anyio loop runs stream, rr, crr only" in out
         _check_targets(data, met_known=True)
     if HAVE_MATPLOTLIB:
         assert plot.read_bytes().startswith(b"\x89PNG")
 
 
-def _check_targets(data, met_known):
-    targets = {(t["transport"], t["baseline"]): t for t in data["targets"]}
-    assert set(targets) == {("friends", "tcp"), ("friends", "memory")}
-    for target in targets.values():
-        assert (target["test"], target["param"], target["loop"]) == ("rr", 64, "trio")
-        assert target["required_ratio"] in (3.0, 0.75)
+def _check_targets(data, met_known, loops=("trio", "anyio")):
+    targets = {(t["loop"], t["transport"], t["baseline"]): t for t in data["targets"]}
+    expected = {("trio", "friends", "tcp"): 3.0, ("trio", "friends", "memory"): 0.75,
+                ("anyio", "friends", "tcp"): 2.5}
+    assert set(targets) == {key for key in expected if key[0] in loops}
+    for key, target in targets.items():
+        assert (target["test"], target["param"]) == ("rr", 64)
+        assert target["required_ratio"] == expected[key]
         if met_known:  # no speed: only that a verdict came out of two figures
             assert target["met"] in (True, False)
             assert target["ratio"] == pytest.approx(target["value"] / target["baseline_value"])
@@ -240,12 +243,35 @@ def test_trio_loop_alone(tmp_path, capsys):
             assert cell["median"] >= 0 and len(cell["rounds"]) == 1
         assert cells["friends"]["friend_verified"] is True, (key, cells["friends"]["notes"])
         assert cells["memory"]["friend_verified"] is None
-    _check_targets(data, met_known=True)
+    _check_targets(data, met_known=True, loops=("trio",))
     for title in ("stream — ", "rr — ", "crr — ", "targets"):
         assert title in out
     for title in ("streams-rr — ", "multi-rr — ", "threads-rr — ", "memory-heap — "):
         assert title not in out
     assert "streams-rr" not in out.split("mode:")[1].split("\n")[0]  # no trimmed rows told
+
+
+@needs_trio
+def test_anyio_loop_alone(tmp_path, capsys):
+    """anyio's API on trio: friends is the same code under
+    friendsock.trio.install(), verified as friend links; trio's own
+    objects are back once the run is over."""
+    import friendsock.trio
+
+    data = _run_json(tmp_path, [*TINY, "--loops", "anyio", "--sizes", "64"])
+    assert data["header"]["loops"] == ["anyio"]
+    assert set(data["tests"]) == TRIO_CASE_KEYS
+    for key, test in data["tests"].items():
+        cells = test["results"]["64"]["anyio"]
+        assert list(cells) == ["tcp", "unix", "friends"]
+        for transport, cell in cells.items():
+            assert cell["error"] is None, (key, transport, cell["error"])
+            assert cell["median"] >= 0 and len(cell["rounds"]) == 1
+        assert cells["friends"]["friend_verified"] is True, (key, cells["friends"]["notes"])
+        assert cells["tcp"]["friend_verified"] is None
+    _check_targets(data, met_known=True, loops=("anyio",))
+    assert not friendsock.trio.is_installed()
+    assert "the anyio loop runs stream, rr, crr only" in capsys.readouterr().out
 
 
 @needs_trio

@@ -129,6 +129,44 @@ async def test_a_function_imported_before_install_pairs(installed):
                     assert await server.receive_some() == b"ping"
 
 
+@pytest.mark.trio
+async def test_after_a_fork_listeners_pair_only_once_claimed(installed):
+    """A forked child holds the listening socket too and could accept a
+    connect made here: from the fork on, a connect pairs once this process's
+    listener claims it (so connect-then-accept in one task is TCP), and
+    still pairs when the accept runs meanwhile."""
+    listeners = await trio.open_tcp_listeners(0, host=LOCALHOST)
+    async with listeners[0] as listener:
+        port = listener.socket.getsockname()[1]
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        before = friendsock.stats()
+        with trio.fail_after(TIMEOUT):  # connect, then accept: never claimed in time
+            async with await trio.open_tcp_stream(LOCALHOST, port) as client:
+                async with await listener.accept() as server:
+                    assert not fst.is_friend(client) and not fst.is_friend(server)
+                    await client.send_all(b"tcp")
+                    assert await server.receive_some() == b"tcp"
+        if installed:
+            assert friendsock.stats().fallbacks.get("unconfirmed", 0) == \
+                before.fallbacks.get("unconfirmed", 0) + 1
+        server_streams = []
+
+        async def accept() -> None:
+            server_streams.append(await listener.accept())
+
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(accept)
+                client = await trio.open_tcp_stream(LOCALHOST, port)
+        async with client, server_streams[0] as server:
+            assert fst.is_friend(client) is fst.is_friend(server) is installed
+            await client.send_all(b"after the fork")
+            assert await server.receive_some() == b"after the fork"
+
+
 # -- trio sockets driven directly ----------------------------------------------------
 
 

@@ -95,14 +95,15 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         prog=prog or "friendsock-bench",
         description=(
             "netperf-style comparison of real TCP, AF_UNIX and friendsock's friend links on "
-            "asyncio, uvloop and trio (trio also: trio.testing.memory_stream_pair), printed "
+            "asyncio, uvloop, trio (also: trio.testing.memory_stream_pair) and anyio on trio "
+            "(friends: unchanged anyio code under friendsock.trio.install()), printed "
             "in the form of the kernel TCP friends patch's tables."),
         epilog=(
             f"tests: {', '.join(TESTS)}. Quick (the default): {QUICK.seconds:g} s per cell, "
             f"median of {QUICK.rounds} rounds (memory: {QUICK.memory_rounds}), streams-rr "
             f"at 64 B and 1 KiB. Full: {FULL.seconds:g} s per cell, {FULL.rounds} rounds "
             f"(memory: {FULL.memory_rounds}). Default sizes: {sizes_help}. "
-            f"The trio loop runs {', '.join(TRIO_CASES)}; the memory transport "
+            f"The trio and anyio loops run {', '.join(TRIO_CASES)}; the memory transport "
             "(memory_stream_pair) runs on trio only. "
             "See benchmarks/README.md for the JSON shape."),
     )
@@ -122,7 +123,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                              "trio.testing.memory_stream_pair, trio loop only)")
     parser.add_argument("--loops", type=_choice(LOOPS, "loop"), metavar="LIST",
                         help=f"comma-separated: {','.join(LOOPS)} (default all installed; "
-                             f"trio runs {','.join(TRIO_CASES)})")
+                             f"trio and anyio run {','.join(TRIO_CASES)})")
     parser.add_argument("--seconds", type=_seconds, metavar="S",
                         help="measured time per cell and round")
     parser.add_argument("--rounds", type=_count(1, 1000, "round count"), metavar="N",
@@ -183,7 +184,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     prog = parser.prog
     args = parser.parse_args(argv)  # exits 2 on bad arguments
 
-    installed = {"asyncio": True, "uvloop": _uvloop_installed(), "trio": _trio_installed()}
+    trio_installed = _trio_installed()
+    installed = {"asyncio": True, "uvloop": _uvloop_installed(), "trio": trio_installed,
+                 "anyio": trio_installed and importlib.util.find_spec("anyio") is not None}
     missing = [] if args.loops is not None else [loop for loop in LOOPS if not installed[loop]]
     if args.loops is None:
         args.loops = [loop for loop in LOOPS if installed[loop]]
@@ -191,6 +194,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         return _fail(prog, "uvloop is not installed (pip install uvloop, or --loops asyncio)")
     elif "trio" in args.loops and not installed["trio"]:
         return _fail(prog, "trio is not installed (pip install trio, or --loops asyncio)")
+    elif "anyio" in args.loops and not installed["anyio"]:
+        return _fail(prog, "the anyio loop needs anyio and trio (pip install anyio trio, "
+                           "or --loops asyncio)")
     if importlib.util.find_spec("rich") is None:
         return _fail(prog, "the benchmark needs rich: pip install 'friendsock[bench]'")
     if args.plot is not None:
@@ -233,11 +239,12 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     _report.print_header(console, header, runner.run)
     for loop in missing:
         runner.run.note(f"{loop} is not installed: no {loop} rows")
-    if "trio" in config.loops:
-        without = [c.key for c in runner.run.cases if c.key not in TRIO_CASES]
-        if without:
-            runner.run.note(f"the trio loop runs {', '.join(TRIO_CASES)} only: no trio rows in "
-                            + ", ".join(without))
+    for kind in ("trio", "anyio"):
+        if kind in config.loops:
+            without = [c.key for c in runner.run.cases if c.key not in TRIO_CASES]
+            if without:
+                runner.run.note(f"the {kind} loop runs {', '.join(TRIO_CASES)} only: no {kind} "
+                                "rows in " + ", ".join(without))
     status = 0
     try:
         runner.execute()

@@ -55,6 +55,7 @@ def collect_header(config: Config, command: str) -> Dict[str, Any]:
         "friendsock": friendsock.__version__,
         "uvloop": _version("uvloop"),
         "trio": _version("trio"),
+        "anyio": _version("anyio"),
         "platform": platform.platform(),
         "cpus": cpus,
         "cpus_usable": usable,
@@ -282,6 +283,8 @@ TARGETS = (
     Target("trio rr 64 B: Friends >= 3x Baseline TCP", "rr", 64, "trio", "friends", "tcp", 3.0),
     Target("trio rr 64 B: Friends >= 75% of Memory pair (memory_stream_pair)",
            "rr", 64, "trio", "friends", "memory", 0.75),
+    Target("anyio (on trio) rr 64 B: Friends >= 2.5x Baseline TCP", "rr", 64, "anyio", "friends",
+           "tcp", 2.5),
 )
 
 
@@ -460,7 +463,7 @@ def plot(run: Run, path: str) -> None:
     nrows = (len(cases) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
     colors = {"tcp": "tab:gray", "unix": "tab:blue", "friends": "tab:red", "memory": "tab:green"}
-    styles = {"asyncio": "-", "uvloop": "--", "trio": ":"}
+    styles = {"asyncio": "-", "uvloop": "--", "trio": ":", "anyio": "-."}
     relative = "tcp" in run.config.transports
     for ax, case in zip(axes.flat, cases):
         xs = list(range(len(case.params)))

@@ -32,6 +32,7 @@ from ._transports import (
     LOOPS,
     TRANSPORTS,
     Endpoint,
+    is_trio_loop,
     loop_factory,
     loop_runs,
     loop_transports,
@@ -332,12 +333,13 @@ class LoopRunner:
 
 
 def make_loop_runner(kind: str, watchdog: Watchdog) -> Any:
-    """A :class:`LoopRunner`, or for trio a ``_trio_runner.TrioRunner``
-    (same interface); ImportError when trio is missing."""
-    if kind == "trio":
+    """A :class:`LoopRunner`, or for trio (and anyio on trio) a
+    ``_trio_runner.TrioRunner`` (same interface); ImportError when trio is
+    missing."""
+    if is_trio_loop(kind):
         from ._trio_runner import TrioRunner
 
-        return TrioRunner(watchdog, grace=WATCHDOG_GRACE)
+        return TrioRunner(watchdog, grace=WATCHDOG_GRACE, kind=kind)
     return LoopRunner(kind, watchdog)
 
 

@@ -24,7 +24,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import friendsock
 
 TRANSPORTS = ("tcp", "unix", "friends", "memory")
-LOOPS = ("asyncio", "uvloop", "trio")
+LOOPS = ("asyncio", "uvloop", "trio", "anyio")
+# Loops that run under trio.run: trio's own API, and anyio's on its trio
+# backend (its friends: unchanged anyio code under friendsock.trio.install()).
+TRIO_LOOPS = ("trio", "anyio")
 # What the trio loop runs (the tables' keys); the rest of the tables have
 # no trio rows. ``memory`` runs only on trio.
 TRIO_CASES = ("stream", "rr", "crr")
@@ -46,9 +49,14 @@ def loop_transports(kind: str, transports: Sequence[str]) -> List[str]:
     return [t for t in transports if kind == "trio" or t not in TRIO_ONLY_TRANSPORTS]
 
 
+def is_trio_loop(kind: str) -> bool:
+    """Whether loop ``kind`` runs under ``trio.run`` (``_trio_runner``)."""
+    return kind in TRIO_LOOPS
+
+
 def loop_runs(kind: str, case_key: str) -> bool:
     """Whether loop ``kind`` has rows in table ``case_key``."""
-    return kind != "trio" or case_key in TRIO_CASES
+    return kind not in TRIO_LOOPS or case_key in TRIO_CASES
 
 
 TLSContexts = Tuple[ssl.SSLContext, ssl.SSLContext]
@@ -153,6 +161,6 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
         import uvloop
 
         return uvloop.new_event_loop
-    if kind == "trio":
-        raise ValueError("the trio loop is no asyncio loop: it runs in _trio_runner")
+    if kind in TRIO_LOOPS:
+        raise ValueError(f"the {kind} loop is no asyncio loop: it runs in _trio_runner")
     raise ValueError(f"unknown loop {kind!r}")

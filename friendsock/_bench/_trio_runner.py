@@ -39,16 +39,16 @@ class TrioRunner:
     """Runs coroutines of trio workloads, one ``trio.run`` each. Nothing
     outlives a step, so a hung step leaves nothing behind to recover."""
 
-    kind = "trio"
     cases = TRIO_CASES
 
-    def __init__(self, watchdog: Watchdog, grace: float) -> None:
+    def __init__(self, watchdog: Watchdog, grace: float, kind: str = "trio") -> None:
+        self.kind = kind  # "trio", or "anyio": anyio's API on its trio backend
         self.watchdog = watchdog
         self.grace = grace  # how long past its timeout a step may hold the thread
 
     def make_workload(self, case: Any, param: int, transport: str, tmpdir: str,
                       server_side: Any = None) -> TrioWorkload:
-        return make_workload(case.key, param, transport, tmpdir)
+        return make_workload(case.key, param, transport, tmpdir, api=self.kind)
 
     def take_exceptions(self) -> List[Dict[str, Any]]:
         # trio has no exception handler to report to: a task's error fails

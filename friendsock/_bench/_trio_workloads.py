@@ -16,6 +16,13 @@ Transports:
 - ``friends``: ``friendsock.trio.serve_tcp`` / ``friendsock.trio.open_tcp_stream``;
 - ``memory``: ``trio.testing.memory_stream_pair()``, the in-memory stream
   users pick today (both ends are in the process anyway).
+
+The ``anyio`` loop runs the same workloads through anyio's API on its trio
+backend (``anyio.create_tcp_listener`` / ``anyio.connect_tcp``, and
+``anyio.connect_unix``): ``friends`` there is that same unchanged code with
+``friendsock.trio.install()`` in force for the round, as a user switches it
+on. anyio's streams are driven through a thin adapter (``send_all``,
+``receive_some``), the same on every transport.
 """
 
 from __future__ import annotations
@@ -28,6 +35,12 @@ from typing import Any, Awaitable, Callable, List, Optional, Tuple
 
 import trio
 import trio.testing
+
+try:
+    import anyio
+    import anyio.abc
+except ImportError:  # only the anyio loop needs it
+    anyio = None  # type: ignore[assignment]
 
 import friendsock
 
@@ -68,26 +81,55 @@ async def _run_handler(handler: Handler, stream: Any) -> None:
         await trio.aclose_forcefully(stream)
 
 
+class AnyioStream:
+    """An anyio byte stream with the trio stream methods the workloads call
+    (EOF as b"")."""
+
+    __slots__ = ("stream", "send_all", "aclose")
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.send_all = stream.send
+        self.aclose = stream.aclose
+
+    async def receive_some(self, max_bytes: int = 65536) -> bytes:
+        try:
+            return await self.stream.receive(max_bytes)
+        except anyio.EndOfStream:
+            return b""
+
+
 class TrioEndpoint:
     """One server of one transport inside one ``trio.run``, and how clients
     reach it. ``serve`` starts it in ``nursery``; cancelling that nursery
-    stops it."""
+    stops it. ``api``: ``trio``, or ``anyio`` (its API on trio)."""
 
-    def __init__(self, transport: str, tmpdir: str) -> None:
+    def __init__(self, transport: str, tmpdir: str, api: str = "trio") -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}")
+        if api == "anyio" and transport == "memory":
+            raise ValueError("the anyio loop has no memory transport")
         self.transport = transport
+        self.api = api
         self._tmpdir = tmpdir
         self.port: Optional[int] = None
         self.path: Optional[str] = None
         self._api: Any = friends_api() if transport == "friends" else None
+        self._installed = False
         self._nursery: Optional[trio.Nursery] = None
         self._handler: Optional[Handler] = None
 
     def is_friend(self, stream: Any) -> bool:
-        return self._api is not None and bool(self._api.is_friend(stream))
+        if self._api is None:
+            return False
+        if isinstance(stream, AnyioStream):  # anyio's trio stream keeps its trio socket
+            stream = getattr(stream.stream, "_trio_socket", None)
+        return bool(self._api.is_friend(stream))
 
     async def serve(self, nursery: trio.Nursery, handler: Handler) -> None:
+        if self.api == "anyio":
+            await self._serve_anyio(nursery, handler)
+            return
         transport = self.transport
         if transport == "tcp":
             listeners = await nursery.start(functools.partial(
@@ -111,8 +153,34 @@ class TrioEndpoint:
             self._nursery = nursery
             self._handler = handler
 
+    async def _serve_anyio(self, nursery: trio.Nursery, handler: Handler) -> None:
+        if self.transport == "friends":
+            self._api.install()
+            self._installed = True
+        listener: Any
+        if self.transport == "unix":
+            self.path = os.path.join(self._tmpdir, f"a{os.getpid()}-{next(_socket_names)}.sock")
+            listener = await anyio.create_unix_listener(self.path)
+        else:
+            listener = await anyio.create_tcp_listener(local_host=HOST, backlog=BACKLOG)
+            self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+        async def serve_one(stream: Any) -> None:
+            await _run_handler(handler, AnyioStream(stream))
+
+        async def serve(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            async with listener:
+                task_status.started()
+                await listener.serve(serve_one)
+
+        await nursery.start(serve)
+
     async def connect(self) -> Any:
         transport = self.transport
+        if self.api == "anyio":
+            if transport == "unix":
+                return AnyioStream(await anyio.connect_unix(self.path))
+            return AnyioStream(await anyio.connect_tcp(HOST, self.port))
         if transport == "tcp":
             return await trio.open_tcp_stream(HOST, self.port)
         if transport == "friends":
@@ -126,6 +194,9 @@ class TrioEndpoint:
         return client
 
     def close(self) -> None:
+        if self._installed:
+            self._api.uninstall()
+            self._installed = False
         if self.path is not None:
             try:
                 os.unlink(self.path)
@@ -171,13 +242,14 @@ class TrioWorkload:
     """One transport's part of one table row on the trio loop. ``setup`` and
     ``close`` have nothing to keep: each ``measure`` is a whole round."""
 
-    def __init__(self, transport: str, tmpdir: str, size: int) -> None:
+    def __init__(self, transport: str, tmpdir: str, size: int, api: str = "trio") -> None:
         self.transport = transport
         self.tmpdir = tmpdir
         self.size = size
+        self.api = api
 
     def endpoint(self) -> TrioEndpoint:
-        return TrioEndpoint(self.transport, self.tmpdir)
+        return TrioEndpoint(self.transport, self.tmpdir, self.api)
 
     async def setup(self) -> None:
         # Fails early (the cell says why) where friendsock.trio is missing.
@@ -387,11 +459,12 @@ class TrioCRRWorkload(TrioWorkload):
         return Sample(value, ok, note)
 
 
-def make_workload(case_key: str, param: int, transport: str, tmpdir: str) -> TrioWorkload:
+def make_workload(case_key: str, param: int, transport: str, tmpdir: str,
+                  api: str = "trio") -> TrioWorkload:
     if case_key == "stream":
-        return TrioStreamWorkload(transport, tmpdir, size=param)
+        return TrioStreamWorkload(transport, tmpdir, size=param, api=api)
     if case_key == "rr":
-        return TrioRRWorkload(transport, tmpdir, size=param)
+        return TrioRRWorkload(transport, tmpdir, size=param, api=api)
     if case_key == "crr":
-        return TrioCRRWorkload(transport, tmpdir, size=param)
+        return TrioCRRWorkload(transport, tmpdir, size=param, api=api)
     raise ValueError(f"the trio loop has no {case_key!r} workload")

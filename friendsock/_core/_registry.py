@@ -285,7 +285,16 @@ class Registry:
         self._ports = {}
         self._pending = {}
 
+    def _shared_after_fork(self) -> None:
+        # The child holds this process's listening sockets too, and may
+        # accept a connect made here: no listener is ours alone any more.
+        with self._lock:
+            for entries in self._listeners.values():
+                for entry in entries:
+                    entry.exclusive = False
+
 
 registry = Registry()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=registry._reset_after_fork)
+    os.register_at_fork(after_in_child=registry._reset_after_fork,
+                        after_in_parent=registry._shared_after_fork)

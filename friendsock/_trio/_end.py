@@ -182,6 +182,10 @@ class TrioEnd:
         nothing was consumed."""
         await _checkpoint_if_cancelled()
         channel = self._in
+        if channel.queued and not self._closed:  # the common case, first
+            data = channel.pull(max_bytes, _MAX_JOIN)
+            await _cancel_shielded_checkpoint()
+            return data
         parked = False
         while True:
             if self._closed:
@@ -199,6 +203,9 @@ class TrioEnd:
                 self._reader = _current_task()
                 await _wait_task_rescheduled(self._abort_reader)
                 parked = True
+                if channel.queued and not self._closed:  # woken by a write, as a rule
+                    data = channel.pull(max_bytes, _MAX_JOIN)
+                    break
                 continue
             if seen is Seen.RESET:
                 raise self._broken(self._end.read_error())

@@ -433,32 +433,29 @@ async def _confirm(pending: Pending, sock: socket.socket, token: trio.lowlevel.T
     claims the connect (True). Anything arriving on the real socket means
     another process accepted it; so does silence past the deadline (False:
     the connection goes on as plain TCP)."""
-    claimed = trio.Event()
+    claimed = False
+    # One wait, on the real socket, which the claim cuts short.
+    wait = trio.move_on_after(_handshake.CONFIRM_TIMEOUT)
+
+    def on_claim() -> None:
+        nonlocal claimed
+        claimed = True
+        wait.cancel()
 
     def claimed_elsewhere() -> None:  # on the accepting thread
         try:
-            token.run_sync_soon(claimed.set)
+            token.run_sync_soon(on_claim)
         except trio.RunFinishedError:  # nobody waits any more
             pass
 
-    call_on_claim(pending, claimed.set, claimed_elsewhere)
-
-    async def watch_socket(cancel_scope: trio.CancelScope) -> None:
-        await trio.lowlevel.wait_readable(sock)
-        cancel_scope.cancel()
-
-    async def watch_claim(cancel_scope: trio.CancelScope) -> None:
-        await claimed.wait()
-        cancel_scope.cancel()
-
+    call_on_claim(pending, on_claim, claimed_elsewhere)
     try:
-        with trio.move_on_after(_handshake.CONFIRM_TIMEOUT):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_socket, nursery.cancel_scope)
-                nursery.start_soon(watch_claim, nursery.cancel_scope)
+        with wait:
+            if not claimed:
+                await trio.lowlevel.wait_readable(sock)
     except BaseException:
         # Withdrawn: the socket closes; claimed meanwhile: the server end
         # sees us go away.
         abandon_connect(pending, sock)
         raise
-    return confirmed(pending, claimed.is_set())
+    return confirmed(pending, claimed)

@@ -20,7 +20,7 @@ from typing import Any, Optional, Tuple
 import trio
 
 from .._core._errors import LinkBrokenError
-from .._core._link import LinkEnd, Seen
+from .._core._link import ChannelState, LinkEnd, Seen
 from .._friend_socket import FriendSocket
 from ._end import TrioEnd, stream_error
 from ._run import RunState
@@ -33,6 +33,7 @@ with socket.socket() as _probe:
 del _probe
 
 _checkpoint = trio.lowlevel.checkpoint
+_OPEN = ChannelState.OPEN
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
 
@@ -118,6 +119,8 @@ class FriendTrioSocket(TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type
 
     # -- receiving ----------------------------------------------------------
     async def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if type(bufsize) is int and bufsize > 0 and not flags and not self._read_shut:
+            return await self._receive(bufsize)  # the common case
         bufsize = operator.index(bufsize)
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
@@ -164,8 +167,15 @@ class FriendTrioSocket(TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type
         cancelled while waiting, nothing was sent."""
         if type(data) is not bytes:
             data = memoryview(data).tobytes()  # the caller may reuse its buffer
-        _no_flags(flags)
+        if flags:
+            _no_flags(flags)
         await _checkpoint_if_cancelled()
+        out = self._out
+        if out.queued + len(data) <= out.sndbuf + out.rcvbuf and not self._closed and data and \
+                out.state is _OPEN and not out.reader_closed:
+            out.push(data)  # the common case: it all fits
+            await _cancel_shielded_checkpoint()
+            return len(data)
         parked = False
         end = self._end
         while True:
