@@ -7,6 +7,7 @@ Each behaviour test runs on the friend path (installed) and on real TCP
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
@@ -494,7 +495,7 @@ def test_anyio_connect_tcp_and_create_tcp_listener_pair(installed, backend, pati
 def tls_contexts() -> Tuple[ssl.SSLContext, ssl.SSLContext]:
     ca = trustme.CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost").configure_cert(server_ctx)
+    ca.issue_cert("localhost", LOCALHOST).configure_cert(server_ctx)
     client_ctx = ssl.create_default_context()
     ca.configure_trust(client_ctx)
     return server_ctx, client_ctx
@@ -506,6 +507,32 @@ def test_anyio_tls_over_a_friend_link(installed, backend, patient_confirm, tls_c
     before = links_made()
     got = run_anyio(backend, installed, lambda: anyio_echo_exchange(payload, tls_contexts))
     assert got == payload
+    assert links_made() - before == (1 if installed else 0)
+
+
+@pytest.mark.trio
+async def test_trio_ssl_over_a_friend_link(installed, tls_contexts):
+    """trio.serve_ssl_over_tcp and trio.open_ssl_over_tcp_stream, unchanged:
+    TLS runs over the friend link as over TCP (certificates verified)."""
+    server_ctx, client_ctx = tls_contexts
+    before = links_made()
+    payload = random.Random(6).randbytes(256 * 1024)
+
+    async def echo(stream: trio.SSLStream) -> None:
+        async with stream:
+            await stream.send_all(await receive_exactly(stream, len(payload)))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(
+            trio.serve_ssl_over_tcp, echo, 0, server_ctx, host=LOCALHOST))
+        port = listeners[0].transport_listener.socket.getsockname()[1]
+        with trio.fail_after(TIMEOUT):
+            client = await trio.open_ssl_over_tcp_stream(LOCALHOST, port, ssl_context=client_ctx)
+            async with client:
+                assert fst.is_friend(client.transport_stream) is installed
+                await client.send_all(payload)
+                assert await receive_exactly(client, len(payload)) == payload
+        nursery.cancel_scope.cancel()
     assert links_made() - before == (1 if installed else 0)
 
 
@@ -683,7 +710,8 @@ def test_plugin_covers_anyio_on_both_backends(pytester):
 # -- switched on for a whole program ----------------------------------------------------------
 
 
-def test_friendsock_run_covers_an_unchanged_trio_program(tmp_path):
+@pytest.mark.parametrize("how", ["run", "FRIENDSOCK_INSTALL"])
+def test_a_whole_unchanged_trio_program_pairs(tmp_path, how):
     program = tmp_path / "program.py"
     program.write_text(textwrap.dedent("""
         import trio
@@ -706,8 +734,13 @@ def test_friendsock_run_covers_an_unchanged_trio_program(tmp_path):
     """))
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRIENDSOCK")}
-    result = subprocess.run([sys.executable, "-m", "friendsock", "run", "-q", "--report", f"json={report}",
-                             str(program)], capture_output=True, text=True, timeout=60, env=env)
+    if how == "run":
+        command = [sys.executable, "-m", "friendsock", "run", "-q", "--report", f"json={report}",
+                   str(program)]
+    else:
+        command = [sys.executable, str(program)]
+        env.update(FRIENDSOCK_INSTALL="1", FRIENDSOCK_REPORT=f"json={report}")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "done\n"
     import json
