@@ -43,6 +43,15 @@ def _unsupported(what: str) -> OSError:
                                      f"do not go through the descriptor")
 
 
+def _as_bytes(data: Any) -> bytes:
+    """``data`` as bytes the caller cannot change later: a view of a whole
+    bytes object (what anyio and trio.SocketStream pass) is that object, any
+    other buffer is copied (the caller may reuse it)."""
+    if type(data) is memoryview and type(data.obj) is bytes and data.nbytes == len(data.obj):
+        return data.obj
+    return memoryview(data).tobytes()
+
+
 def _no_flags(flags: int) -> None:
     if flags:
         raise _unsupported(f"flags={flags!r}")
@@ -166,7 +175,7 @@ class FriendTrioSocket(TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type
         """What fits in ``sndbuf + friend rcvbuf``, once at least a byte does;
         cancelled while waiting, nothing was sent."""
         if type(data) is not bytes:
-            data = memoryview(data).tobytes()  # the caller may reuse its buffer
+            data = _as_bytes(data)
         if flags:
             _no_flags(flags)
         await _checkpoint_if_cancelled()
