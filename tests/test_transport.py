@@ -734,6 +734,85 @@ async def test_stream_drain_waits_for_slow_reader(friends):
         await wait(server.wait_closed())
 
 
+class _RecordingReader(asyncio.StreamReader):
+    """A StreamReader of the user's own: its feed_data is user code."""
+
+    def __init__(self, writing: List[bool]) -> None:
+        super().__init__()
+        self.inside_write: List[bool] = []
+        self._writing = writing
+
+    def feed_data(self, data: bytes) -> None:
+        self.inside_write.append(self._writing[0])
+        super().feed_data(data)
+
+
+class _RecordingStreamProtocol(asyncio.StreamReaderProtocol):
+    """A StreamReaderProtocol subclass: its data_received is user code."""
+
+    def __init__(self, writing: List[bool]) -> None:
+        self.reader = asyncio.StreamReader()  # the protocol holds it weakly
+        super().__init__(self.reader)
+        self.inside_write: List[bool] = []
+        self._writing = writing
+
+    def data_received(self, data: bytes) -> None:
+        self.inside_write.append(self._writing[0])
+        super().data_received(data)
+
+
+@pytest.mark.parametrize("kind", ["protocol", "reader"])
+async def test_user_code_never_runs_inside_the_friends_write(friends, kind):
+    """asyncio's own stream protocol may be fed inside the friend's write()
+    (it only buffers and wakes a future); a protocol or reader of the user's
+    own is called from the loop, as over TCP, never inside write()."""
+    writing = [False]
+    if kind == "protocol":
+        protocol = _RecordingStreamProtocol(writing)
+        reader = protocol.reader
+        records = protocol
+    else:
+        reader = records = _RecordingReader(writing)
+        protocol = asyncio.StreamReaderProtocol(reader)
+    async with connected_pair(friends, server_protocol=lambda: protocol) as (transport, _, server):
+        for _ in range(3):
+            writing[0] = True
+            transport.write(b"ping")
+            writing[0] = False
+            assert await wait(reader.readexactly(4)) == b"ping"
+        transport.write_eof()
+        assert await wait(reader.read()) == b""
+        protocol.transport = reader._transport  # for connected_pair's clean-up
+    assert records.inside_write == [False, False, False]
+
+
+async def test_stream_reader_sees_everything_in_order(friends):
+    """The fed-at-once path keeps order and EOF: writes of every size, then
+    EOF, through asyncio's own streams."""
+    accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+    server = await friendsock.start_server(lambda r, w: accepted.set_result((r, w)), "127.0.0.1", 0,
+                                           friends=friends)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        c_reader, c_writer = await friendsock.open_connection("127.0.0.1", port, friends=friends)
+        s_reader, s_writer = await wait(accepted)
+        rng = random.Random(12)
+        payload = rng.randbytes(3 * MiB)
+        for piece in chunked(payload, rng, 256 * 1024):
+            c_writer.write(piece)
+        c_writer.write_eof()
+        assert await wait(s_reader.read()) == payload
+        s_writer.write(b"bye")
+        s_writer.close()
+        assert await wait(c_reader.read()) == b"bye"
+        c_writer.close()
+        await wait(c_writer.wait_closed())
+        await wait(s_writer.wait_closed())
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
 # -- many connections ----------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ class LoopState:
     with them open (their friends, on other loops, must not hang)."""
 
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "transports", "servers",
-                 "__weakref__")
+                 "feeding", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -49,6 +49,9 @@ class LoopState:
         # thread (finding the loop closed) may both call.
         self.transports: "Dict[int, weakref.ref[LoopEnd]]" = {}
         self.servers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        # A friend's write is feeding a StreamReader on this loop right now
+        # (see FriendTransport._readable): no second one inside it.
+        self.feeding = False
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

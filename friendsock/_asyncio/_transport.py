@@ -47,6 +47,10 @@ _MAX_JOIN = 64 * 1024
 _DEFAULT_HIGH_WATER = 64 * 1024
 
 
+_StreamReaderProtocol = asyncio.StreamReaderProtocol
+_StreamReader = asyncio.StreamReader
+
+
 class FriendTransport(asyncio.Transport):
     """One end of a friend link, as an ``asyncio.Transport``."""
 
@@ -155,7 +159,28 @@ class FriendTransport(asyncio.Transport):
             # The friend runs on another thread: what it asks of us is
             # handed to our loop (the reader's loop, for its bytes).
             return self._remote_hooks()
-        return self._schedule_drain, self._writable
+        return self._readable, self._writable
+
+    def _readable(self) -> None:
+        """The friend, on this loop, wrote to us (inside its ``write()``).
+
+        asyncio's own stream protocol only buffers what it is given and
+        wakes a future: no user code runs in it, so it is fed at once (one
+        event-loop turn per message saved, for every asyncio streams user).
+        Anything else may run user code, which must not run inside the
+        friend's ``write()``: its drain is scheduled, as always. A feed
+        inside a feed is scheduled too (the depth bound)."""
+        protocol = self._protocol
+        state = self._state
+        if type(protocol) is _StreamReaderProtocol and not state.feeding and \
+                type(protocol._stream_reader) is _StreamReader:
+            state.feeding = True
+            try:
+                self._drain()
+            finally:
+                state.feeding = False
+        else:
+            self._schedule_drain()
 
     def _connection_made(self) -> bool:
         """The protocol's connection_made, as the loop's own transports call
