@@ -20,9 +20,10 @@ import sys
 import time
 
 import pytest
+from rich.console import Console
 
 import friendsock
-from friendsock._bench import _cli, _runner, _workloads
+from friendsock._bench import _cli, _report, _runner, _workloads
 from friendsock._bench._cli import main, parse_size
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -35,6 +36,7 @@ CASE_KEYS = {
     "threads-rr", "threads-stream", "memory-heap", "memory-rss",
 }
 TRIO_CASE_KEYS = {"stream", "rr", "crr"}
+MEMORY_CASE_KEYS = {"stream", "rr", "crr", "streams-rr"}
 LOOPS = ["asyncio", "uvloop"] + (["trio", "anyio"] if HAVE_TRIO else [])
 CELL_KEYS = {"median", "min", "max", "rounds", "unit", "friend_verified", "error", "notes"}
 TINY = ["--seconds", "0.02", "--rounds", "1", "--no-progress"]
@@ -74,8 +76,9 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
             loops = set(LOOPS) if key in TRIO_CASE_KEYS else {"asyncio", "uvloop"}
             assert set(per_loop) == loops, (key, param)
             for loop, per_transport in per_loop.items():
-                # memory_stream_pair exists on trio only.
-                transports = {"tcp", "unix", "friends"} | ({"memory"} if loop == "trio" else set())
+                # The memory floor: some tables, not on anyio.
+                floor = loop != "anyio" and key in MEMORY_CASE_KEYS
+                transports = {"tcp", "unix", "friends"} | ({"memory"} if floor else set())
                 assert set(per_transport) == transports, (key, param, loop)
                 for transport, cell in per_transport.items():
                     where = (key, param, loop, transport)
@@ -105,7 +108,7 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
     assert ("friends fell back to real TCP across threads" in out) == fell_back
     assert "uvloop" in out and "CPUs" in out and "command:" in out
     if HAVE_TRIO:
-        assert "Memory pair" in out and "% mem" in out and "targets" in out
+        assert "Memory floor" in out and "% floor" in out and "targets" in out
         assert "the trio loop runs stream, rr, crr only" in out
         assert "the anyio loop runs stream, rr, crr only" in out
         _check_targets(data, met_known=True)
@@ -284,18 +287,47 @@ def test_trio_selection_without_memory(tmp_path, capsys):
     assert per_loop["trio"]["friends"]["friend_verified"] is True
     assert data["targets"] == []  # rr 64 B was not run
     out = capsys.readouterr().out
-    assert "Memory pair" not in out and "targets" not in out
+    assert "Memory floor" not in out and "targets" not in out
 
 
 @needs_trio
-def test_trio_memory_transport_alone(tmp_path, capsys):
-    # memory_stream_pair has no asyncio counterpart: asyncio rows have no cells.
-    data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "64",
-                                "--loops", "asyncio,trio", "--transports", "memory"])
-    per_loop = data["tests"]["rr"]["results"]["64"]
-    assert list(per_loop) == ["trio"]
-    assert per_loop["trio"]["memory"]["error"] is None
-    assert "Memory pair" in capsys.readouterr().out
+def test_memory_floor_alone(tmp_path, capsys):
+    """The floor on its own: the naive call_soon transport on asyncio and
+    uvloop, memory_stream_pair on trio, none on anyio; streams too."""
+    data = _run_json(tmp_path, [*TINY, "--tests", "rr,streams-rr,crr", "--sizes", "64",
+                                "--loops", "asyncio,uvloop,trio,anyio", "--transports", "memory"])
+    assert list(data["tests"]["rr"]["results"]["64"]) == ["asyncio", "uvloop", "trio"]
+    assert list(data["tests"]["streams-rr"]["results"]["64"]) == ["asyncio", "uvloop"]
+    for key in ("rr", "streams-rr", "crr"):
+        for loop, cells in data["tests"][key]["results"]["64"].items():
+            assert list(cells) == ["memory"]
+            assert cells["memory"]["error"] is None, (key, loop, cells["memory"]["error"])
+            assert cells["memory"]["median"] > 0, (key, loop)
+    assert "Memory floor" in capsys.readouterr().out
+    assert data["below_tcp"] == []  # nothing compared
+
+
+def test_cells_below_tcp_are_flagged():
+    """Every cell where friends did worse than TCP on its loop is listed
+    (higher is better in rr, lower in memory tables), and marked in the table."""
+    config = _runner.Config(tests=["rr", "memory"], transports=["tcp", "friends"],
+                            loops=["asyncio", "uvloop"], mode=_runner.QUICK, seconds=1.0,
+                            rounds=1, memory_rounds=1, sizes=[64], idle=[100])
+    run = _runner.Run(config, _runner.plan(config))
+    figures = {("rr", "asyncio"): (100.0, 300.0), ("rr", "uvloop"): (200.0, 150.0),
+               ("memory-heap", "asyncio"): (10.0, 5.0), ("memory-heap", "uvloop"): (10.0, 20.0)}
+    for (key, loop), (tcp, friends) in figures.items():
+        param = 64 if key == "rr" else 100
+        run.cells[(key, param, loop, "tcp")] = _runner.Cell(values=[tcp])
+        run.cells[(key, param, loop, "friends")] = _runner.Cell(values=[friends], friend_verified=True)
+    found = {(f["test"], f["loop"]) for f in _report.below_tcp(run)}
+    assert found == {("rr", "uvloop"), ("memory-heap", "uvloop")}
+    case = next(c for c in run.cases if c.key == "rr")
+    table, _ = _report.build_table(run, case)
+    console = Console(width=200, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert text.count("▼") == 1 + 1  # the uvloop row, and the caption's legend
 
 
 @needs_trio

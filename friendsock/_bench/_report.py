@@ -32,7 +32,7 @@ from ._transports import loop_runs
 
 JSON_FORMAT = "friendsock-bench/1"
 TRANSPORT_LABELS = {"tcp": "Baseline TCP", "unix": "AF_UNIX", "friends": "Friends",
-                    "memory": "Memory pair"}
+                    "memory": "Memory floor"}
 PARAM_LABELS = {"bytes": "size", "connections": "N", "idle connections": "idle"}
 _ERROR_WIDTH = 28  # an error in a cell is cut here; the full text is a note
 
@@ -196,11 +196,15 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
         caption.append("every transport runs TLS (ssl=): the loop's own TLS over TCP and "
                        "AF_UNIX (uvloop's in C on uvloop), asyncio's sslproto over the friend link")
     has = {t: t in transports for t in ("tcp", "unix", "friends")}
-    # The memory pair exists on trio only: a column where it ran.
+    # The floor exists in some tables only: a column where it ran.
     has["memory"] = "memory" in transports and _has_cells(run, case, "memory")
     if has["memory"]:
-        caption.append("Memory pair: trio.testing.memory_stream_pair() (trio only); "
-                       "% mem: Friends as % of it")
+        caption.append("Memory floor: a naive in-memory transport, what any in-process "
+                       "transport costs at least (asyncio, uvloop: two protocols handing bytes "
+                       "with call_soon(peer.data_received), no accounting; trio: "
+                       "trio.testing.memory_stream_pair()); % floor: Friends as % of it")
+    if has["friends"] and has["tcp"]:
+        caption.append("▼: Friends below Baseline TCP")
     table = Table(title=f"[bold]{case.key}[/bold] — {case.title}", caption="\n".join(caption),
                   box=box.SIMPLE_HEAVY, title_justify="left", caption_justify="left")
     table.add_column(PARAM_LABELS[case.param], justify="right", no_wrap=True)
@@ -212,7 +216,7 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
         if has["tcp"]:
             table.add_column("% TCP", justify="right")
     if has["memory"]:
-        table.add_column("Memory pair", justify="right")
+        table.add_column("Memory floor", justify="right")
     if has["friends"]:
         table.add_column("Friends", justify="right")
         if has["tcp"]:
@@ -220,7 +224,7 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
         if has["unix"]:
             table.add_column("% AF_UNIX", justify="right")
         if has["memory"]:
-            table.add_column("% mem", justify="right")
+            table.add_column("% floor", justify="right")
     for param in case.params:
         for i, loop in enumerate(loops):
             cells = {t: run.cell(case.key, param, loop, t) for t in transports}
@@ -238,7 +242,10 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
                     row.append(_percent(medians["unix"], medians["tcp"]))
                 if transport == "friends":
                     if has["tcp"]:
-                        row.append(_percent(medians["friends"], medians["tcp"]))
+                        percent = _percent(medians["friends"], medians["tcp"])
+                        if _worse(case, medians["friends"], medians["tcp"]):
+                            percent = Text(percent + " ▼", style="bold red")
+                        row.append(percent)
                     if has["unix"]:
                         row.append(_percent(medians["friends"], medians["unix"]))
                     if has["memory"]:
@@ -251,6 +258,46 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
     return table, notes
 
 
+def _worse(case: Case, friends: Optional[float], tcp: Optional[float]) -> bool:
+    """Whether the Friends figure is worse than Baseline TCP's."""
+    if friends is None or tcp is None:
+        return False
+    return friends < tcp if case.higher_is_better else friends > tcp
+
+
+def below_tcp(run: Run) -> List[Dict[str, Any]]:
+    """Every cell where friends did worse than real TCP on the same loop in
+    this run (a user must never lose by switching friendsock on)."""
+    found = []
+    for case in run.cases:
+        for param in case.params:
+            for loop in run.config.loops:
+                friends = _median(run.cell(case.key, param, loop, "friends"))
+                tcp = _median(run.cell(case.key, param, loop, "tcp"))
+                if _worse(case, friends, tcp):
+                    found.append({"test": case.key, "param": param, "loop": loop,
+                                  "friends": friends, "tcp": tcp,
+                                  "ratio": friends / tcp if tcp else None})
+    return found
+
+
+def print_below_tcp(console: Console, run: Run) -> None:
+    if not any(run.cell(case.key, param, loop, "friends") is not None
+               and run.cell(case.key, param, loop, "tcp") is not None
+               for case in run.cases for param in case.params for loop in run.config.loops):
+        return  # nothing compared
+    found = below_tcp(run)
+    if not found:
+        console.print(Text("friends below TCP: none", style="green"))
+    else:
+        cases = {case.key: case for case in run.cases}
+        cells = ", ".join(f"{f['test']} {format_param(cases[f['test']], f['param'])} {f['loop']} "
+                          f"({100 * f['ratio']:.0f}%)" for f in found if f["ratio"] is not None)
+        console.print(Text(f"friends below TCP ({len(found)}): {cells}", style="bold red"),
+                      soft_wrap=True)
+    console.print()
+
+
 def print_tables(console: Console, run: Run) -> None:
     for case in run.cases:
         if not any(key == case.key for key, *_ in run.cells):
@@ -260,6 +307,7 @@ def print_tables(console: Console, run: Run) -> None:
         for note in notes:
             console.print(Text("  " + note, style="yellow"), soft_wrap=True)
         console.print()
+    print_below_tcp(console, run)
     print_targets(console, run)
 
 
@@ -435,6 +483,7 @@ def to_json(run: Run, header: Dict[str, Any]) -> Dict[str, Any]:
                        test_elapsed_s={t: round(v, 3) for t, v in run.timings.items()}),
         "notes": list(run.notes),
         "targets": evaluate_targets(run),
+        "below_tcp": below_tcp(run),
         "tests": tests,
     }
 

@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import Any, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
 
+from ._floor import FloorEndpoint
 from ._memory import IdleWorkload, raise_fd_limit
 from ._transports import (
     LOOPS,
@@ -262,7 +263,11 @@ class LoopRunner:
 
     def make_workload(self, case: Case, param: int, transport: str, tmpdir: str,
                       server_side: Any) -> Workload:
-        endpoint = Endpoint(transport, tmpdir, tls_contexts() if case.tls else None)
+        endpoint: Any
+        if transport == "memory":
+            endpoint = FloorEndpoint()
+        else:
+            endpoint = Endpoint(transport, tmpdir, tls_contexts() if case.tls else None)
         return make_workload(case, param, endpoint, server_side, self.kind)
 
     def take_exceptions(self) -> List[Dict[str, Any]]:
@@ -391,7 +396,7 @@ class Runner:
     def total_steps(self) -> int:
         config = self.config
         return sum(len(case.params) * rounds_for(case, config)
-                   * len(loop_transports(kind, config.transports))
+                   * len(loop_transports(kind, config.transports, case.key))
                    for case in self.run.cases for kind in config.loops
                    if loop_runs(kind, case.key))
 
@@ -472,8 +477,8 @@ class Runner:
             self._report_loop_exceptions(runner, cases[0].test)
 
     def _fail_all(self, cases: Sequence[Case], kind: str, error: str) -> None:
-        transports = loop_transports(kind, self.config.transports)
         for case in cases:
+            transports = loop_transports(kind, self.config.transports, case.key)
             for param in case.params:
                 for transport in transports:
                     self.run.cells[(case.key, param, kind, transport)] = Cell(error=error)
@@ -492,7 +497,7 @@ class Runner:
             30 + conns * 0.02 if case.test == "memory" else 0)
         workloads: Dict[str, Workload] = {}
         cells: Dict[str, Cell] = {}
-        for transport in loop_transports(kind, config.transports):
+        for transport in loop_transports(kind, config.transports, case.key):
             cell = cells[transport] = Cell()
             self.run.cells[(case.key, param, kind, transport)] = cell
             if (case.test, kind, transport) in self._hung:

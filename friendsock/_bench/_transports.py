@@ -31,7 +31,10 @@ TRIO_LOOPS = ("trio", "anyio")
 # What the trio loop runs (the tables' keys); the rest of the tables have
 # no trio rows. ``memory`` runs only on trio.
 TRIO_CASES = ("stream", "rr", "crr")
-TRIO_ONLY_TRANSPORTS = ("memory",)
+# The in-memory floor (``memory``): trio.testing.memory_stream_pair on trio,
+# the naive call_soon transport (``_floor``) on asyncio and uvloop; in these
+# tables only (anyio has none).
+MEMORY_CASES = ("stream", "rr", "crr", "streams-rr")
 HOST = "127.0.0.1"
 # Large enough that hundreds of concurrent connects never overflow it.
 BACKLOG = 1024
@@ -44,9 +47,16 @@ StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]
 _socket_names = itertools.count()
 
 
-def loop_transports(kind: str, transports: Sequence[str]) -> List[str]:
-    """The selected transports that run on loop ``kind``."""
-    return [t for t in transports if kind == "trio" or t not in TRIO_ONLY_TRANSPORTS]
+def loop_transports(kind: str, transports: Sequence[str],
+                    case_key: Optional[str] = None) -> List[str]:
+    """The selected transports that run on loop ``kind`` (in table
+    ``case_key``; without one, in any)."""
+    def runs(transport: str) -> bool:
+        if transport != "memory":
+            return True
+        return kind != "anyio" and (case_key is None or case_key in MEMORY_CASES)
+
+    return [t for t in transports if runs(t)]
 
 
 def is_trio_loop(kind: str) -> bool:
@@ -81,7 +91,7 @@ class Endpoint:
     when given ``tls`` (server and client contexts)."""
 
     def __init__(self, transport: str, tmpdir: str, tls: Optional[TLSContexts] = None) -> None:
-        if transport not in TRANSPORTS or transport in TRIO_ONLY_TRANSPORTS:
+        if transport not in TRANSPORTS or transport == "memory":  # memory: _floor
             raise ValueError(f"unknown transport {transport!r}")
         self.transport = transport
         self._tmpdir = tmpdir
