@@ -8,7 +8,7 @@ gets real TCP on the loop's native transport.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, List
 
 from ._asyncio._api import (
     create_connection,
@@ -19,6 +19,9 @@ from ._asyncio._api import (
     start_tls,
 )
 from ._asyncio._install import install, installed, is_installed, new_event_loop, uninstall
+from ._capture import Capture, capture, start_capture, stop_capture
+from ._capture import start_from_environment as _capture_from_env
+from ._core._live import DirectionInfo, EndInfo, LinkInfo, live_links as _live_links
 from ._core._registry import registry as _registry
 from ._core._stats import FriendStats, ListenerStats, counters as _counters
 from ._core._switch import is_enabled, set_enabled
@@ -38,13 +41,32 @@ def is_friend(obj: Any) -> bool:
     return friendsock_trio is not None and friendsock_trio.is_friend(obj)
 
 
+def links() -> List[LinkInfo]:
+    """A snapshot of the live friend links, one :class:`LinkInfo` each, in
+    the order they were made: both addresses, each direction's state and
+    bytes queued and moved, each end's buffers, paused reading/writing,
+    thread and loop, and the link's age (like ``ss -tni`` for friends)."""
+    return _live_links.snapshot()
+
+
 def stats() -> FriendStats:
     """A snapshot of the process-wide counters, in total and per listener
     address (``stats().listeners``)."""
     return _counters.snapshot(pending=_registry.pending_count())
 
 
+# FRIENDSOCK_PCAP=FILE: every link made from now until exit is captured.
+_capture_from_env()
+
 __all__ = [
+    "Capture",
+    "DirectionInfo",
+    "EndInfo",
+    "LinkInfo",
+    "capture",
+    "links",
+    "start_capture",
+    "stop_capture",
     "FriendStats",
     "ListenerStats",
     "create_connection",

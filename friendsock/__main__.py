@@ -14,6 +14,27 @@ subcommands:
   run      run a Python program with friendsock on every event loop it makes,
            and report what paired ({prog} run --help)
   bench    compare real TCP, AF_UNIX and friend links ({prog} bench --help)
+
+seeing what friend links carry (no subcommand: set in the program's environment,
+or called in it):
+  FRIENDSOCK_PCAP=FILE      write every friend link made from start-up to exit
+                            to FILE, a classic pcap of the TCP segments the
+                            connection would carry (handshake, data, FIN/RST),
+                            readable while it grows; Wireshark's and tshark's
+                            "follow TCP stream" shows what each end wrote.
+                            "{{pid}}" in FILE becomes the process id
+  FRIENDSOCK_PCAP_MAX=SIZE  go on in a new file before one grows past SIZE
+                            (bytes, or e.g. 64K, 100M, 1G): x.pcap, then
+                            x.1.pcap, x.2.pcap...
+  FRIENDSOCK_PCAP_FILES=N   keep only the newest N of those files
+  friendsock.capture(path)  the same for a with-block (also start_capture(path),
+                            stop_capture()); max_bytes=, max_files= as above
+  friendsock.links()        the live friend links, one LinkInfo each, like ss -tni:
+                            both addresses; per direction its state (open, eof,
+                            reset) and bytes queued and moved; per end sndbuf,
+                            rcvbuf, paused reading/writing, thread and loop; age
+  Connections that fell back to real TCP are in neither: they are the
+  kernel's, and tcpdump sees them.
 """
 
 

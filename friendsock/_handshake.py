@@ -21,6 +21,7 @@ from ._core._addresses import flow_key
 from ._core._link import Link
 from ._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from ._core._stats import Fallback, counters
+from ._core._tap import tap_for
 from ._core._switch import is_enabled
 from ._friend_socket import read_buffer_sizes
 
@@ -264,9 +265,10 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
     """
     handle = entry.handle
     client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
-    link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded,
-                listener=entry.endpoint)
     sockname = sock.getsockname()
+    link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded,
+                listener=entry.endpoint, addresses=(sockname, address),
+                tap=tap_for(sockname, address))
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
                                       ClientEnd(sock, sockname, address), client_ready=not adoptable)
     pid = _Process.pid

@@ -126,6 +126,7 @@ class FriendTransport(asyncio.Transport):
         with ``reading=False`` incoming bytes wait for :meth:`start_reading`."""
         self._state.transports[id(self)] = weakref.ref(self)
         self._out.attach_writer(self._hooks()[1])
+        self._end.describe = self._describe_end
         sock = self._extra["socket"]
         # As the loop's own TCP transports (asyncio and uvloop alike), so
         # getsockopt() answers the same on both paths.
@@ -202,6 +203,12 @@ class FriendTransport(asyncio.Transport):
             })
             return False
         return True
+
+    def _describe_end(self) -> Tuple[bool, bool, str]:
+        """For friendsock.links(): paused reading, paused writing, the loop."""
+        loop = self._loop
+        return (self._paused_reading, self._protocol_paused,
+                f"{type(loop).__module__}.{type(loop).__qualname__} at {id(loop):#x}")
 
     def _remote_hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
         """The hooks the friend's thread calls: one wake-up of our loop per
@@ -535,6 +542,7 @@ class FriendTransport(asyncio.Transport):
             self._protocol.connection_lost(exc)
         finally:
             self._end.close()
+            self._end.describe = None
             self._in.notify_readable = None
             self._out.notify_writable = None
             self._state.transports.pop(id(self), None)
@@ -544,6 +552,7 @@ class FriendTransport(asyncio.Transport):
                 server._detach()
 
     def _unhook(self) -> None:
+        self._end.describe = None
         self._in.notify_readable = None
         self._out.notify_writable = None
 

@@ -32,10 +32,15 @@ import collections
 import enum
 import errno
 import threading
-from typing import Callable, Deque, Optional, Tuple, Type
+import time
+from typing import TYPE_CHECKING, Any, Callable, Deque, Optional, Tuple, Type
 
 from ._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
+from ._live import Describe, live_links
 from ._stats import Shard, counters
+
+if TYPE_CHECKING:
+    from ._tap import LinkTap
 
 Hook = Optional[Callable[[], None]]
 
@@ -71,6 +76,7 @@ class Channel:
         "_queue",
         "_head_offset",
         "queued",
+        "moved",
         "meter",
         "sndbuf",
         "rcvbuf",
@@ -82,12 +88,14 @@ class Channel:
         "notify_writable",
         "_reader_notified",
         "_writer_wake_at",
+        "reader_thread",
     )
 
     def __init__(self, sndbuf: int, rcvbuf: int, meter: Optional[Shard] = None) -> None:
         self._queue: Deque[bytes] = collections.deque()
         self._head_offset = 0  # bytes of _queue[0] already consumed
         self.queued = 0
+        self.moved = 0  # bytes consumed over the channel's life
         # Counts the bytes consumed: the reader's thread's counters shard
         # (set again when the reader attaches, maybe on another thread).
         self.meter = meter or counters.shard()
@@ -106,6 +114,7 @@ class Channel:
         self.notify_writable: Hook = None
         self._reader_notified = False
         self._writer_wake_at: Optional[int] = None
+        self.reader_thread: Optional[threading.Thread] = None  # where the reader attached
 
     def __repr__(self) -> str:
         return (
@@ -142,6 +151,7 @@ class Channel:
         (the caller drains: no notification is sent for it)."""
         self.notify_readable = hook
         self.meter = counters.shard()
+        self.reader_thread = threading.current_thread()
         if self.queued or self.state is not ChannelState.OPEN:
             self._reader_notified = True
             return True
@@ -258,6 +268,7 @@ class Channel:
         if not queue or size + len(queue[0]) > join_limit:
             # One buffer, by reference (the common case): _consumed(), inlined.
             self.queued = queued = self.queued - size
+            self.moved += size
             self.meter.moved += size
             wake_at = self._writer_wake_at
             if wake_at is not None and queued - self.sndbuf - self.rcvbuf <= wake_at:
@@ -316,6 +327,7 @@ class Channel:
     # -- internals --------------------------------------------------------
     def _consumed(self, size: int) -> None:
         self.queued -= size
+        self.moved += size
         self.meter.moved += size  # counted per read, not per write: cheaper
         wake_at = self._writer_wake_at
         if wake_at is not None and self.queued - self.sndbuf - self.rcvbuf <= wake_at:
@@ -488,13 +500,16 @@ class LockedChannel(Channel):
 class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
-    __slots__ = ("link", "outgoing", "incoming", "closed")
+    __slots__ = ("link", "outgoing", "incoming", "closed", "describe")
 
     def __init__(self, link: "Link", outgoing: Channel, incoming: Channel) -> None:
         self.link = link
         self.outgoing = outgoing
         self.incoming = incoming
         self.closed = False
+        # The adapter's account of this end for friendsock.links() (paused
+        # reading and writing, its loop); None: the core's own guess.
+        self.describe: Describe = None
 
     # -- what this end's socket calls get ---------------------------------
     def send_error(self) -> LinkBrokenError:
@@ -620,11 +635,13 @@ class Link:
 
     ``threaded``: the ends run on different threads (decided when the link
     is made: a listener's loop is known before connect()); ``listener``: the
-    endpoint of the listener it connects to, where ``stats()`` counts it.
+    endpoint of the listener it connects to, where ``stats()`` counts it;
+    ``addresses``: the client's and the server's socket addresses; ``tap``:
+    a capture was running when the link was made (its channels report to it).
     """
 
     __slots__ = ("client", "server", "threaded", "listener", "_open_ends", "_lock",
-                 "established", "on_done", "__weakref__")
+                 "established", "on_done", "addresses", "tap", "born", "__weakref__")
 
     def __init__(
         self,
@@ -634,15 +651,26 @@ class Link:
         server_rcvbuf: int,
         threaded: bool = False,
         listener: Optional[Tuple[str, int]] = None,
+        addresses: Optional[Tuple[Any, Any]] = None,
+        tap: Optional["LinkTap"] = None,
     ) -> None:
-        kind: Type[Channel] = LockedChannel if threaded else Channel
         meter = counters.shard()
-        to_server = kind(client_sndbuf, server_rcvbuf, meter)
-        to_client = kind(server_sndbuf, client_rcvbuf, meter)
+        to_server: Channel
+        to_client: Channel
+        if tap is None:
+            kind: Type[Channel] = LockedChannel if threaded else Channel
+            to_server = kind(client_sndbuf, server_rcvbuf, meter)
+            to_client = kind(server_sndbuf, client_rcvbuf, meter)
+        else:
+            to_server, to_client = tap.channels(client_sndbuf, client_rcvbuf, server_sndbuf,
+                                                server_rcvbuf, threaded, meter)
         self.client = LinkEnd(self, outgoing=to_server, incoming=to_client)
         self.server = LinkEnd(self, outgoing=to_client, incoming=to_server)
         self.threaded = threaded
         self.listener = listener
+        self.addresses = addresses
+        self.tap = tap
+        self.born = 0.0  # time.monotonic() when established
         self._open_ends = 2
         # Ends on two threads close on their own threads (or on whichever
         # finds a loop gone): "closed once" and "done once" must hold across
@@ -658,7 +686,11 @@ class Link:
         over), so no lock."""
         if not self.established:
             self.established = True
+            self.born = time.monotonic()
+            live_links.add(self)
             counters.link_made(self.listener)
+            if self.tap is not None:
+                self.tap.established()
 
     @property
     def done(self) -> bool:
@@ -689,6 +721,7 @@ class Link:
                 if self._open_ends:
                     return
         if self.established:
+            live_links.discard(self)
             counters.shard().done += 1
         if self.on_done is not None:
             self.on_done()

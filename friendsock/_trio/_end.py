@@ -76,6 +76,11 @@ class TrioEnd:
     def _hook_in(self) -> None:
         """Hook into the link (on the run's thread)."""
         self._state.streams[id(self)] = weakref.ref(self)  # type: ignore[arg-type]
+        ref = weakref.ref(self)
+        # For friendsock.links(): trio has no paused reading; a writer
+        # parked waiting for room is paused writing.
+        self._end.describe = lambda: None if (end := ref()) is None else (
+            None, end._writer is not None, "trio")
         readable, writable = self._hooks()
         self._out.attach_writer(writable)
         self._in.attach_reader(readable)
@@ -115,6 +120,7 @@ class TrioEnd:
         return hand_over(wake_reader), hand_over(wake_writer)
 
     def _unhook(self) -> None:
+        self._end.describe = None
         self._in.notify_readable = None
         self._out.notify_writable = None
 

@@ -1,0 +1,174 @@
+"""The live friend links, and their typed snapshot (``friendsock.links()``).
+
+Links are kept by weak reference from the moment they are established until
+their last end closes: the table must not keep an abandoned link's
+transports alive (their collection is what closes them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+from ._stats import format_address
+
+if TYPE_CHECKING:
+    from ._link import Channel, Link, LinkEnd
+
+# What an adapter says of its end (``LinkEnd.describe``): whether reading
+# is paused, whether writing is paused, and the scheduler it runs on.
+EndActivity = Tuple[Optional[bool], bool, Optional[str]]
+Describe = Optional[Callable[[], EndActivity]]
+
+
+@dataclasses.dataclass(frozen=True)
+class EndInfo:
+    """One end of a friend link (see :class:`LinkInfo`).
+
+    ``address``: the end's own socket address; ``sndbuf``/``rcvbuf``: its
+    buffer sizes as the link accounts them (the real socket's, following
+    ``setsockopt``); ``closed``: the end is done; ``paused_reading``:
+    ``pause_reading()`` is in effect (None where the adapter has no such
+    state: a trio stream reads when a task receives); ``paused_writing``:
+    the writer waits for room (``pause_writing()``, a ``send_all`` blocked);
+    ``thread``: the name of the thread the end reads on (None: not reading
+    yet); ``scheduler``: its event loop, as its adapter names it.
+    """
+
+    address: Tuple[Any, ...]
+    sndbuf: int
+    rcvbuf: int
+    closed: bool
+    paused_reading: Optional[bool]
+    paused_writing: bool
+    thread: Optional[str]
+    scheduler: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectionInfo:
+    """One direction of a friend link: ``state`` is ``"open"``, ``"eof"``
+    (the writer shut down; the reader gets EOF after the bytes) or
+    ``"reset"``; ``queued``: bytes written and not read yet; ``moved``:
+    bytes read so far; ``reader_closed``: the reading end is gone."""
+
+    state: str
+    queued: int
+    moved: int
+    reader_closed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkInfo:
+    """A live friend link, like a line of ``ss -tni`` for friends.
+
+    ``client``/``server``: its ends (:class:`EndInfo`); ``to_server`` and
+    ``to_client``: its directions (:class:`DirectionInfo`); ``age``: seconds
+    since it was established; ``listener``: the listener address it came
+    in on; ``threaded``: its ends run on different threads; ``captured``:
+    it is written to a capture (``friendsock.capture``).
+    """
+
+    client: EndInfo
+    server: EndInfo
+    to_server: DirectionInfo
+    to_client: DirectionInfo
+    age: float
+    listener: Optional[str]
+    threaded: bool
+    captured: bool
+
+    def __str__(self) -> str:
+        def end(info: EndInfo) -> str:
+            return format_address(tuple(info.address[:2]))
+
+        def flow(info: DirectionInfo) -> str:
+            return f"{info.state} queued={info.queued} moved={info.moved}"
+
+        return (f"{end(self.client)} -> {end(self.server)} age={self.age:.1f}s "
+                f"[c->s {flow(self.to_server)}] [s->c {flow(self.to_client)}]")
+
+
+class LiveLinks:
+    """Established links with an end still open, in the order they were
+    established. Adding and removing are single dict operations, atomic
+    under the GIL, so ends on any thread need no lock."""
+
+    __slots__ = ("_refs",)
+
+    def __init__(self) -> None:
+        self._refs: Dict[int, "weakref.ref[Link]"] = {}
+
+    def add(self, link: "Link") -> None:
+        self._refs[id(link)] = weakref.ref(link)
+
+    def discard(self, link: "Link") -> None:
+        ref = self._refs.get(id(link))
+        if ref is not None and ref() is link:
+            self._refs.pop(id(link), None)
+
+    def links(self) -> List["Link"]:
+        found = []
+        for key, ref in list(self._refs.items()):
+            link = ref()
+            if link is None:  # collected without closing (its process forked, say)
+                if self._refs.get(key) is ref:
+                    self._refs.pop(key, None)
+            else:
+                found.append(link)
+        return found
+
+    def snapshot(self) -> List[LinkInfo]:
+        now = time.monotonic()
+        return [_link_info(link, now) for link in self.links()]
+
+    def _reset_after_fork(self) -> None:
+        # The parent's links are not alive in a child (see Counters).
+        self._refs = {}
+
+
+def _direction(channel: "Channel") -> DirectionInfo:
+    return DirectionInfo(channel.state.value, channel.queued, channel.moved, channel.reader_closed)
+
+
+def _end(end: "LinkEnd", address: Any) -> EndInfo:
+    describe = end.describe
+    activity = describe() if describe is not None else None
+    if activity is None:
+        # No adapter word: a writer waiting for room asked to be woken.
+        activity = (None, end.outgoing._writer_wake_at is not None, None)
+    paused_reading, paused_writing, scheduler = activity
+    thread: Optional[threading.Thread] = end.incoming.reader_thread
+    return EndInfo(
+        address=tuple(address) if address is not None else (),
+        sndbuf=end.outgoing.sndbuf,
+        rcvbuf=end.incoming.rcvbuf,
+        closed=end.closed,
+        paused_reading=paused_reading,
+        paused_writing=paused_writing,
+        thread=thread.name if thread is not None else None,
+        scheduler=scheduler,
+    )
+
+
+def _link_info(link: "Link", now: float) -> LinkInfo:
+    client_address, server_address = link.addresses or (None, None)
+    return LinkInfo(
+        client=_end(link.client, client_address),
+        server=_end(link.server, server_address),
+        to_server=_direction(link.client.outgoing),
+        to_client=_direction(link.server.outgoing),
+        age=now - link.born,
+        listener=format_address(link.listener) if link.listener is not None else None,
+        threaded=link.threaded,
+        captured=link.tap is not None,
+    )
+
+
+live_links = LiveLinks()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=live_links._reset_after_fork)
