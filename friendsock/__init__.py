@@ -19,6 +19,8 @@ from ._asyncio._api import (
     start_tls,
 )
 from ._asyncio._install import install, installed, is_installed, new_event_loop, uninstall
+from ._blocking._patch import is_friend_socket as _is_blocking_friend
+from ._blocking._patch import is_socket_patched, patch_socket, unpatch_socket
 from ._capture import Capture, capture, start_capture, stop_capture
 from ._capture import start_from_environment as _capture_from_env
 from ._core._live import DirectionInfo, EndInfo, LinkInfo, live_links as _live_links
@@ -32,8 +34,9 @@ __version__ = "0.1.0"
 def is_friend(obj: Any) -> bool:
     """Whether ``obj`` is one end of a friend link: an asyncio transport or
     ``StreamWriter`` (TLS over a friend link included), or a
-    ``friendsock.trio`` stream or paired ``trio.socket`` socket."""
-    if _is_asyncio_friend(obj):
+    ``friendsock.trio`` stream or paired ``trio.socket`` socket, or a
+    blocking socket that paired (:func:`patch_socket`)."""
+    if _is_asyncio_friend(obj) or _is_blocking_friend(obj):
         return True
     # A trio friend end exists only once the trio adapter was imported;
     # asking must not import trio.
@@ -78,6 +81,9 @@ __all__ = [
     "uninstall",
     "is_enabled",
     "is_friend",
+    "is_socket_patched",
+    "patch_socket",
+    "unpatch_socket",
     "open_connection",
     "set_enabled",
     "start_server",

@@ -10,6 +10,10 @@
 - ``@pytest.mark.real_tcp`` forces real TCP for one test;
 - ``friendsock_server`` starts friendsock servers on ``127.0.0.1:0`` and
   closes them after the test;
+- ``--friendsock-sockets`` (or ``friendsock_sockets = true``) also patches
+  the ``socket`` module (:func:`friendsock.patch_socket`), so blocking
+  clients and servers in threads pair too; separate from ``--friendsock``
+  because it changes every blocking socket of the test process;
 - under ``--friendsock``, the terminal summary reports what paired in the
   session (links made, bytes moved, fallbacks by reason, top listeners).
 
@@ -52,6 +56,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="do not pair session-wide, whatever the 'friendsock' ini option says",
     )
+    group.addoption(
+        "--friendsock-sockets",
+        action="store_true",
+        dest="friendsock_sockets",
+        default=None,
+        help="also pair blocking sockets in threads (friendsock.patch_socket())",
+    )
+    parser.addini(
+        "friendsock_sockets",
+        type="bool",
+        default=False,
+        help="also pair blocking sockets in threads (as --friendsock-sockets)",
+    )
     parser.addini(
         "friendsock",
         type="bool",
@@ -70,6 +87,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.stash[_SESSION_BASELINE] = stats()
         config.add_cleanup(install_everywhere())
+    sockets = config.getoption("friendsock_sockets")
+    if sockets or (sockets is None and config.getini("friendsock_sockets")):
+        from ._blocking._patch import is_socket_patched, patch_socket, unpatch_socket
+
+        if not is_socket_patched():
+            patch_socket()
+            config.add_cleanup(unpatch_socket)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -302,6 +302,20 @@ class Channel:
         self._consumed(copied)
         return copied
 
+    def peek(self, limit: int) -> bytes:
+        """Up to ``limit`` queued bytes, left queued (a ``MSG_PEEK`` read)."""
+        chunks = []
+        size = 0
+        start = self._head_offset
+        for chunk in self._queue:
+            piece = chunk[start:start + limit - size]
+            start = 0
+            chunks.append(piece)
+            size += len(piece)
+            if size >= limit:
+                break
+        return b"".join(chunks)
+
     def close_reader(self) -> bool:
         """The reader is gone. Returns whether unread bytes were discarded
         (over TCP, closing with unread bytes sends a reset)."""
@@ -459,6 +473,10 @@ class LockedChannel(Channel):
         if self._write_due:
             self._flush_writer()
         return copied
+
+    def peek(self, limit: int) -> bytes:
+        with self._lock:
+            return Channel.peek(self, limit)
 
     def close_reader(self) -> bool:
         with self._lock:

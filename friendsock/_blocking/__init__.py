@@ -1,0 +1,1 @@
+"""Blocking sockets in threads: ``friendsock.patch_socket()``."""

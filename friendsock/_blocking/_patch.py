@@ -1,0 +1,64 @@
+"""``friendsock.patch_socket()``: blocking sockets of this process pair.
+
+Process-wide, in the manner of gevent's ``monkey.patch_socket()``: the
+``socket`` module's ``socket`` class is replaced by a subclass of itself
+(:class:`~friendsock._blocking._socket.FriendCapableSocket`).
+``socket.create_connection``, ``socket.create_server``, ``socket.socketpair``
+and the stdlib's own ``accept()`` look the class up in the module when
+called, so they (and what is built on them: ``http.client``, ``urllib``,
+urllib3/requests, ``socketserver``, ``http.server``) make friend-capable
+sockets without being patched themselves.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any, Optional
+
+from . import _socket as _blocking_socket
+from ._socket import FriendBlockingSocket, FriendCapableSocket
+
+_lock = threading.Lock()
+_saved: Optional[Any] = None  # what socket.socket was before patch_socket()
+
+
+def patch_socket() -> None:
+    """From now on, ``socket.socket`` (and so ``socket.create_connection``
+    and ``socket.create_server``) of this process makes friend-capable
+    sockets: a blocking or timeout socket that connects to a friendsock
+    listener of this process pairs (an asyncio, uvloop or trio server on
+    another thread, or a blocking server socket made while patched);
+    anything else is the real socket, unchanged. Idempotent."""
+    global _saved
+    with _lock:
+        if _blocking_socket.patched:
+            return
+        _saved = socket.socket
+        socket.socket = FriendCapableSocket  # type: ignore[misc]
+        _blocking_socket.patched = True
+
+
+def unpatch_socket() -> None:
+    """Undo :func:`patch_socket`: ``socket.socket`` is the class it was.
+    Sockets made meanwhile connect and listen natively from now on;
+    listeners registered meanwhile pair until they close, and friend
+    sockets stay friends until closed."""
+    global _saved
+    with _lock:
+        if not _blocking_socket.patched:
+            return
+        _blocking_socket.patched = False
+        if socket.socket is FriendCapableSocket:  # not replaced since by someone else
+            socket.socket = _saved  # type: ignore[misc]
+        _saved = None
+
+
+def is_socket_patched() -> bool:
+    """Whether :func:`patch_socket` is in force."""
+    return _blocking_socket.patched
+
+
+def is_friend_socket(obj: Any) -> bool:
+    """Whether ``obj`` is a blocking socket that paired (and is not closed)."""
+    return type(obj) is FriendBlockingSocket and not obj._friend_closed

@@ -1,0 +1,800 @@
+"""The sockets ``socket.socket`` makes while patched, and the ones that paired.
+
+:class:`FriendCapableSocket` is what ``socket.socket`` (and so
+``socket.create_connection``, ``socket.create_server``, ``socketserver``,
+``http.client``, urllib3 ...) makes while :func:`patch_socket` is in force.
+It is the real socket, unchanged, except at three moments:
+
+- ``connect()`` of a blocking (or timeout) TCP socket to a friendsock
+  listener of this process registers the connect first, as every friendsock
+  client does, and pairs;
+- ``listen()`` of a blocking (or timeout) TCP socket registers it as a
+  friendsock listener (until it is closed, or handed to an event loop,
+  which makes it non-blocking); its ``accept()`` claims friend clients;
+- a socket that paired becomes a :class:`FriendBlockingSocket` (the same
+  object, still a ``socket.socket``) whose data calls go through the link,
+  with the socket's own semantics: blocking, timeout and non-blocking modes,
+  ``send`` takes what fits in ``sndbuf + friend rcvbuf``, ``recv`` returns
+  b"" at EOF, failures are the ``OSError`` the kernel gives.
+
+Its TCP descriptor stays open underneath for options and addresses, as
+for every friend end; ``fileno()`` is the readiness descriptor that
+``select``/``poll`` watch (``_readiness``).
+"""
+
+from __future__ import annotations
+
+import _socket
+import errno
+import operator
+import os
+import select
+import socket
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Optional, Tuple
+
+from .. import _handshake
+from .._core._errors import FriendError, LinkBrokenError
+from .._core._link import ChannelState, LinkEnd, Seen
+from .._core._registry import registry
+from .._core._stats import Fallback, counters
+from .._core._switch import is_enabled
+from .._friend_socket import FriendSocket
+from .._handshake import (
+    ConnectAttempt,
+    Entry,
+    Pending,
+    adopt_accepted,
+    call_on_claim,
+    claim_accepted,
+    confirmed,
+    forget_listener,
+    make_room,
+    numeric_address_infos,
+    register_listener,
+    wait_for_room,
+)
+from ._readiness import Readiness, readiness_inodes
+
+_ss = _socket.socket  # the C methods, below every Python override
+OriginalSocket: type = socket.socket  # the stdlib class, as it was at import
+_INET = (socket.AF_INET, socket.AF_INET6)
+_OPEN = ChannelState.OPEN
+_NOTHING = Seen.NOTHING
+_DATA = Seen.DATA
+_EOF = Seen.EOF
+_MAX_JOIN = 64 * 1024
+_SUPPORTED_RECV_FLAGS = socket.MSG_PEEK | socket.MSG_DONTWAIT
+_SUPPORTED_SEND_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
+_ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
+
+# Whether connect() and listen() pair: set by patch_socket(). Sockets made
+# while patched stay FriendCapableSockets after unpatch_socket(), plain again.
+patched = False
+
+
+def _unsupported(what: str) -> OSError:
+    return OSError(errno.EOPNOTSUPP, f"{what} is not supported on a friend socket: its bytes "
+                                     f"do not go through a descriptor")
+
+
+def _bad_fd() -> OSError:
+    return OSError(errno.EBADF, "Bad file descriptor")
+
+
+def _would_block() -> OSError:
+    return BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+
+class _SocketMeta(type):
+    """``isinstance(x, socket.socket)`` still holds, while patched, for every
+    socket: those made before and ``ssl.SSLSocket``s, whose class is the
+    stdlib's."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if cls is FriendCapableSocket:
+            return isinstance(obj, OriginalSocket)
+        return type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        if cls is FriendCapableSocket:
+            return issubclass(sub, OriginalSocket)
+        return type.__subclasscheck__(cls, sub)
+
+
+class Descriptor:
+    """The TCP descriptor of a friend socket, as the pairing steps and the
+    link see it: the C socket calls, below the friend socket's own
+    overrides. Held weakly while the user holds the socket; once the user
+    closes it, the descriptor is moved here, and the link releases it when
+    both ends are done (``release_sockets``)."""
+
+    __slots__ = ("_ref", "_own", "__weakref__")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._ref = weakref.ref(sock)
+        self._own: Optional[socket.socket] = None
+
+    def _target(self) -> Any:
+        own = self._own
+        if own is not None:
+            return own
+        sock = self._ref()
+        if sock is None:
+            raise _bad_fd()
+        return sock
+
+    def take_over(self, sock: socket.socket) -> None:
+        """The user closed ``sock``: keep its descriptor until the link is done."""
+        fd = _ss.detach(sock)
+        if fd >= 0:
+            self._own = OriginalSocket(sock.family, sock.type, sock.proto, fileno=fd)
+
+    def fileno(self) -> int:
+        try:
+            return _ss.fileno(self._target())
+        except OSError:
+            return -1
+
+    def getsockname(self) -> Any:
+        return _ss.getsockname(self._target())
+
+    def getpeername(self) -> Any:
+        return _ss.getpeername(self._target())
+
+    def getsockopt(self, *args: Any) -> Any:
+        return _ss.getsockopt(self._target(), *args)
+
+    def setsockopt(self, *args: Any) -> None:
+        _ss.setsockopt(self._target(), *args)
+
+    def bind(self, address: Any) -> None:
+        _ss.bind(self._target(), address)
+
+    def connect_ex(self, address: Any) -> int:
+        return _ss.connect_ex(self._target(), address)
+
+    def close(self) -> None:
+        own = self._own
+        if own is not None:
+            self._own = None
+            own.close()
+            return
+        sock = self._ref()
+        if sock is not None:
+            _ss.close(sock)
+
+
+class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignore[misc,valid-type]
+    """``socket.socket`` while patched (see the module doc). No
+    ``__slots__``: a paired one becomes a :class:`FriendBlockingSocket`,
+    which needs the same layout."""
+
+    def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
+                 fileno: Optional[int] = None) -> None:
+        if fileno is not None and readiness_inodes:
+            _refuse_readiness_descriptor(fileno)
+        OriginalSocket.__init__(self, family, type, proto, fileno)
+
+    # -- connecting -------------------------------------------------------
+    def connect(self, address: Any) -> None:
+        if not patched or not _may_pair(self) or not connect_friend(self, address):
+            _ss.connect(self, address)
+
+    def connect_ex(self, address: Any) -> int:
+        if not patched or not _may_pair(self):
+            return _ss.connect_ex(self, address)
+        try:
+            if connect_friend(self, address):
+                return 0
+        except TimeoutError:
+            return errno.EAGAIN  # as the C connect_ex reports its timeout
+        except OSError as exc:
+            if exc.errno is None:
+                raise
+            return exc.errno
+        return _ss.connect_ex(self, address)
+
+    # -- listening ----------------------------------------------------------
+    def listen(self, *backlog: int) -> None:
+        _ss.listen(self, *backlog)
+        if patched and _ENTRY not in self.__dict__ and _may_pair(self):
+            _register_listener(self)
+
+    def accept(self) -> Tuple[socket.socket, Any]:
+        fd, address = self._accept()  # type: ignore[attr-defined]
+        entry: Optional[Entry] = self.__dict__.get(_ENTRY)
+        if entry is not None:
+            make_room(entry)  # connects held back by a full accept queue may go on
+        sock = _new_capable(self.family, self.type, self.proto, fd)
+        # As the stdlib's accept(): blocking unless a default timeout is set.
+        if socket.getdefaulttimeout() is None and self.gettimeout():
+            sock.setblocking(True)
+        if entry is not None:
+            _claim(sock, address, entry)
+        return sock, address
+
+    # An event loop taking the socket over makes it non-blocking: its own
+    # accept pairs from then on, or nobody's does.
+    def setblocking(self, flag: bool) -> None:
+        _ss.setblocking(self, flag)
+        if not flag and _ENTRY in self.__dict__:
+            _forget_listener(self)
+
+    def settimeout(self, value: Optional[float]) -> None:
+        _ss.settimeout(self, value)
+        if value == 0 and _ENTRY in self.__dict__:
+            _forget_listener(self)
+
+    def detach(self) -> int:
+        if _ENTRY in self.__dict__:
+            _forget_listener(self)
+        return OriginalSocket.detach(self)
+
+    def _real_close(self, _ss: Any = _ss) -> None:
+        if _ENTRY in self.__dict__:
+            _forget_listener(self)
+        _ss.close(self)
+
+
+def _new_capable(family: int, type: int, proto: int, fd: int) -> FriendCapableSocket:
+    sock = FriendCapableSocket.__new__(FriendCapableSocket)
+    OriginalSocket.__init__(sock, family, type, proto, fd)
+    return sock
+
+
+def _refuse_readiness_descriptor(fileno: Any) -> None:
+    """``socket.fromfd(friend.fileno())`` would make a socket of the
+    readiness descriptor, not of the connection: refused, clearly."""
+    try:
+        inode = os.fstat(operator.index(fileno)).st_ino
+    except (OSError, TypeError, ValueError):
+        return  # the socket constructor reports it
+    if inode in readiness_inodes:
+        raise _unsupported("a socket made from a friend socket's fileno() (fromfd, "
+                           "socket(fileno=...))")
+
+
+def _may_pair(sock: socket.socket) -> bool:
+    """A blocking (or timeout) TCP socket, with pairing switched on."""
+    return sock.family in _INET and _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and \
+        sock.gettimeout() != 0.0 and is_enabled()
+
+
+# -- the listening side ---------------------------------------------------------
+
+
+def _register_listener(sock: FriendCapableSocket) -> None:
+    exclusive = True
+    if getattr(socket, "SO_REUSEPORT", None) is not None:
+        exclusive = not sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+    # Every blocking listener accepts on a thread of its own: its owner is
+    # nobody else's, so every link with it is threaded. A weak proxy: the
+    # registry must not keep its user's socket open.
+    entry = register_listener(weakref.proxy(sock), None, owner=object(), exclusive=exclusive)
+    sock.__dict__[_ENTRY] = entry
+    weakref.finalize(sock, forget_listener, entry)
+
+
+def _forget_listener(sock: FriendCapableSocket) -> None:
+    entry = sock.__dict__.pop(_ENTRY, None)
+    if entry is not None:
+        forget_listener(entry)
+
+
+def _claim(sock: FriendCapableSocket, address: Any, entry: Entry) -> None:
+    """Pair the accepted ``sock`` if a friendsock client of this process made it."""
+    descriptor = Descriptor(sock)
+    pending, sockname = claim_accepted(descriptor, address)  # type: ignore[arg-type]
+    if pending is None:
+        counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
+        return
+    adopt_accepted(descriptor, pending)  # type: ignore[arg-type]
+    become_friend(sock, pending.link.server, sockname, address, descriptor)
+    if pending.on_claimed is not None:
+        pending.on_claimed()
+
+
+# -- the connecting side ----------------------------------------------------------
+
+_OWNER = object()  # a blocking client's scheduler: never a listener's, so links are threaded
+
+
+def _resolve(sock: socket.socket, address: Any) -> Optional[Any]:
+    """The numeric address a connect to ``address`` reaches, as the
+    accepting side will see it; None when it cannot pair."""
+    try:
+        host, port = address[0], address[1]
+    except (TypeError, IndexError, KeyError):
+        return None  # the native connect reports it
+    infos = numeric_address_infos(host, port, sock.family)
+    if infos is None:
+        if type(port) is not int or not registry.has_port(port):
+            return None
+        try:
+            infos = socket.getaddrinfo(host, port, sock.family, socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            return None
+        if not infos:
+            return None
+    return infos[0][4]
+
+
+def _deadline(sock: socket.socket) -> Optional[float]:
+    timeout = sock.gettimeout()
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _left(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left before ``deadline``; TimeoutError once none are."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
+    """``connect()`` of a blocking socket: pair with a friendsock listener
+    of this process if ``address`` is one (True: connected, paired or
+    not); False, nothing done, when the native connect should take over
+    (the fallback counted)."""
+    resolved = _resolve(sock, address)
+    if resolved is None:
+        return False
+    if not registry.has_port(resolved[1]):
+        counters.fallback(Fallback.NO_LISTENER, resolved)
+        return False
+    attempt = ConnectAttempt(resolved)
+    if attempt.entry is None:
+        counters.fallback(Fallback.NO_LISTENER, resolved)
+        return False
+    descriptor = Descriptor(sock)
+    attempt.sock = descriptor  # type: ignore[assignment]
+    try:
+        unbound = sock.getsockname()[1] == 0
+    except OSError:
+        return False  # closed: the native connect says so
+    if unbound:
+        attempt.bind(sock.family, None)  # to the destination IP, to pair
+    entry = attempt.entry
+    if entry is None:  # not an address of ours
+        counters.fallback(attempt.fallback, resolved)
+        return False
+    deadline = _deadline(sock)
+    while (err := attempt.start(_OWNER)) is None:
+        _room_made(entry, deadline)
+    pending = attempt.pending
+    if pending is None:  # the listener just went away: nothing connected yet
+        return False
+    if err:
+        attempt.give_up(close=False)
+        if err in (errno.EAGAIN, errno.EINPROGRESS) and deadline is not None:
+            raise TimeoutError("timed out")
+        raise OSError(err, os.strerror(err))
+    readiness = Readiness()
+    try:
+        if not attempt.optimistic and not _confirm(pending, descriptor, readiness):
+            readiness.close()
+            return True  # another process accepted it: plain TCP, connected
+    except BaseException:
+        readiness.close()
+        attempt.give_up(close=False)
+        raise
+    client = pending.handle
+    become_friend(sock, pending.link.client, client.sockname, client.peername, descriptor,
+                  readiness)
+    return True
+
+
+def _room_made(entry: Entry, deadline: Optional[float]) -> None:
+    """Wait for the listener's accept queue to have room made: until it
+    accepts, goes away, or a while has passed (for room made by an accept
+    friendsock did not see); TimeoutError past the socket's timeout."""
+    woken = Readiness()
+    try:
+        if not wait_for_room(entry, woken.set_readable):
+            return
+        try:
+            left = _left(deadline)
+            wait = _handshake.ROOM_RECHECK if left is None else min(left, _handshake.ROOM_RECHECK)
+            if not woken.wait(False, wait):
+                _left(deadline)
+        finally:
+            registry.cancel_wait_for_accept_room(entry, woken.set_readable)
+    finally:
+        woken.close()
+
+
+def _confirm(pending: Pending, descriptor: Descriptor, readiness: Readiness) -> bool:
+    """A listener other processes may share: pair only once this process
+    claims the connect (True). Anything arriving on the real socket means
+    another process accepted it; so does silence past the deadline."""
+    claimed = []
+
+    def on_claim() -> None:  # on any thread
+        claimed.append(True)
+        readiness.set_readable()
+
+    call_on_claim(pending, on_claim, on_claim)
+    real_fd = descriptor.fileno()
+    poller = select.poll()
+    poller.register(real_fd, select.POLLIN)
+    poller.register(readiness.fd, select.POLLIN)
+    deadline = time.monotonic() + _handshake.CONFIRM_TIMEOUT
+    while not claimed:
+        left = deadline - time.monotonic()
+        if left <= 0 or any(fd == real_fd for fd, _ in poller.poll(int(left * 1000) + 1)):
+            break
+    readiness.clear_readable()
+    return confirmed(pending, bool(claimed))
+
+
+# -- the paired socket ------------------------------------------------------------
+
+
+def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peername: Any,
+                  descriptor: Descriptor, readiness: Optional[Readiness] = None) -> None:
+    """Turn ``sock`` (connected or accepted, the link established) into the
+    friend socket of ``end``."""
+    sock.__class__ = FriendBlockingSocket
+    friend: FriendBlockingSocket = sock  # type: ignore[assignment]
+    ready = readiness or Readiness()
+    friend.__dict__.update(
+        _end=end, _in=end.incoming, _out=end.outgoing, _sockname=sockname, _peername=peername,
+        _descriptor=descriptor, _ready=ready, _read_shut=False, _friend_closed=False,
+    )
+    ref = weakref.ref(friend)
+
+    def capacity_changed() -> None:  # a buffer size changed: writability may have
+        friend = ref()
+        if friend is not None and not friend._friend_closed:
+            friend._sync_writable()
+
+    friend._options = FriendSocket(descriptor, end, capacity_changed)  # type: ignore[arg-type]
+    # The hooks hold the readiness descriptor only: a friend socket its
+    # user drops is collected (and closed) as a real one is.
+    end.outgoing.attach_writer(ready.set_writable)
+    if end.incoming.attach_reader(ready.set_readable):
+        ready.set_readable()
+    # The kernel sized the real socket's buffers during the handshake; the
+    # link was made before that.
+    friend._options.sync_buffer_sizes()
+
+
+class FriendBlockingSocket(FriendCapableSocket):
+    """A blocking socket (connected or accepted) whose bytes move through a
+    friend link. Not made directly: ``connect()`` and ``accept()`` turn a
+    socket into one."""
+
+    _end: LinkEnd
+    _ready: Readiness
+    _descriptor: Descriptor
+    _options: FriendSocket
+    _read_shut: bool
+    _friend_closed: bool
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("friend sockets are made by connect() and accept(), not directly")
+
+    def __del__(self) -> None:
+        # Collected unclosed: warn and close, as a real socket's finalizer.
+        if not self.__dict__.get("_friend_closed", True):
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self)
+            self._close_friend()
+
+    # -- what stays a socket's -------------------------------------------------
+    def fileno(self) -> int:
+        return -1 if self._friend_closed else self._ready.fd
+
+    def _check_open(self) -> None:
+        if self._friend_closed:
+            raise _bad_fd()
+
+    def getsockname(self) -> Any:
+        self._check_open()
+        return self._sockname
+
+    def getpeername(self) -> Any:
+        self._check_open()
+        return self._peername
+
+    def getsockopt(self, *args: Any) -> Any:
+        self._check_open()
+        return self._options.getsockopt(*args)
+
+    def setsockopt(self, *args: Any) -> None:
+        self._check_open()
+        self._options.setsockopt(*args)
+
+    def dup(self) -> socket.socket:
+        raise _unsupported("dup()")
+
+    def detach(self) -> int:
+        raise _unsupported("detach()")
+
+    def listen(self, *args: Any) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    def accept(self) -> Tuple[socket.socket, Any]:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    def bind(self, address: Any) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    def connect(self, address: Any) -> None:
+        self._check_open()
+        raise OSError(errno.EISCONN, "Transport endpoint is already connected")
+
+    def connect_ex(self, address: Any) -> int:
+        self._check_open()
+        return errno.EISCONN
+
+    def setblocking(self, flag: bool) -> None:
+        self._check_open()
+        _ss.setblocking(self, flag)
+
+    def settimeout(self, value: Optional[float]) -> None:
+        self._check_open()
+        _ss.settimeout(self, value)
+
+    def sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
+        # os.sendfile() would write to the readiness descriptor: send() instead.
+        return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
+
+    # -- waiting ---------------------------------------------------------------
+    def _wait(self, writable: bool, timeout: Optional[float], deadline: Optional[float]) -> Optional[float]:
+        """Wait for the readiness descriptor; the deadline (set on first use).
+        Non-blocking: BlockingIOError; past the timeout: TimeoutError."""
+        if timeout is None:
+            self._ready.wait(writable, None)
+            return None
+        if timeout == 0.0:
+            raise _would_block()
+        if deadline is None:
+            deadline = time.monotonic() + timeout
+        left = deadline - time.monotonic()
+        if left <= 0 or not self._ready.wait(writable, left):
+            raise TimeoutError("timed out")
+        return deadline
+
+    # -- receiving -------------------------------------------------------------
+    def _drained(self) -> None:
+        """The link is empty: unreadable until the next write (a write that
+        raced in is seen, and keeps it readable)."""
+        channel = self._in
+        channel.begin_drain()
+        self._ready.clear_readable()
+        if channel.seen() is not _NOTHING:
+            self._ready.set_readable()
+
+    def _readable(self, timeout: Optional[float]) -> Seen:
+        """Wait until the link has something for us: DATA, EOF or RESET."""
+        channel = self._in
+        deadline = None
+        waited = False
+        while True:
+            self._check_open()
+            if self._read_shut:
+                return _EOF
+            seen = channel.seen()
+            if seen is not _NOTHING:
+                return seen
+            if waited:
+                self._drained()  # woken by a token that raced: take it back
+            deadline = self._wait(False, timeout, deadline)
+            waited = True
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        channel = self._in
+        if type(bufsize) is int and bufsize > 0 and not flags and channel.queued and \
+                not self._friend_closed and not self._read_shut:  # the common case
+            data = channel.pull(bufsize, _MAX_JOIN)
+            if not channel.queued:
+                self._drained()
+            return data
+        bufsize = operator.index(bufsize)
+        if bufsize < 0:
+            raise ValueError("negative buffersize in recv")
+        timeout = self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS)
+        self._check_open()
+        if bufsize == 0:
+            return b""
+        seen = self._readable(timeout)
+        if seen is _DATA:
+            if flags & socket.MSG_PEEK:
+                return channel.peek(bufsize)
+            data = channel.pull(bufsize, _MAX_JOIN)
+            if not channel.queued:
+                self._drained()
+            return data
+        if seen is _EOF:
+            return b""
+        raise self._end.read_error().as_os_error()
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        view = memoryview(buffer)
+        if view.readonly:
+            raise TypeError("recv_into() argument 'buffer' must be read-write bytes-like object")
+        view = view.cast("B")
+        nbytes = operator.index(nbytes)
+        if nbytes < 0:
+            raise ValueError("negative buffersize in recv_into")
+        if nbytes:
+            if nbytes > len(view):
+                raise ValueError("buffer too small for requested bytes")
+            view = view[:nbytes]
+        if flags:
+            data = self.recv(len(view), flags)
+            view[:len(data)] = data
+            return len(data)
+        self._check_open()
+        if not view:
+            return 0
+        channel = self._in
+        seen = _DATA if channel.queued and not self._read_shut else self._readable(self.gettimeout())
+        if seen is _DATA:
+            copied = channel.pull_into(view)
+            if not channel.queued:
+                self._drained()
+            return copied
+        if seen is _EOF:
+            return 0
+        raise self._end.read_error().as_os_error()
+
+    def recvfrom(self, bufsize: int, flags: int = 0) -> Tuple[bytes, None]:
+        # A connected stream socket's recvfrom() gives no address.
+        return self.recv(bufsize, flags), None
+
+    def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Tuple[int, None]:
+        return self.recv_into(buffer, nbytes, flags), None
+
+    def recvmsg(self, *args: Any) -> Any:
+        raise _unsupported("recvmsg()")
+
+    def recvmsg_into(self, *args: Any) -> Any:
+        raise _unsupported("recvmsg_into()")
+
+    def _flags_timeout(self, flags: int, supported: int) -> Optional[float]:
+        """The timeout a call with ``flags`` waits for. MSG_DONTWAIT makes a
+        blocking socket's call non-blocking; in timeout mode the stdlib
+        waits for readiness before the call, so the flag changes nothing."""
+        if flags & ~supported:
+            raise _unsupported(f"flags={flags!r}")
+        timeout = self.gettimeout()
+        return 0.0 if flags & socket.MSG_DONTWAIT and timeout is None else timeout
+
+    # -- sending ----------------------------------------------------------------
+    def _sync_writable(self) -> None:
+        """Make the readiness descriptor writable exactly while the link has
+        room (the friend's read that makes room drains it)."""
+        out = self._out
+        if out.wake_writer_at(-1):
+            self._ready.set_writable()
+            return
+        self._ready.clear_writable()
+        if out.wake_writer_at(-1):  # room made meanwhile, its wake-up maybe before the fill
+            self._ready.set_writable()
+
+    def _send_some(self, data: bytes) -> int:
+        try:
+            sent = self._end.send_some(data)
+        except LinkBrokenError as exc:
+            raise exc.as_os_error() from None
+        out = self._out
+        if sent and out.queued >= out.sndbuf + out.rcvbuf:
+            self._sync_writable()
+        return sent
+
+    def _wait_writable(self, timeout: Optional[float], deadline: Optional[float]) -> Optional[float]:
+        out = self._out
+        if out.wake_writer_at(-1):
+            return deadline  # room already: try again
+        self._ready.clear_writable()
+        if out.wake_writer_at(-1):
+            self._ready.set_writable()
+            return deadline
+        return self._wait(True, timeout, deadline)
+
+    def _push_whole(self, data: bytes) -> bool:
+        """The common case: all of ``data`` (bytes) fits; queued by reference."""
+        out = self._out
+        if self._friend_closed or out.state is not _OPEN or out.reader_closed or \
+                out.queued + len(data) > out.sndbuf + out.rcvbuf:
+            return False
+        try:
+            out.push(data)
+        except FriendError:  # the friend went away meanwhile: the slow way says how
+            return False
+        if out.queued >= out.sndbuf + out.rcvbuf:
+            self._sync_writable()
+        return True
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        if type(data) is not bytes:
+            data = memoryview(data).tobytes()  # the caller may reuse its buffer
+        if not flags and data and self._push_whole(data):
+            return len(data)
+        timeout = self._flags_timeout(flags, _SUPPORTED_SEND_FLAGS)
+        if timeout is None:
+            self._send_all(data, None)  # a blocking send() returns once all is queued
+            return len(data)
+        deadline = None
+        while True:
+            self._check_open()
+            sent = self._send_some(data) if data else 0
+            if sent or not data:
+                return sent
+            deadline = self._wait_writable(timeout, deadline)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if type(data) is bytes and not flags and data and self._push_whole(data):
+            return
+        timeout = self._flags_timeout(flags, _SUPPORTED_SEND_FLAGS)
+        self._send_all(data, timeout)
+
+    def _send_all(self, data: Any, timeout: Optional[float]) -> None:
+        """Queue all of ``data``, a piece at a time as room is made. Past the
+        timeout, TimeoutError: what was queued stays queued, and arrives."""
+        view = memoryview(data).cast("B")
+        total = len(view)
+        self._check_open()
+        offset = 0
+        deadline = None
+        out = self._out
+        while offset < total:
+            self._check_open()
+            room = out.sndbuf + out.rcvbuf - out.queued
+            if room <= 0 and out.state is _OPEN and not out.reader_closed:
+                deadline = self._wait_writable(timeout, deadline)
+                continue
+            size = total - offset if room <= 0 else min(room, total - offset)
+            chunk = data if size == total and type(data) is bytes else view[offset:offset + size].tobytes()
+            offset += self._send_some(chunk)
+
+    def sendto(self, data: Any, *args: Any) -> int:
+        # A connected stream socket ignores the address, as Linux's TCP does.
+        if len(args) not in (1, 2):
+            raise TypeError(f"sendto() takes 2 or 3 arguments ({len(args) + 1} given)")
+        return self.send(data, args[0] if len(args) == 2 else 0)
+
+    def sendmsg(self, *args: Any) -> int:
+        raise _unsupported("sendmsg()")
+
+    # -- shutting down and closing ------------------------------------------------
+    def shutdown(self, how: int) -> None:
+        self._check_open()
+        how = operator.index(how)
+        if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        if how != socket.SHUT_RD:
+            try:
+                self._end.shutdown_write()
+            except LinkBrokenError as exc:
+                raise exc.as_os_error() from None
+            self._ready.set_writable()  # as TCP's: a send now fails at once
+        if how != socket.SHUT_WR:
+            self._read_shut = True  # later reads find EOF, as on Linux
+            self._ready.set_readable()
+
+    def _real_close(self, _ss: Any = _ss) -> None:
+        if not self._friend_closed:
+            self._close_friend()
+
+    def _close_friend(self) -> None:
+        """Close the friend end (EOF, or a reset over unread bytes); the link
+        releases the TCP descriptor once both ends are done."""
+        self._friend_closed = True
+        self._in.notify_readable = None
+        self._out.notify_writable = None
+        self._descriptor.take_over(self)
+        self._end.close()
+        self._ready.close()
+
+
+def patchable_class() -> Callable[..., socket.socket]:
+    """The class ``socket.socket`` becomes while patched."""
+    return FriendCapableSocket

@@ -1,0 +1,531 @@
+"""Blocking sockets in threads (``friendsock.patch_socket()``).
+
+Each behaviour test runs on the friend path (patched: the sockets pair) and
+on real TCP (not patched: the stdlib's sockets, the reference); both must
+agree. Waits are bounded by socket timeouts, thread joins and
+``pytest-timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import os
+import random
+import select
+import selectors
+import socket
+import threading
+from typing import Any, Callable, Iterator, List, Tuple
+
+import pytest
+import uvloop
+
+import friendsock
+from friendsock._blocking._socket import FriendBlockingSocket, OriginalSocket
+from support import patient_confirm  # noqa: F401 (a fixture)
+
+pytest_plugins = ["pytester"]
+
+LOCALHOST = "127.0.0.1"
+TIMEOUT = 10
+MiB = 1 << 20
+
+
+@pytest.fixture
+def patched(friends: bool) -> Iterator[bool]:
+    """The friend path: ``patch_socket()`` for the test; real TCP: the
+    stdlib's sockets as they are."""
+    assert not friendsock.is_socket_patched()
+    if friends:
+        friendsock.patch_socket()
+    try:
+        yield friends
+    finally:
+        friendsock.unpatch_socket()
+    assert socket.socket is OriginalSocket
+
+
+@contextlib.contextmanager
+def blocking_pair(patched: bool, timeout: float = TIMEOUT) -> Iterator[Tuple[socket.socket, socket.socket]]:
+    """(client, server): ``create_server``, ``create_connection``, ``accept``
+    in one thread (the connect pairs before the accept)."""
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=timeout)
+        with client:
+            server, address = listener.accept()
+            with server:
+                server.settimeout(timeout)
+                assert address == client.getsockname()
+                assert friendsock.is_friend(client) is friendsock.is_friend(server) is patched
+                yield client, server
+
+
+def run_thread(target: Callable[[], Any]) -> Callable[[], Any]:
+    """Run ``target`` in a thread; returns a join that re-raises its error."""
+    outcome: List[Any] = []
+
+    def wrapper() -> None:
+        try:
+            outcome.append((True, target()))
+        except BaseException as exc:  # noqa: BLE001 (handed to the joiner)
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=wrapper, daemon=True)
+    thread.start()
+
+    def join() -> Any:
+        thread.join(TIMEOUT)
+        assert not thread.is_alive(), "the thread did not finish"
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    return join
+
+
+def receive_until_eof(sock: socket.socket) -> bytes:
+    received = bytearray()
+    while chunk := sock.recv(MiB):
+        received += chunk
+    return bytes(received)
+
+
+# -- an asyncio server on a loop in another thread --------------------------------
+
+
+class ServerLoop:
+    """An event loop (asyncio or uvloop) running in a thread of its own."""
+
+    def __init__(self, kind: str) -> None:
+        self.loop = asyncio.new_event_loop() if kind == "asyncio" else uvloop.new_event_loop()
+        self.errors: List[dict] = []
+        self.loop.set_exception_handler(lambda _loop, context: self.errors.append(context))
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(TIMEOUT)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(TIMEOUT)
+        self.loop.close()
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def server_loop(request) -> Iterator[ServerLoop]:
+    side = ServerLoop(request.param)
+    try:
+        yield side
+    finally:
+        side.close()
+    assert side.errors == []
+
+
+async def _echo_lines(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while line := await reader.readline():
+        writer.write(line)
+        await writer.drain()
+    writer.close()
+
+
+def test_client_pairs_with_an_asyncio_server_in_another_thread(patched, server_loop):
+    async def start() -> asyncio.AbstractServer:
+        return await friendsock.start_server(_echo_lines, LOCALHOST, 0, friends=patched)
+
+    server = server_loop.run(start())
+    try:
+        before = friendsock.stats().links_made
+        address = server.sockets[0].getsockname()
+        with socket.create_connection(address, timeout=TIMEOUT) as client:
+            assert isinstance(client, socket.socket)
+            assert friendsock.is_friend(client) is patched
+            assert client.getpeername() == address
+            assert client.getsockname()[0] == LOCALHOST
+            client.sendall(b"hello\n")
+            assert client.recv(100) == b"hello\n"
+            with client.makefile("rwb") as stream:
+                stream.write(b"one\ntwo\n")
+                stream.flush()
+                assert stream.readline() == b"one\n"
+                assert stream.readline() == b"two\n"
+            payload = random.Random(1).randbytes(3 * MiB) + b"\n"
+            join = run_thread(lambda: client.sendall(payload))
+            received = bytearray()
+            while len(received) < len(payload):
+                received += client.recv(MiB)
+            join()
+            assert received == payload
+            client.shutdown(socket.SHUT_WR)
+            assert client.recv(100) == b""
+        assert friendsock.stats().links_made - before == (1 if patched else 0)
+    finally:
+        server_loop.loop.call_soon_threadsafe(server.close)
+
+
+# -- the socket contract, both ends blocking ---------------------------------------
+
+
+def test_pair_keeps_the_socket_contract(patched):
+    with blocking_pair(patched) as (client, server):
+        for sock in (client, server):
+            assert isinstance(sock, socket.socket)
+            assert sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
+            assert sock.fileno() >= 0
+        assert client.getpeername() == server.getsockname()
+        assert client.getsockname() == server.getpeername()
+        assert client.gettimeout() == TIMEOUT
+        assert client.send(b"") == 0
+        assert client.recv(0) == b""
+        assert client.sendto(b"ab", ("192.0.2.1", 9)) == 2  # the address is ignored
+        assert server.recvfrom(10) == (b"ab", None)
+        client.sendall(bytearray(b"cdef"))
+        buffer = bytearray(10)
+        assert server.recv_into(buffer, 2) == 2 and buffer[:2] == b"cd"
+        assert server.recvfrom_into(memoryview(buffer)[2:]) == (2, None) and buffer[:4] == b"cdef"
+        client.sendall(b"peek")
+        assert server.recv(4, socket.MSG_PEEK) == b"peek"
+        assert server.recv(4) == b"peek"
+        server.settimeout(None)  # in timeout mode the stdlib waits even so
+        with pytest.raises(BlockingIOError):
+            server.recv(4, socket.MSG_DONTWAIT)
+        server.settimeout(TIMEOUT)
+        with pytest.raises(ValueError):
+            server.recv(-1)
+        with pytest.raises(TypeError):
+            server.recv_into(b"read-only")
+        with pytest.raises(OSError) as caught:
+            client.shutdown(99)
+        assert caught.value.errno == errno.EINVAL
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    for sock in (client, server):
+        assert sock.fileno() == -1
+        with pytest.raises(OSError) as caught:
+            sock.recv(1)
+        assert caught.value.errno == errno.EBADF
+        with pytest.raises(OSError) as caught:
+            sock.getpeername()
+        assert caught.value.errno == errno.EBADF
+
+
+def test_timeouts_and_non_blocking_mode(patched):
+    with blocking_pair(patched, timeout=0.05) as (client, server):
+        with pytest.raises(TimeoutError):
+            client.recv(10)
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            client.recv(10)
+        sent = 0
+        with pytest.raises(BlockingIOError):
+            while True:
+                sent += client.send(bytes(65536))
+        assert sent > 0
+        client.settimeout(0.05)
+        with pytest.raises(TimeoutError):
+            client.sendall(b"x" * MiB)
+        with pytest.raises(TimeoutError):
+            client.send(b"x")
+        server.settimeout(TIMEOUT)
+        join = run_thread(lambda: receive_until_eof(server))  # room made: sends go on
+        client.settimeout(TIMEOUT)
+        assert client.send(b"y") == 1
+        client.shutdown(socket.SHUT_WR)
+        assert len(join()) > sent
+
+
+def test_half_close(patched):
+    with blocking_pair(patched) as (client, server):
+        client.sendall(b"request")
+        client.shutdown(socket.SHUT_WR)
+        with pytest.raises(BrokenPipeError):
+            client.send(b"after shutdown")
+        assert receive_until_eof(server) == b"request"
+        assert server.recv(10) == b""  # EOF stays
+        server.sendall(b"response")
+        server.shutdown(socket.SHUT_WR)
+        assert receive_until_eof(client) == b"response"
+
+
+def test_shutdown_read_gives_eof(patched):
+    with blocking_pair(patched) as (client, server):
+        server.shutdown(socket.SHUT_RD)
+        assert server.recv(10) == b""
+        assert select.select([server], [], [], 0)[0] == [server]
+
+
+def test_close_with_unread_bytes_resets_the_peer(patched):
+    with blocking_pair(patched) as (client, server):
+        client.sendall(b"never read")
+        server.sendall(b"reply")
+        server.close()
+        # The reply sent before the reset may or may not still be read: TCP
+        # drops what the receiver had not read when the RST arrives.
+        with pytest.raises(ConnectionResetError):
+            for _ in range(2):
+                if client.recv(100) == b"":
+                    break
+
+
+def test_close_after_reading_everything_gives_eof(patched):
+    with blocking_pair(patched) as (client, server):
+        client.sendall(b"read")
+        assert server.recv(100) == b"read"
+        server.sendall(b"bye")
+        server.close()
+        assert receive_until_eof(client) == b"bye"
+
+
+def test_select_poll_and_selectors_readiness(patched):
+    with blocking_pair(patched) as (client, server):
+        assert select.select([server], [server], [], 0) == ([], [server], [])
+        poller = select.poll()
+        poller.register(server, select.POLLIN | select.POLLOUT)
+        assert poller.poll(0) == [(server.fileno(), select.POLLOUT)]
+        client.sendall(b"data")
+        assert select.select([server], [], [], TIMEOUT)[0] == [server]
+        assert poller.poll(TIMEOUT * 1000) == [(server.fileno(), select.POLLIN | select.POLLOUT)]
+        assert server.recv(100) == b"data"
+        assert select.select([server], [], [], 0)[0] == []
+        with selectors.DefaultSelector() as selector:
+            selector.register(server, selectors.EVENT_READ)
+            assert selector.select(0) == []
+            client.shutdown(socket.SHUT_WR)
+            events = selector.select(TIMEOUT)
+            assert [(key.fileobj, mask) for key, mask in events] == [(server, selectors.EVENT_READ)]
+            assert server.recv(100) == b""
+            assert selector.select(0) != []  # EOF stays readable
+        # Writable while there is room: fill, then let the peer read.
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            while True:
+                server.send(bytes(65536))
+        with selectors.DefaultSelector() as selector:
+            selector.register(server, selectors.EVENT_WRITE)
+            assert selector.select(0) == []
+            join = run_thread(lambda: receive_until_eof(client))
+            assert selector.select(TIMEOUT) != []
+            server.setblocking(True)
+            server.shutdown(socket.SHUT_WR)
+            assert len(join()) > 0
+
+
+def test_makefile_lines_text_and_binary(patched):
+    with blocking_pair(patched) as (client, server):
+        with client.makefile("w", encoding="utf-8", newline="\n") as text_out:
+            text_out.write("first line\nsecond é\n")
+        with server.makefile("r", encoding="utf-8", newline="\n") as text_in:
+            assert text_in.readline() == "first line\n"
+            assert text_in.readline() == "second é\n"
+        with server.makefile("wb", buffering=0) as raw_out:
+            raw_out.write(b"a\nb")
+        server.shutdown(socket.SHUT_WR)
+        with client.makefile("rb") as binary_in:
+            assert binary_in.readline() == b"a\n"
+            assert binary_in.readline() == b"b"
+            assert binary_in.readline() == b""
+
+
+def test_makefile_keeps_the_connection_after_close(patched):
+    """``close()`` with a makefile open closes the connection only once
+    the file closes too (http.client relies on it)."""
+    with blocking_pair(patched) as (client, server):
+        reader = client.makefile("rb")
+        client.close()
+        server.sendall(b"still there\n")
+        assert reader.readline() == b"still there\n"
+        reader.close()
+        assert receive_until_eof(server) == b""
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_writes_up_to_16_mib(patched, seed):
+    rng = random.Random(seed)
+    sizes = [0, 1, 16 * MiB] + [rng.choice([rng.randrange(100), rng.randrange(MiB)]) for _ in range(12)]
+    rng.shuffle(sizes)
+    payload = rng.randbytes(sum(sizes))
+    with blocking_pair(patched) as (client, server):
+        def write() -> None:
+            offset = 0
+            for size in sizes:
+                piece = payload[offset:offset + size]
+                kind = rng.randrange(3)
+                client.sendall(piece if kind == 0 else bytearray(piece) if kind == 1 else memoryview(piece))
+                offset += size
+            client.shutdown(socket.SHUT_WR)
+
+        join = run_thread(write)
+        digest = hashlib.sha256()
+        buffer = bytearray(256 * 1024)
+        total = 0
+        while n := server.recv_into(buffer):
+            digest.update(buffer[:n])
+            total += n
+        join()
+    assert total == len(payload)
+    assert digest.digest() == hashlib.sha256(payload).digest()
+
+
+def test_sendall_interrupted_by_its_timeout_loses_no_byte(patched):
+    payload = random.Random(3).randbytes(64 * MiB)
+    with blocking_pair(patched, timeout=0.2) as (client, server):
+        with pytest.raises(TimeoutError):
+            client.sendall(payload)  # nobody reads: more than any buffer holds
+        client.shutdown(socket.SHUT_WR)
+        server.settimeout(TIMEOUT)
+        received = receive_until_eof(server)
+    assert 0 < len(received) < len(payload)
+    assert received == payload[:len(received)]
+
+
+def test_a_peer_thread_dying_mid_transfer_resets_never_hangs(patched):
+    with blocking_pair(patched) as (client, server):
+        def die_half_way() -> None:
+            server.recv(65536)
+            server.close()  # unread bytes: a reset
+
+        join = run_thread(die_half_way)
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            for _ in range(1000):
+                client.sendall(bytes(MiB))
+        join()
+
+
+def test_buffer_sizes_feed_the_accounting(patched):
+    with blocking_pair(patched) as (client, server):
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sndbuf = client.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        rcvbuf = server.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        assert (sndbuf, rcvbuf) == (8192, 8192)  # Linux doubles what it is given
+        client.setblocking(False)
+        queued = 0
+        with pytest.raises(BlockingIOError):
+            while True:
+                queued += client.send(bytes(1024))
+        if patched:  # exactly sndbuf + friend rcvbuf; TCP's depends on segments in flight
+            assert queued == sndbuf + rcvbuf
+        assert 0 < queued < 1 * MiB
+
+
+def test_descriptor_calls(patched):
+    """dup/detach/fromfd: the real socket's on TCP; a clear error on a
+    friend socket (its bytes do not go through a descriptor)."""
+    with blocking_pair(patched) as (client, server):
+        if not patched:
+            with client.dup() as copy:
+                assert copy.getpeername() == client.getpeername()
+            with socket.fromfd(client.fileno(), socket.AF_INET, socket.SOCK_STREAM) as copy:
+                assert copy.getpeername() == client.getpeername()
+            return
+        for call in (client.dup, client.detach,
+                     lambda: socket.fromfd(client.fileno(), socket.AF_INET, socket.SOCK_STREAM)):
+            with pytest.raises(OSError) as caught:
+                call()
+            assert caught.value.errno == errno.EOPNOTSUPP
+            assert "friend socket" in str(caught.value)
+        client.sendall(b"still works")
+        assert server.recv(100) == b"still works"
+
+
+def test_sockets_that_cannot_pair_stay_real(patched):
+    """A non-blocking connect, and a connect to no listener of ours, are
+    the real socket's."""
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        listener.setblocking(False)  # handed to an event loop, say: no pairing
+        with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
+            assert not friendsock.is_friend(client)
+            listener.setblocking(True)
+            server, _ = listener.accept()
+            with server:
+                assert not friendsock.is_friend(server)
+                client.sendall(b"tcp")
+                assert server.recv(10) == b"tcp"
+
+
+def test_patch_and_unpatch():
+    before = socket.socket()
+    try:
+        friendsock.patch_socket()
+        friendsock.patch_socket()  # idempotent
+        assert friendsock.is_socket_patched()
+        assert socket.socket is not OriginalSocket
+        assert isinstance(before, socket.socket)  # made before: still a socket.socket
+        assert issubclass(FriendBlockingSocket, socket.socket)
+        with socket.socket() as made:
+            assert isinstance(made, OriginalSocket)
+        with pytest.raises(TypeError):
+            FriendBlockingSocket()
+    finally:
+        friendsock.unpatch_socket()
+        before.close()
+    assert not friendsock.is_socket_patched()
+    assert socket.socket is OriginalSocket
+    friendsock.unpatch_socket()  # idempotent
+
+
+def test_fork_after_patching(patched, patient_confirm):  # noqa: F811
+    """A child forked after patching pairs its own connections; it never
+    pairs with its parent's listener, which it only shares (TCP then), and
+    the parent's own connections go on pairing."""
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        address = listener.getsockname()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            status = 1
+            try:
+                with blocking_pair(patched):
+                    pass
+                with socket.create_connection(address, timeout=TIMEOUT) as to_parent:
+                    to_parent.sendall(b"from the child")
+                    status = 0 if not friendsock.is_friend(to_parent) else 2
+            finally:
+                os._exit(status)
+        server, _ = listener.accept()
+        with server:
+            server.settimeout(TIMEOUT)
+            assert not friendsock.is_friend(server)
+            assert receive_until_eof(server) == b"from the child"
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The parent: its listener is shared now, so a connect pairs once
+        # the claim comes (the accept runs in another thread meanwhile).
+        accepted = run_thread(listener.accept)
+        with socket.create_connection(address, timeout=TIMEOUT) as client:
+            server, _ = accepted()
+            with server:
+                assert friendsock.is_friend(client) is friendsock.is_friend(server) is patched
+                client.sendall(b"after the fork")
+                assert server.recv(100) == b"after the fork"
+
+
+PLUGIN_TEST = '''
+import socket
+
+import friendsock
+
+
+def test_blocking_pair():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_connection(listener.getsockname(), timeout=10) as client:
+            server, _ = listener.accept()
+            with server:
+                client.sendall(b"hi")
+                assert server.recv(10) == b"hi"
+                print("PAIRED", friendsock.is_friend(client), friendsock.is_socket_patched())
+'''
+
+
+@pytest.mark.parametrize("args, paired", [
+    (("--friendsock",), False),  # asyncio and trio only
+    (("--friendsock", "--friendsock-sockets"), True),
+])
+def test_plugin_option(pytester, args, paired):
+    pytester.makepyfile(test_inner=PLUGIN_TEST)
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", *args, timeout=60)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*PAIRED {paired} {paired}*"])
