@@ -239,6 +239,29 @@ class Greeter(Recorder):
         transport.write(b"hello")
 
 
+async def test_the_server_accepted_when_create_connection_returns(friends):
+    """A loopback connect takes a loop turn in which a server on the same
+    loop accepts: when create_connection returns, the server end exists
+    (a server.close() right after finds it accepted, not in its backlog)."""
+    made: List[asyncio.BaseTransport] = []
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            made.append(transport)
+
+    server = await friendsock.create_server(Server, "127.0.0.1", 0, friends=friends)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await friendsock.create_connection(asyncio.Protocol, "127.0.0.1", port,
+                                                          friends=friends)
+        assert len(made) == 1
+        transport.close()
+        made[0].close()
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
 async def test_no_data_received_before_create_connection_returns(friends):
     """However soon the server writes, the client's create_connection
     returns before its protocol's first data_received on the stdlib loop

@@ -92,7 +92,7 @@ async def connect(
                 err = start_connect(sock, address)
             await _connected(loop, sock, address, err)
             if attempt.optimistic:
-                await _turn_after_connect(loop, sock)
+                await _turn_after_connect()
         except OSError as exc:
             attempt.give_up()
             exceptions.append(exc)
@@ -151,24 +151,16 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
         registry.cancel_wait_for_accept_room(entry, wake)
 
 
-async def _turn_after_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+async def _turn_after_connect() -> None:
     """The turn of the loop a TCP connect takes: ``create_connection`` waits
     for its socket to become writable, and in that turn a server on this
     loop accepts. Taken here too, so the program sees the same state when
     ``create_connection`` returns (a ``server.close()`` right after finds
-    the connection accepted, not in its backlog)."""
-    writable = loop.create_future()
-
-    def settle() -> None:
-        if not writable.done():
-            writable.set_result(None)
-
-    fd = sock.fileno()
-    loop.add_writer(fd, settle)
-    try:
-        await writable
-    finally:
-        loop.remove_writer(fd)
+    the connection accepted, not in its backlog). Two yields: the loop polls
+    its descriptors (the listener's accept runs) between them, on asyncio's
+    loops and on uvloop alike, without registering the socket."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 async def _connected(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any, err: int) -> None:
