@@ -619,16 +619,8 @@ async def test_a_peer_in_another_process_stays_tcp(installed):
 
 # -- the pytest plugin: pytest-trio and anyio's plugin, unchanged -----------------------------
 
-TRIO_SUITE = """
-import pytest
-import trio
-import anyio
-import friendsock
-
-pytestmark = pytest.mark.{marker}
-
-
-async def {prefix}test_echo({fixtures}):
+# An unchanged trio exchange, as a test body and as a program's main().
+TRIO_EXCHANGE = """
     async def echo(stream):
         async with stream:
             await stream.send_all(await stream.receive_some())
@@ -642,6 +634,18 @@ async def {prefix}test_echo({fixtures}):
             {check}
         nursery.cancel_scope.cancel()
 """
+
+TRIO_SUITE = """
+import pytest
+import trio
+import friendsock
+
+pytestmark = pytest.mark.{marker}
+
+
+async def test_echo({fixtures}):
+""" + TRIO_EXCHANGE
+
 
 ANYIO_SUITE = """
 import pytest
@@ -679,7 +683,7 @@ def run_inner(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 def test_plugin_covers_pytest_trio(pytester):
     pytester.makeini("[pytest]\ntrio_mode = false\n")
-    pytester.makepyfile(test_suite=TRIO_SUITE.format(marker="trio", prefix="", fixtures="", check=""))
+    pytester.makepyfile(test_suite=TRIO_SUITE.format(marker="trio", fixtures="", check=""))
     result = run_inner(pytester, "--friendsock")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*= friendsock =*", "links made:  1"])
@@ -690,9 +694,9 @@ def test_plugin_covers_pytest_trio(pytester):
 
 def test_fixture_and_real_tcp_marker_under_pytest_trio(pytester):
     pytester.makepyfile(
-        test_paired=TRIO_SUITE.format(marker="trio", prefix="", fixtures="friendsock",
+        test_paired=TRIO_SUITE.format(marker="trio", fixtures="friendsock",
                                       check="friendsock.assert_paired(client)"),
-        test_real=TRIO_SUITE.format(marker="trio", prefix="", fixtures="friendsock",
+        test_real=TRIO_SUITE.format(marker="trio", fixtures="friendsock",
                                     check="friendsock.assert_fell_back(client)")
         .replace("pytestmark = pytest.mark.trio", "pytestmark = [pytest.mark.trio, pytest.mark.real_tcp]"),
     )
@@ -713,25 +717,9 @@ def test_plugin_covers_anyio_on_both_backends(pytester):
 @pytest.mark.parametrize("how", ["run", "FRIENDSOCK_INSTALL"])
 def test_a_whole_unchanged_trio_program_pairs(tmp_path, how):
     program = tmp_path / "program.py"
-    program.write_text(textwrap.dedent("""
-        import trio
-
-        async def main():
-            async def echo(stream):
-                async with stream:
-                    await stream.send_all(await stream.receive_some())
-
-            async with trio.open_nursery() as nursery:
-                listeners = await nursery.start(trio.serve_tcp, echo, 0)
-                port = listeners[0].socket.getsockname()[1]
-                async with await trio.open_tcp_stream("127.0.0.1", port) as client:
-                    await client.send_all(b"ping")
-                    assert await client.receive_some() == b"ping"
-                nursery.cancel_scope.cancel()
-            print("done")
-
-        trio.run(main)
-    """))
+    program.write_text("import trio\n\n\nasync def main():\n"
+                       + TRIO_EXCHANGE.format(check="")
+                       + "    print('done')\n\n\ntrio.run(main)\n")
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRIENDSOCK")}
     if how == "run":
