@@ -183,6 +183,7 @@ class FloorEndpoint:
         reader = asyncio.StreamReader(loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         transport, _ = await self.connect(lambda: protocol)
+        assert isinstance(transport, FloorTransport)
         return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
     async def close(self) -> None:

@@ -244,8 +244,9 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
                     if has["tcp"]:
                         percent = _percent(medians["friends"], medians["tcp"])
                         if _worse(case, medians["friends"], medians["tcp"]):
-                            percent = Text(percent + " ▼", style="bold red")
-                        row.append(percent)
+                            row.append(Text(percent + " ▼", style="bold red"))
+                        else:
+                            row.append(percent)
                     if has["unix"]:
                         row.append(_percent(medians["friends"], medians["unix"]))
                     if has["memory"]:
@@ -274,7 +275,7 @@ def below_tcp(run: Run) -> List[Dict[str, Any]]:
             for loop in run.config.loops:
                 friends = _median(run.cell(case.key, param, loop, "friends"))
                 tcp = _median(run.cell(case.key, param, loop, "tcp"))
-                if _worse(case, friends, tcp):
+                if friends is not None and tcp is not None and _worse(case, friends, tcp):
                     found.append({"test": case.key, "param": param, "loop": loop,
                                   "friends": friends, "tcp": tcp,
                                   "ratio": friends / tcp if tcp else None})

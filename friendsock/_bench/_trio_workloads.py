@@ -179,7 +179,9 @@ class TrioEndpoint:
         transport = self.transport
         if self.api == "anyio":
             if transport == "unix":
+                assert self.path is not None, "serve() first"
                 return AnyioStream(await anyio.connect_unix(self.path))
+            assert self.port is not None, "serve() first"
             return AnyioStream(await anyio.connect_tcp(HOST, self.port))
         if transport == "tcp":
             return await trio.open_tcp_stream(HOST, self.port)

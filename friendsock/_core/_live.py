@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # What an adapter says of its end (``LinkEnd.describe``): whether reading
 # is paused, whether writing is paused, and the scheduler it runs on.
 EndActivity = Tuple[Optional[bool], bool, Optional[str]]
-Describe = Optional[Callable[[], EndActivity]]
+Describe = Optional[Callable[[], Optional[EndActivity]]]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,8 +79,11 @@ class TrioEnd:
         ref = weakref.ref(self)
         # For friendsock.links(): trio has no paused reading; a writer
         # parked waiting for room is paused writing.
-        self._end.describe = lambda: None if (end := ref()) is None else (
-            None, end._writer is not None, "trio")
+        def describe() -> Optional[Tuple[Optional[bool], bool, Optional[str]]]:
+            end = ref()
+            return None if end is None else (None, end._writer is not None, "trio")
+
+        self._end.describe = describe
         readable, writable = self._hooks()
         self._out.attach_writer(writable)
         self._in.attach_reader(readable)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import socket
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import trio
 
@@ -83,7 +83,8 @@ def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
     except (OSError, RuntimeError):  # closed, or not in a run
         return None
     # A weak proxy: the registry must not keep its user's socket open.
-    entry = register_listener(weakref.proxy(sock), state, owner=state.token, exclusive=exclusive)
+    entry = register_listener(cast(socket.socket, weakref.proxy(sock)), state, owner=state.token,
+                              exclusive=exclusive)
     trio_sock.__dict__[_ENTRY] = entry
     state.listeners[id(trio_sock)] = entry
     weakref.finalize(trio_sock, forget_listener, entry)
