@@ -69,6 +69,11 @@ _TRANSITIONS = {
 }
 
 
+# What a channel nobody has written to holds instead of a deque (an empty
+# deque is some 600 bytes): empty, iterable, never appended to.
+_NO_QUEUE: Tuple[bytes, ...] = ()
+
+
 class Channel:
     """One direction of a friend link."""
 
@@ -92,7 +97,9 @@ class Channel:
     )
 
     def __init__(self, sndbuf: int, rcvbuf: int, meter: Optional[Shard] = None) -> None:
-        self._queue: Deque[bytes] = collections.deque()
+        # No deque until the first write: an idle direction (most of them,
+        # in a process holding many idle connections) costs nothing.
+        self._queue: Deque[bytes] = _NO_QUEUE  # type: ignore[assignment]
         self._head_offset = 0  # bytes of _queue[0] already consumed
         self.queued = 0
         self.moved = 0  # bytes consumed over the channel's life
@@ -140,7 +147,10 @@ class Channel:
             raise ChannelShutdownError("the writing end was shut down")
         if self.reader_closed:
             raise PeerResetError("the reading end is closed")
-        self._queue.append(data)
+        queue = self._queue
+        if queue is _NO_QUEUE:
+            queue = self._queue = collections.deque()
+        queue.append(data)
         self.queued += len(data)
         if not self._reader_notified and self.notify_readable is not None:
             self._reader_notified = True
@@ -328,7 +338,7 @@ class Channel:
         had_unread = self.queued > 0
         self.closed_with_backlog = self.queued > self.sndbuf + self.rcvbuf
         self.reader_closed = True
-        self._queue.clear()
+        self._queue = _NO_QUEUE  # type: ignore[assignment]
         self._head_offset = 0
         self.queued = 0
         self._writer_wake_at = None
@@ -400,7 +410,10 @@ class LockedChannel(Channel):
                 raise ChannelShutdownError("the writing end was shut down")
             if self.reader_closed:
                 raise PeerResetError("the reading end is closed")
-            self._queue.append(data)
+            queue = self._queue
+            if queue is _NO_QUEUE:
+                queue = self._queue = collections.deque()
+            queue.append(data)
             self.queued += len(data)
             hook = self.notify_readable
             if self._reader_notified or hook is None:
