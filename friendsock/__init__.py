@@ -26,7 +26,7 @@ from ._capture import start_from_environment as _capture_from_env
 from ._core._live import DirectionInfo, EndInfo, LinkInfo, live_links as _live_links
 from ._core._registry import registry as _registry
 from ._core._stats import FriendStats, ListenerStats, counters as _counters
-from ._core._switch import is_enabled, set_enabled
+from ._core._switch import is_enabled, is_socketless, set_enabled, set_socketless
 
 __version__ = "0.1.0"
 
@@ -86,6 +86,8 @@ __all__ = [
     "unpatch_socket",
     "open_connection",
     "set_enabled",
+    "set_socketless",
+    "is_socketless",
     "start_server",
     "start_tls",
     "stats",

@@ -84,7 +84,7 @@ class ListenerHandle:
     socket, the buffer sizes accepted sockets inherit, and the adapter's
     per-scheduler state (a client on the same scheduler shares it)."""
 
-    __slots__ = ("sock", "sndbuf", "rcvbuf", "state", "connect_lock")
+    __slots__ = ("sock", "sndbuf", "rcvbuf", "state", "connect_lock", "socketless_accept")
 
     def __init__(self, listen_sock: socket.socket, state: object) -> None:
         # A weak proxy for a listener its user owns (sock_accept's): the
@@ -95,6 +95,10 @@ class ListenerHandle:
         # One connect at a time looks at the room and takes it, whatever
         # thread it runs on.
         self.connect_lock = threading.Lock()
+        # Set by a listener that takes socketless links (friendsock._socketless):
+        # called, on any thread, with the link, the server end's stand-in
+        # socket and the client's address.
+        self.socketless_accept: Optional[Callable[[Link, Any, Any], None]] = None
 
     def accept_queue(self) -> Tuple[int, int]:
         """The listener's accept queue: how many connections wait in it, and

@@ -1,5 +1,7 @@
 """The pytest plugin (registered through the ``pytest11`` entry point).
 
+- ``--friendsock-socketless``: as ``--friendsock``, with socketless links
+  where the listener takes them (``friendsock.set_socketless(True)``);
 - ``--friendsock`` (or ``friendsock = true`` in the ini file) pairs friend
   links on every asyncio and uvloop loop the session creates, and in trio
   (pytest-trio, anyio's plugin on either backend), with no change to the
@@ -63,6 +65,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="also pair blocking sockets in threads (friendsock.patch_socket())",
     )
+    group.addoption(
+        "--friendsock-socketless",
+        action="store_true",
+        dest="friendsock_socketless",
+        default=False,
+        help="--friendsock, with socketless links where the listener takes them "
+             "(friendsock.set_socketless(True): no kernel socket per connection)",
+    )
     parser.addini(
         "friendsock_sockets",
         type="bool",
@@ -82,7 +92,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "real_tcp: this test's connections use real TCP, never friend links"
     )
     option = config.getoption("friendsock")
-    if option or (option is None and config.getini("friendsock")):
+    socketless = config.getoption("friendsock_socketless")
+    if socketless:
+        from ._core._switch import is_socketless, set_socketless
+
+        if not is_socketless():
+            set_socketless(True)
+            config.add_cleanup(lambda: set_socketless(False))
+    if option or socketless or (option is None and config.getini("friendsock")):
         from . import stats
 
         config.stash[_SESSION_BASELINE] = stats()

@@ -320,6 +320,46 @@ def test_option_pairs_with_zero_test_changes(pytester, mode, uvloop):
     result.assert_outcomes(passed=3)
 
 
+SOCKETLESS_TESTS = """
+import asyncio
+
+import pytest
+import friendsock
+
+
+@pytest.mark.asyncio
+async def test_socketless_pair():
+    async def echo(reader, writer):
+        writer.write(await reader.readexactly(4))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        writer.write(b"ping")
+        assert await reader.readexactly(4) == b"ping"
+        assert friendsock.is_friend(writer), "not a friend link"
+        assert writer.get_extra_info("socket").fileno() == -1, "not socketless"
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        server.close()
+        await server.wait_closed()
+"""
+
+
+def test_socketless_option(pytester):
+    """--friendsock-socketless: --friendsock, with socketless links; the
+    switch is off again after the session."""
+    pytester.makeini("[pytest]\nasyncio_mode = strict\n")
+    pytester.makepyfile(test_socketless=SOCKETLESS_TESTS)
+    run(pytester, "--friendsock-socketless").assert_outcomes(passed=1)
+    result = run(pytester, "--friendsock")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*not socketless*"])
+
+
 def test_ini_option_pairs(pytester):
     make_project(pytester, mode="strict", uvloop=False, ini_friendsock=True)
     run(pytester).assert_outcomes(passed=3)

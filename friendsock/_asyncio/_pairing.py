@@ -28,6 +28,7 @@ from .._handshake import (
     start_connect,
     wait_for_room,
 )
+from .._socketless import socketless_connect, socketless_entry
 from ._native import native
 from ._loop_state import loop_state
 from ._tls import TLSOptions, start_tls_end
@@ -80,6 +81,11 @@ async def connect(
     exceptions: List[OSError] = []
     for af, socktype, sproto, _, address in infos:
         attempt = ConnectAttempt(address)
+        if socketless_entry(attempt.entry, kwargs):
+            assert attempt.entry is not None
+            made = socketless_connect(attempt.entry, address, threaded=attempt.entry.owner is not loop)
+            await _turn_after_connect()  # the server accepts it meanwhile, as over TCP
+            return await start_client_end(loop, made, made.handle.sock, protocol_factory, tls)
         try:
             sock = attempt.open(af, socktype, sproto)
             attempt.bind(af, local_infos)

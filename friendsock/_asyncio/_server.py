@@ -16,6 +16,7 @@ from asyncio import selector_events, trsock
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .._core._link import Link
 from .._core._registry import PendingState
 from .._core._stats import Fallback, counters
 from .._handshake import (
@@ -148,6 +149,7 @@ class FriendServer(asyncio.AbstractServer):
         for sock in self._sockets:
             sock.listen(self._backlog)
             entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
+            entry.handle.socketless_accept = self._socketless_accepted
             self._entries.append(entry)
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
@@ -203,8 +205,14 @@ class FriendServer(asyncio.AbstractServer):
 
     def _accept_friend(self, conn: socket.socket, sockname: Any, address: Any,
                        pending: Pending) -> None:
-        link = pending.link
         adopt_accepted(conn, pending)
+        self._start_server_end(pending.link, conn, sockname, address)
+        if pending.on_claimed is not None:
+            pending.on_claimed()
+
+    def _start_server_end(self, link: Link, sock: Any, sockname: Any, address: Any) -> None:
+        """The server end of ``link`` on ``sock`` (a real socket, or a
+        socketless one's stand-in): its protocol, transport, and TLS."""
         try:
             protocol = self._protocol_factory()
         except (SystemExit, KeyboardInterrupt):
@@ -212,15 +220,32 @@ class FriendServer(asyncio.AbstractServer):
         except BaseException as exc:
             self._report_accept_error(exc, None, None)
             link.server.close()
+            return
+        transport = FriendTransport(self._loop, link.server, sock, protocol, sockname, address,
+                                    server=self, state=self._state)
+        if self._tls is None:
+            transport.start()
         else:
-            transport = FriendTransport(self._loop, link.server, conn, protocol, sockname, address,
-                                        server=self, state=self._state)
-            if self._tls is None:
-                transport.start()
+            self._start_tls_end(transport, protocol)
+
+    def _socketless_accepted(self, link: Link, sock: Any, address: Any) -> None:
+        """A socketless client's link (called on the client's thread): its
+        server end is accepted on this server's loop, a turn later, as a
+        connection from the kernel's backlog would be."""
+        loop = self._loop
+        try:
+            if loop is asyncio._get_running_loop():
+                loop.call_soon(self._accept_socketless, link, sock, address)
             else:
-                self._start_tls_end(transport, protocol)
-        if pending.on_claimed is not None:
-            pending.on_claimed()
+                loop.call_soon_threadsafe(self._accept_socketless, link, sock, address)
+        except RuntimeError:  # the server's loop closed: as a listener gone
+            link.server.reset()
+
+    def _accept_socketless(self, link: Link, sock: Any, address: Any) -> None:
+        if not self._serving:  # closed meanwhile: the kernel resets its backlog
+            link.server.reset()
+            return
+        self._start_server_end(link, sock, sock.getsockname(), address)
 
     def _start_tls_end(self, transport: FriendTransport, protocol: asyncio.BaseProtocol) -> None:
         """The server's TLS over a friend link: the handshake starts now, and

@@ -1,4 +1,5 @@
-"""The process-wide switch: ``FRIENDSOCK=0`` or ``set_enabled(False)``."""
+"""The process-wide switches: ``FRIENDSOCK=0`` or ``set_enabled(False)``;
+``FRIENDSOCK_SOCKETLESS=1`` or ``set_socketless(True)``."""
 
 from __future__ import annotations
 
@@ -22,3 +23,21 @@ def set_enabled(enabled: bool) -> None:
 def is_enabled() -> bool:
     """Whether new connections may pair (``FRIENDSOCK=0`` starts it off)."""
     return _enabled
+
+
+_socketless = os.environ.get("FRIENDSOCK_SOCKETLESS", "0").strip().lower() not in _OFF_VALUES | {""}
+
+
+def set_socketless(socketless: bool) -> None:
+    """Make connects to a friendsock listener of this process socketless
+    from now on (no kernel socket: no descriptor, port or handshake), where
+    the listener can take them so; off, they use real sockets. Links
+    already made stay as they are."""
+    global _socketless
+    _socketless = bool(socketless)
+
+
+def is_socketless() -> bool:
+    """Whether new connects may be socketless (``FRIENDSOCK_SOCKETLESS=1``
+    starts it on)."""
+    return _socketless

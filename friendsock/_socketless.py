@@ -1,0 +1,163 @@
+"""Socketless links (opt-in): a connect to a friendsock listener of this
+process that makes its link with no kernel socket at all — no descriptor,
+no handshake, no port taken from the kernel, no TIME_WAIT.
+
+Loop-free: the link, its two ends' stand-in socket objects and their
+addresses. An adapter whose listener can take a link this way sets
+``ListenerHandle.socketless_accept`` (the asyncio server does); a client
+adapter asks :func:`socketless_entry` whether the listener it reaches can.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import socket
+import threading
+from typing import Any, Dict, Optional, Set, Tuple
+
+from ._core._addresses import flow_key
+from ._core._link import Link
+from ._core._registry import PendingConnect
+from ._core._switch import is_socketless
+from ._handshake import ClientEnd, Entry, Pending
+from ._core._tap import tap_for
+
+# Ports a socketless client end gets: the kernel's default ephemeral range
+# (net.ipv4.ip_local_port_range), unique per local address among live links.
+_PORTS = range(32768, 61000)
+
+_READ_ONLY = frozenset({(socket.SOL_SOCKET, socket.SO_TYPE), (socket.SOL_SOCKET, socket.SO_ERROR)})
+
+# Linux's floor and doubling for SO_SNDBUF/SO_RCVBUF (sock_setsockopt).
+_SNDBUF_MIN = 4608
+_RCVBUF_MIN = 2304
+
+
+class SocketlessSocket:
+    """What a socketless end has instead of a kernel socket: its two
+    addresses and its options. ``fileno()`` is -1; ``SO_SNDBUF``/
+    ``SO_RCVBUF`` (doubled, as Linux does), ``TCP_NODELAY``, ``SO_KEEPALIVE``
+    are kept and answered; other options are not there (``ENOPROTOOPT``)."""
+
+    type = socket.SOCK_STREAM
+    proto = socket.IPPROTO_TCP
+
+    def __init__(self, family: int, sockname: Any, peername: Any, sndbuf: int, rcvbuf: int) -> None:
+        self.family = family
+        self._sockname = sockname
+        self._peername = peername
+        self._options: Dict[Tuple[int, int], int] = {
+            (socket.SOL_SOCKET, socket.SO_SNDBUF): sndbuf,
+            (socket.SOL_SOCKET, socket.SO_RCVBUF): rcvbuf,
+            (socket.SOL_SOCKET, socket.SO_KEEPALIVE): 0,
+            (socket.SOL_SOCKET, socket.SO_TYPE): socket.SOCK_STREAM,
+            (socket.SOL_SOCKET, socket.SO_ERROR): 0,
+            (socket.IPPROTO_TCP, socket.TCP_NODELAY): 0,
+        }
+
+    def __repr__(self) -> str:
+        return f"<friendsock socketless laddr={self._sockname!r} raddr={self._peername!r}>"
+
+    def fileno(self) -> int:
+        return -1
+
+    def getsockname(self) -> Any:
+        return self._sockname
+
+    def getpeername(self) -> Any:
+        return self._peername
+
+    def getsockopt(self, level: int, option: int, buflen: Optional[int] = None) -> Any:
+        value = self._options.get((level, option))
+        if value is None or buflen is not None:
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
+        return value
+
+    def setsockopt(self, level: int, option: int, value: Any, *rest: Any) -> None:
+        key = (level, option)
+        if key not in self._options or key in _READ_ONLY:
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
+        value = int(value)
+        if key == (socket.SOL_SOCKET, socket.SO_SNDBUF):
+            value = max(2 * value, _SNDBUF_MIN)
+        elif key == (socket.SOL_SOCKET, socket.SO_RCVBUF):
+            value = max(2 * value, _RCVBUF_MIN)
+        else:
+            value = 1 if value else 0
+        self._options[key] = value
+
+    def get_inheritable(self) -> bool:
+        return False
+
+    def dup(self) -> socket.socket:
+        raise OSError(errno.EOPNOTSUPP, "a socketless link has no descriptor to duplicate")
+
+    def close(self) -> None:
+        pass
+
+
+class _PortPool:
+    """Client ports in use per local host, taken and given back under a lock
+    (ends on several threads connect at once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: Dict[str, Set[int]] = {}
+        self._next = itertools.cycle(_PORTS)
+
+    def take(self, host: str) -> int:
+        with self._lock:
+            used = self._used.setdefault(host, set())
+            if len(used) >= len(_PORTS):
+                raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+            while True:
+                port = next(self._next)
+                if port not in used:
+                    used.add(port)
+                    return port
+
+    def give_back(self, host: str, port: int) -> None:
+        with self._lock:
+            used = self._used.get(host)
+            if used is not None:
+                used.discard(port)
+                if not used:
+                    del self._used[host]
+
+
+_ports = _PortPool()
+
+
+def socketless_entry(entry: Optional[Entry], kwargs: dict) -> bool:
+    """Whether a connect to the listener ``entry`` goes socketless: switched
+    on, a listener that takes links that way, and nothing asked of a real
+    socket (``local_addr=``, ``sock=``)."""
+    return (entry is not None and entry.handle.socketless_accept is not None and is_socketless()
+            and kwargs.get("local_addr") is None and kwargs.get("sock") is None)
+
+
+def socketless_connect(entry: Entry, address: Any, threaded: bool) -> Pending:
+    """A link to the listener ``entry`` at ``address``, established, with
+    stand-in sockets on both ends; the server end is handed to the
+    listener's ``socketless_accept`` (which runs it on its own scheduler).
+    The returned connect (not registered anywhere) holds the client end:
+    its ``handle`` is the client's :class:`ClientEnd`."""
+    handle = entry.handle
+    family = socket.AF_INET6 if len(address) == 4 else socket.AF_INET
+    host = address[0]
+    port = _ports.take(host)
+    sockname = (host, port) if family == socket.AF_INET else (host, port, 0, address[3])
+    sndbuf, rcvbuf = handle.sndbuf, handle.rcvbuf
+    client_sock = SocketlessSocket(family, sockname, address, sndbuf, rcvbuf)
+    server_sock = SocketlessSocket(family, address, sockname, sndbuf, rcvbuf)
+    link = Link(sndbuf, rcvbuf, sndbuf, rcvbuf, threaded=threaded, listener=entry.endpoint,
+                addresses=(sockname, address), tap=tap_for(sockname, address))
+    link.on_done = lambda: _ports.give_back(host, port)
+    pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
+                                      ClientEnd(client_sock, sockname, address))  # type: ignore[arg-type]
+    link.establish()
+    accept = handle.socketless_accept
+    assert accept is not None
+    accept(link, server_sock, sockname)
+    return pending

@@ -1,0 +1,154 @@
+"""Socketless links (``FRIENDSOCK_SOCKETLESS=1`` / ``set_socketless(True)``):
+the transport conformance tests and the TLS tests again with no kernel
+socket under the friend path (real TCP stays the reference), and what is
+particular to them:
+no descriptor, addresses, options, many links, what stays real."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import friendsock
+from support import connected_pair
+from test_tls import *  # noqa: F401,F403 (TLS over the link, run again here)
+from test_transport import *  # noqa: F401,F403 (the conformance tests, run again here)
+
+
+@pytest.fixture(autouse=True)
+def socketless():
+    """Every friend connect of the test is socketless."""
+    assert not friendsock.is_socketless()
+    friendsock.set_socketless(True)
+    try:
+        yield
+    finally:
+        friendsock.set_socketless(False)
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_socketless_end_has_no_descriptor_and_plausible_addresses(friends):
+    async with connected_pair(friends) as (transport, client, server):
+        sock = transport.get_extra_info("socket")
+        server_transport = server.transport
+        sockname, peername = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+        assert server_transport.get_extra_info("peername") == sockname
+        assert server_transport.get_extra_info("sockname") == peername
+        assert sockname[0] == "127.0.0.1" and 1024 <= sockname[1] < 65536
+        assert (sock.fileno() == -1) is friends
+        for level, option in ((socket.SOL_SOCKET, socket.SO_SNDBUF), (socket.SOL_SOCKET, socket.SO_RCVBUF)):
+            sock.setsockopt(level, option, 65536)
+            assert sock.getsockopt(level, option) == 131072  # doubled, as Linux does
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+
+
+async def test_many_links_use_no_descriptors_and_leave_nothing_behind(friends):
+    """2,000 links open at once (no descriptor each on the friend path, two
+    on TCP), unique addresses, then all closed: no live link, descriptors and
+    ports back."""
+    count = 2000 if friends else 200
+    async with connected_pair(friends):
+        pass  # the loop makes what it makes on first use (uvloop: a descriptor)
+    await asyncio.sleep(0)
+    before_fds = open_descriptors()
+    before = friendsock.stats()
+    server_ends = []
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport):
+            server_ends.append(transport)
+
+    server = await friendsock.create_server(Server, "127.0.0.1", 0, friends=friends, backlog=4096)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        clients = [(await friendsock.create_connection(asyncio.Protocol, "127.0.0.1", port,
+                                                         friends=friends))[0]
+                   for _ in range(count)]
+        await asyncio.sleep(0)
+        assert len({t.get_extra_info("sockname") for t in clients}) == count
+        if friends:
+            # The listening socket and the loop's own; over TCP: 4,000 more.
+            assert open_descriptors() - before_fds < 10
+            assert friendsock.stats().links_alive - before.links_alive == count
+        for transport in clients + server_ends:
+            transport.close()
+        for _ in range(3):
+            await asyncio.sleep(0)
+    finally:
+        server.close()
+        await server.wait_closed()
+    gc.collect()
+    assert friendsock.stats().links_alive == before.links_alive
+    assert open_descriptors() == before_fds
+    assert friendsock.stats().links_made - before.links_made == (count if friends else 0)
+
+
+async def test_a_connect_with_a_socket_of_its_own_stays_real(friends):
+    """``local_addr=`` asks for a real socket: such a connect is a friend
+    link over real sockets (or TCP), never socketless."""
+    async with connected_pair(friends) as (transport, _client, _server):
+        port = transport.get_extra_info("peername")[1]
+        other, _ = await friendsock.create_connection(asyncio.Protocol, "127.0.0.1", port,
+                                                      local_addr=("127.0.0.1", 0), friends=friends)
+        try:
+            assert other.get_extra_info("socket").fileno() >= 0
+            assert friendsock.is_friend(other) is friends
+        finally:
+            other.close()
+
+
+def test_the_variable_switches_it_on_and_another_process_stays_tcp(tmp_path):
+    """FRIENDSOCK_SOCKETLESS=1: a program's own connects go socketless; a
+    peer in another process gets real TCP."""
+    program = tmp_path / "program.py"
+    program.write_text(textwrap.dedent("""
+        import asyncio, socket, subprocess, sys
+        import friendsock
+
+        async def main():
+            assert friendsock.is_socketless()
+            async def echo(reader, writer):
+                writer.write(await reader.read(100))
+                await writer.drain()
+                writer.close()
+
+            server = await friendsock.start_server(echo, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await friendsock.open_connection("127.0.0.1", port)
+            writer.write(b"here")
+            assert await reader.read() == b"here"
+            assert writer.get_extra_info("socket").fileno() == -1
+            writer.close()
+            peer = await asyncio.create_subprocess_exec(
+                sys.executable, "-c",
+                "import socket,sys; s=socket.create_connection(('127.0.0.1', int(sys.argv[1])));"
+                "s.sendall(b'there'); print(s.recv(100).decode())", str(port),
+                stdout=subprocess.PIPE)
+            out, _ = await peer.communicate()
+            assert out == b"there\\n", out
+            server.close()
+            await server.wait_closed()
+            stats = friendsock.stats()
+            print(stats.links_made, stats.fallbacks.get("peer-not-friend", 0))
+
+        asyncio.run(main())
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRIENDSOCK")}
+    env["FRIENDSOCK_SOCKETLESS"] = "1"
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "1"]
