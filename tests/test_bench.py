@@ -37,6 +37,7 @@ CASE_KEYS = {
 }
 TRIO_CASE_KEYS = {"stream", "rr", "crr"}
 MEMORY_CASE_KEYS = {"stream", "rr", "crr", "streams-rr"}
+SOCKETLESS_CASE_KEYS = {"rr", "crr", "streams-rr", "memory-heap", "memory-rss"}
 LOOPS = ["asyncio", "uvloop"] + (["trio", "anyio"] if HAVE_TRIO else [])
 CELL_KEYS = {"median", "min", "max", "rounds", "unit", "friend_verified", "error", "notes"}
 TINY = ["--seconds", "0.02", "--rounds", "1", "--no-progress"]
@@ -63,7 +64,7 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
                 "rounds", "transports", "loops", "elapsed_s", "interrupted"):
         assert key in header
     assert header["loops"] == LOOPS
-    assert header["transports"] == ["tcp", "unix", "friends", "memory"]
+    assert header["transports"] == ["tcp", "unix", "friends", "socketless", "memory"]
     assert set(data["tests"]) == CASE_KEYS
 
     fell_back = False
@@ -78,7 +79,9 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
             for loop, per_transport in per_loop.items():
                 # The memory floor: some tables, not on anyio.
                 floor = loop != "anyio" and key in MEMORY_CASE_KEYS
-                transports = {"tcp", "unix", "friends"} | ({"memory"} if floor else set())
+                socketless = loop in ("asyncio", "uvloop") and key in SOCKETLESS_CASE_KEYS
+                transports = ({"tcp", "unix", "friends"} | ({"memory"} if floor else set())
+                              | ({"socketless"} if socketless else set()))
                 assert set(per_transport) == transports, (key, param, loop)
                 for transport, cell in per_transport.items():
                     where = (key, param, loop, transport)
@@ -90,7 +93,7 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
                     # waiting for the GIL); RSS grows by whole pages.
                     assert cell["median"] >= 0 or key == "memory-rss", where
                     assert cell["unit"] == test["unit"]
-                    if transport != "friends":
+                    if transport not in ("friends", "socketless"):
                         assert cell["friend_verified"] is None, where
                     elif test["test"] == "threads" and cell["friend_verified"] is False:
                         # Where cross-thread friends do not exist, they fall

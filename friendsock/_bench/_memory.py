@@ -27,7 +27,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import friendsock
 
-from ._transports import Endpoint, loop_factory
+from ._transports import FRIEND_TRANSPORTS, Endpoint, loop_factory
 from ._workloads import Sample, Tally, Workload, connect_many, links_verdict, until
 
 # Descriptors kept free for everything else (listeners, the loop, files).
@@ -207,7 +207,7 @@ class IdleWorkload(Workload):
 
     def _verdict(self, clients: List[Any], server_friends: int,
                  before: friendsock.FriendStats) -> Tuple[Optional[bool], Optional[str]]:
-        if self.transport != "friends":
+        if self.transport not in FRIEND_TRANSPORTS:
             return None, None
         ok, note = links_verdict(self.transport, clients, before, connections=len(clients))
         if ok and server_friends < len(clients):

@@ -28,11 +28,11 @@ from rich.text import Text
 import friendsock
 
 from ._runner import Case, Cell, Config, Progress, Run, cpu_counts, format_param
-from ._transports import loop_runs
+from ._transports import FRIEND_TRANSPORTS, loop_runs
 
 JSON_FORMAT = "friendsock-bench/1"
 TRANSPORT_LABELS = {"tcp": "Baseline TCP", "unix": "AF_UNIX", "friends": "Friends",
-                    "memory": "Memory floor"}
+                    "socketless": "Socketless", "memory": "Memory floor"}
 PARAM_LABELS = {"bytes": "size", "connections": "N", "idle connections": "idle"}
 _ERROR_WIDTH = 28  # an error in a cell is cut here; the full text is a note
 
@@ -162,7 +162,7 @@ def _value_cell(cell: Optional[Cell], transport: str, unit: str, footnotes: _Foo
         short = cell.error if len(cell.error) <= _ERROR_WIDTH else cell.error[:_ERROR_WIDTH - 1] + "…"
         return Text(f"error: {short} [{n}]", style="red")
     text = Text(format_value(cell.median, unit), style="bold")
-    if transport == "friends" and cell.friend_verified is False:
+    if transport in FRIEND_TRANSPORTS and cell.friend_verified is False:
         text.append(" †", style="bold yellow")
     if marks:
         text.append(" " + "".join(f"[{n}]" for n in marks), style="yellow")
@@ -196,6 +196,11 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
         caption.append("every transport runs TLS (ssl=): the loop's own TLS over TCP and "
                        "AF_UNIX (uvloop's in C on uvloop), asyncio's sslproto over the friend link")
     has = {t: t in transports for t in ("tcp", "unix", "friends")}
+    # Socketless links exist on the asyncio loops, in some tables.
+    has["socketless"] = "socketless" in transports and _has_cells(run, case, "socketless")
+    if has["socketless"]:
+        caption.append("Socketless: friend links made with no kernel socket "
+                       "(friendsock.set_socketless(True)); % TCP: Socketless as % of TCP")
     # The floor exists in some tables only: a column where it ran.
     has["memory"] = "memory" in transports and _has_cells(run, case, "memory")
     if has["memory"]:
@@ -225,6 +230,10 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
             table.add_column("% AF_UNIX", justify="right")
         if has["memory"]:
             table.add_column("% floor", justify="right")
+    if has["socketless"]:
+        table.add_column("Socketless", justify="right")
+        if has["tcp"]:
+            table.add_column("% TCP", justify="right")
     for param in case.params:
         for i, loop in enumerate(loops):
             cells = {t: run.cell(case.key, param, loop, t) for t in transports}
@@ -233,7 +242,7 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
             label = format_param(case, param) if i == 0 else ""
             row: List[Any] = [label, loop]
             where = f"{format_param(case, param)} {loop}"
-            for transport in ("tcp", "unix", "memory", "friends"):
+            for transport in ("tcp", "unix", "memory", "friends", "socketless"):
                 if not has[transport]:
                     continue
                 row.append(_value_cell(cells[transport], transport, case.unit, footnotes,
@@ -251,10 +260,13 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
                         row.append(_percent(medians["friends"], medians["unix"]))
                     if has["memory"]:
                         row.append(_percent(medians["friends"], medians.get("memory")))
+                if transport == "socketless" and has["tcp"]:
+                    row.append(_percent(medians["socketless"], medians["tcp"]))
             table.add_row(*row, end_section=i == len(loops) - 1)
     notes = footnotes.render()
     if any(c is not None and c.friend_verified is False
-           for (key, _, _, t), c in run.cells.items() if key == case.key and t == "friends"):
+           for (key, _, _, t), c in run.cells.items()
+           if key == case.key and t in FRIEND_TRANSPORTS):
         notes.insert(0, "† not from friend links: the connection fell back to real TCP")
     return table, notes
 
@@ -512,7 +524,8 @@ def plot(run: Run, path: str) -> None:
     ncols = min(3, len(cases))
     nrows = (len(cases) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
-    colors = {"tcp": "tab:gray", "unix": "tab:blue", "friends": "tab:red", "memory": "tab:green"}
+    colors = {"tcp": "tab:gray", "unix": "tab:blue", "friends": "tab:red", "memory": "tab:green",
+              "socketless": "tab:purple"}
     styles = {"asyncio": "-", "uvloop": "--", "trio": ":", "anyio": "-."}
     relative = "tcp" in run.config.transports
     for ax, case in zip(axes.flat, cases):
@@ -536,7 +549,7 @@ def plot(run: Run, path: str) -> None:
                     ys.append(float("nan") if value is None else value)
                 ratios += [y for y in ys if y == y]
                 label = f"{TRANSPORT_LABELS[transport]} ({loop})"
-                fell_back = transport == "friends" and any(
+                fell_back = transport in FRIEND_TRANSPORTS and any(
                     _fell_back(run.cell(case.key, param, loop, transport)) for param in case.params)
                 ax.plot(xs, ys, styles.get(loop, "-"), marker="o", color=colors[transport],
                         markerfacecolor="white" if fell_back else colors[transport],

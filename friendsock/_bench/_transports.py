@@ -15,15 +15,21 @@ imports trio, this one asyncio) and a fourth transport, ``memory``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import os
 import ssl
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import friendsock
 
-TRANSPORTS = ("tcp", "unix", "friends", "memory")
+TRANSPORTS = ("tcp", "unix", "friends", "socketless", "memory")
+# Transports whose connections must be friend links (verified per round).
+FRIEND_TRANSPORTS = ("friends", "socketless")
+# Socketless links (friendsock.set_socketless): the asyncio loops, in these
+# tables (connection set-up, request/response, idle links).
+SOCKETLESS_CASES = ("rr", "crr", "streams-rr", "memory-heap", "memory-rss")
 LOOPS = ("asyncio", "uvloop", "trio", "anyio")
 # Loops that run under trio.run: trio's own API, and anyio's on its trio
 # backend (its friends: unchanged anyio code under friendsock.trio.install()).
@@ -52,6 +58,8 @@ def loop_transports(kind: str, transports: Sequence[str],
     """The selected transports that run on loop ``kind`` (in table
     ``case_key``; without one, in any)."""
     def runs(transport: str) -> bool:
+        if transport == "socketless":
+            return kind not in TRIO_LOOPS and (case_key is None or case_key in SOCKETLESS_CASES)
         if transport != "memory":
             return True
         return kind != "anyio" and (case_key is None or case_key in MEMORY_CASES)
@@ -105,7 +113,7 @@ class Endpoint:
     @property
     def friends(self) -> Optional[bool]:
         # None: friendsock decides (it pairs); False: forced real TCP.
-        return None if self.transport == "friends" else False
+        return None if self.transport in FRIEND_TRANSPORTS else False
 
     async def serve(self, factory: ProtocolFactory) -> None:
         """Start a protocol server on the running loop."""
@@ -136,14 +144,31 @@ class Endpoint:
         if self.transport == "unix":
             loop = asyncio.get_running_loop()
             return await loop.create_unix_connection(factory, self.path, **self._connect_tls)
-        return await friendsock.create_connection(factory, HOST, self.port, friends=self.friends,
-                                                  **self._connect_tls)
+        with self._socketless():
+            return await friendsock.create_connection(factory, HOST, self.port,
+                                                      friends=self.friends, **self._connect_tls)
 
     async def open(self) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.transport == "unix":
             return await asyncio.open_unix_connection(self.path, **self._connect_tls)
-        return await friendsock.open_connection(HOST, self.port, friends=self.friends,
-                                                **self._connect_tls)
+        with self._socketless():
+            return await friendsock.open_connection(HOST, self.port, friends=self.friends,
+                                                    **self._connect_tls)
+
+    @contextlib.contextmanager
+    def _socketless(self) -> Iterator[None]:
+        """Socketless connects for the socketless transport (the switch is
+        read as a connect starts; the other transports' connects, in the
+        same process, keep their sockets)."""
+        if self.transport != "socketless":
+            yield
+            return
+        was = friendsock.is_socketless()
+        friendsock.set_socketless(True)
+        try:
+            yield
+        finally:
+            friendsock.set_socketless(was)
 
     async def close(self) -> None:
         """Stop listening (on the server's loop). Connections stay up."""

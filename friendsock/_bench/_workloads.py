@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tup
 
 import friendsock
 
-from ._transports import Endpoint
+from ._transports import FRIEND_TRANSPORTS, Endpoint
 
 T = TypeVar("T")
 
@@ -175,7 +175,7 @@ def links_verdict(transport: str, ends: Sequence[Any], before: friendsock.Friend
     """Whether every end in ``ends`` is a friend link end, and friendsock
     counted a new link for each connection (default: ``ends`` holds both
     ends of each)."""
-    if transport != "friends":
+    if transport not in FRIEND_TRANSPORTS:
         return None, None
     if connections is None:
         connections = len(ends) // 2
@@ -642,7 +642,7 @@ class CRRWorkload(Workload):
         await until(lambda: self.tally.lost >= lost + state["opened"], "server ends to close")
         ok: Optional[bool] = None
         note: Optional[str] = None
-        if self.transport == "friends":
+        if self.transport in FRIEND_TRANSPORTS:
             made = friendsock.stats().links_made - before.links_made
             server_friends = self.tally.friend_ends - friend_ends
             ok = (state["not_friend"] == 0 and server_friends == state["opened"]
