@@ -27,7 +27,10 @@ from ._core._tap import tap_for
 # (net.ipv4.ip_local_port_range), unique per local address among live links.
 _PORTS = range(32768, 61000)
 
-_READ_ONLY = frozenset({(socket.SOL_SOCKET, socket.SO_TYPE), (socket.SOL_SOCKET, socket.SO_ERROR)})
+_SNDBUF = (socket.SOL_SOCKET, socket.SO_SNDBUF)
+_RCVBUF = (socket.SOL_SOCKET, socket.SO_RCVBUF)
+_FLAGS = frozenset({(socket.SOL_SOCKET, socket.SO_KEEPALIVE), (socket.IPPROTO_TCP, socket.TCP_NODELAY)})
+_FIXED = {(socket.SOL_SOCKET, socket.SO_TYPE): socket.SOCK_STREAM, (socket.SOL_SOCKET, socket.SO_ERROR): 0}
 
 # Linux's floor and doubling for SO_SNDBUF/SO_RCVBUF (sock_setsockopt).
 _SNDBUF_MIN = 4608
@@ -40,21 +43,20 @@ class SocketlessSocket:
     ``SO_RCVBUF`` (doubled, as Linux does), ``TCP_NODELAY``, ``SO_KEEPALIVE``
     are kept and answered; other options are not there (``ENOPROTOOPT``)."""
 
+    __slots__ = ("family", "_sockname", "_peername", "_sndbuf", "_rcvbuf", "_flags")
+
     type = socket.SOCK_STREAM
     proto = socket.IPPROTO_TCP
 
     def __init__(self, family: int, sockname: Any, peername: Any, sndbuf: int, rcvbuf: int) -> None:
+        # Slots, and the on/off options in one dict made when first set: many
+        # idle links are the point of going socketless.
         self.family = family
         self._sockname = sockname
         self._peername = peername
-        self._options: Dict[Tuple[int, int], int] = {
-            (socket.SOL_SOCKET, socket.SO_SNDBUF): sndbuf,
-            (socket.SOL_SOCKET, socket.SO_RCVBUF): rcvbuf,
-            (socket.SOL_SOCKET, socket.SO_KEEPALIVE): 0,
-            (socket.SOL_SOCKET, socket.SO_TYPE): socket.SOCK_STREAM,
-            (socket.SOL_SOCKET, socket.SO_ERROR): 0,
-            (socket.IPPROTO_TCP, socket.TCP_NODELAY): 0,
-        }
+        self._sndbuf = sndbuf
+        self._rcvbuf = rcvbuf
+        self._flags: Optional[Dict[Tuple[int, int], int]] = None
 
     def __repr__(self) -> str:
         return f"<friendsock socketless laddr={self._sockname!r} raddr={self._peername!r}>"
@@ -69,23 +71,30 @@ class SocketlessSocket:
         return self._peername
 
     def getsockopt(self, level: int, option: int, buflen: Optional[int] = None) -> Any:
-        value = self._options.get((level, option))
-        if value is None or buflen is not None:
-            raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
-        return value
+        key = (level, option)
+        if buflen is None:
+            if key == _SNDBUF:
+                return self._sndbuf
+            if key == _RCVBUF:
+                return self._rcvbuf
+            if key in _FIXED:
+                return _FIXED[key]
+            if key in _FLAGS:
+                return (self._flags or {}).get(key, 0)
+        raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
 
     def setsockopt(self, level: int, option: int, value: Any, *rest: Any) -> None:
         key = (level, option)
-        if key not in self._options or key in _READ_ONLY:
-            raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
-        value = int(value)
-        if key == (socket.SOL_SOCKET, socket.SO_SNDBUF):
-            value = max(2 * value, _SNDBUF_MIN)
-        elif key == (socket.SOL_SOCKET, socket.SO_RCVBUF):
-            value = max(2 * value, _RCVBUF_MIN)
+        if key == _SNDBUF:
+            self._sndbuf = max(2 * int(value), _SNDBUF_MIN)
+        elif key == _RCVBUF:
+            self._rcvbuf = max(2 * int(value), _RCVBUF_MIN)
+        elif key in _FLAGS:
+            if self._flags is None:
+                self._flags = {}
+            self._flags[key] = 1 if int(value) else 0
         else:
-            value = 1 if value else 0
-        self._options[key] = value
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
 
     def get_inheritable(self) -> bool:
         return False
