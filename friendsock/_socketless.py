@@ -14,7 +14,7 @@ import errno
 import itertools
 import socket
 import threading
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
 from ._core._addresses import flow_key
 from ._core._link import Link
@@ -24,7 +24,7 @@ from ._handshake import ClientEnd, Entry, Pending
 from ._core._tap import tap_for
 
 # Ports a socketless client end gets: the kernel's default ephemeral range
-# (net.ipv4.ip_local_port_range), unique per local address among live links.
+# (net.ipv4.ip_local_port_range).
 _PORTS = range(32768, 61000)
 
 _SNDBUF = (socket.SOL_SOCKET, socket.SO_SNDBUF)
@@ -107,32 +107,45 @@ class SocketlessSocket:
 
 
 class _PortPool:
-    """Client ports in use per local host, taken and given back under a lock
-    (ends on several threads connect at once)."""
+    """Client addresses in use, taken and given back under a lock (ends on
+    several threads connect at once). As with TCP, what must be unique is the
+    four-tuple: a port is unique per (client address, server endpoint). A
+    loopback client whose ports toward one server ran out goes on from the
+    next loopback address (127.0.0.2, ...), as a client bound there would."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._used: Dict[str, Set[int]] = {}
+        self._used: Dict[Tuple[str, Any], Set[int]] = {}
         self._next = itertools.cycle(_PORTS)
 
-    def take(self, host: str) -> int:
+    def take(self, host: str, server: Any) -> Tuple[str, int]:
         with self._lock:
-            used = self._used.setdefault(host, set())
-            if len(used) >= len(_PORTS):
-                raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
-            while True:
-                port = next(self._next)
-                if port not in used:
-                    used.add(port)
-                    return port
+            for client_host in _client_hosts(host):
+                used = self._used.setdefault((client_host, server), set())
+                if len(used) < len(_PORTS):
+                    while True:
+                        port = next(self._next)
+                        if port not in used:
+                            used.add(port)
+                            return client_host, port
+        raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
 
-    def give_back(self, host: str, port: int) -> None:
+    def give_back(self, host: str, server: Any, port: int) -> None:
         with self._lock:
-            used = self._used.get(host)
+            used = self._used.get((host, server))
             if used is not None:
                 used.discard(port)
                 if not used:
-                    del self._used[host]
+                    del self._used[(host, server)]
+
+
+def _client_hosts(host: str) -> Iterator[str]:
+    yield host
+    if host.startswith("127."):
+        for last in range(2, 255):
+            candidate = f"127.0.0.{last}"
+            if candidate != host:
+                yield candidate
 
 
 _ports = _PortPool()
@@ -154,15 +167,15 @@ def socketless_connect(entry: Entry, address: Any, threaded: bool) -> Pending:
     its ``handle`` is the client's :class:`ClientEnd`."""
     handle = entry.handle
     family = socket.AF_INET6 if len(address) == 4 else socket.AF_INET
-    host = address[0]
-    port = _ports.take(host)
+    server = (address[0], address[1])
+    host, port = _ports.take(address[0], server)
     sockname = (host, port) if family == socket.AF_INET else (host, port, 0, address[3])
     sndbuf, rcvbuf = handle.sndbuf, handle.rcvbuf
     client_sock = SocketlessSocket(family, sockname, address, sndbuf, rcvbuf)
     server_sock = SocketlessSocket(family, address, sockname, sndbuf, rcvbuf)
     link = Link(sndbuf, rcvbuf, sndbuf, rcvbuf, threaded=threaded, listener=entry.endpoint,
                 addresses=(sockname, address), tap=tap_for(sockname, address))
-    link.on_done = lambda: _ports.give_back(host, port)
+    link.on_done = lambda: _ports.give_back(host, server, port)
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
                                       ClientEnd(client_sock, sockname, address))  # type: ignore[arg-type]
     link.establish()
