@@ -50,6 +50,14 @@ def _run_json(tmp_path, argv):
     return json.loads(path.read_text())
 
 
+@pytest.fixture(autouse=True)
+def switches_left_as_found():
+    """A run leaves the process-wide switches as it found them (the
+    socketless transport turns socketless links on for its connects)."""
+    yield
+    assert friendsock.is_enabled() and not friendsock.is_socketless()
+
+
 def test_every_test_transport_and_loop(tmp_path, capsys):
     plot = tmp_path / "out.png"
     argv = [*TINY, "--sizes", "64,64K", "--conns", "1,3", "--idle", "20"]

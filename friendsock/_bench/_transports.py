@@ -94,6 +94,11 @@ def tls_contexts() -> TLSContexts:
     return server, client
 
 
+# Socketless connects in progress, and the switch before the first of them.
+_socketless_connects = 0
+_socketless_before = False
+
+
 class Endpoint:
     """One server of one transport, and how clients reach it; over TLS
     when given ``tls`` (server and client contexts)."""
@@ -157,18 +162,23 @@ class Endpoint:
 
     @contextlib.contextmanager
     def _socketless(self) -> Iterator[None]:
-        """Socketless connects for the socketless transport (the switch is
-        read as a connect starts; the other transports' connects, in the
-        same process, keep their sockets)."""
+        """Socketless connects for the socketless transport: the switch is
+        read as a connect starts, and connects overlap (``multi``), so it
+        is on while any of them runs and back as it was after the last."""
         if self.transport != "socketless":
             yield
             return
-        was = friendsock.is_socketless()
-        friendsock.set_socketless(True)
+        global _socketless_connects, _socketless_before
+        if _socketless_connects == 0:
+            _socketless_before = friendsock.is_socketless()
+            friendsock.set_socketless(True)
+        _socketless_connects += 1
         try:
             yield
         finally:
-            friendsock.set_socketless(was)
+            _socketless_connects -= 1
+            if _socketless_connects == 0:
+                friendsock.set_socketless(_socketless_before)
 
     async def close(self) -> None:
         """Stop listening (on the server's loop). Connections stay up."""
