@@ -34,7 +34,10 @@ needs_trio = pytest.mark.skipif(not HAVE_TRIO, reason="trio is not installed")
 CASE_KEYS = {
     "stream", "rr", "crr", "streams-rr", "multi-rr", "multi-stream",
     "threads-rr", "threads-stream", "memory-heap", "memory-rss",
+    "blocking-rr", "blocking-stream", "blocking-threads-rr", "blocking-threads-stream",
 }
+# Blocking sockets at both ends: no event loop, one (asyncio) row.
+LOOPLESS_CASE_KEYS = {"blocking-threads-rr", "blocking-threads-stream"}
 TRIO_CASE_KEYS = {"stream", "rr", "crr"}
 MEMORY_CASE_KEYS = {"stream", "rr", "crr", "streams-rr"}
 SOCKETLESS_CASE_KEYS = {"rr", "crr", "streams-rr", "memory-heap", "memory-rss"}
@@ -82,7 +85,8 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
         assert test["results"], key
         for param, per_loop in test["results"].items():
             assert int(param) > 0
-            loops = set(LOOPS) if key in TRIO_CASE_KEYS else {"asyncio", "uvloop"}
+            loops = (set(LOOPS) if key in TRIO_CASE_KEYS else {"asyncio"} if key in LOOPLESS_CASE_KEYS
+                     else {"asyncio", "uvloop"})
             assert set(per_loop) == loops, (key, param)
             for loop, per_transport in per_loop.items():
                 # The memory floor: some tables, not on anyio.
@@ -113,7 +117,8 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
                         assert cell["friend_verified"] is True, (where, cell["notes"])
 
     for title in ("stream", "rr", "crr", "streams-rr", "multi-rr", "multi-stream",
-                  "threads-rr", "threads-stream", "memory-heap", "memory-rss"):
+                  "threads-rr", "threads-stream", "memory-heap", "memory-rss",
+                  "blocking-rr", "blocking-stream", "blocking-threads-rr", "blocking-threads-stream"):
         assert f"{title} — " in out
     assert "Baseline TCP" in out and "AF_UNIX" in out and "Friends" in out
     assert ("friends fell back to real TCP across threads" in out) == fell_back
@@ -122,19 +127,30 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
         assert "Memory floor" in out and "% floor" in out and "targets" in out
         assert "the trio loop runs stream, rr, crr only" in out
         assert "the anyio loop runs stream, rr, crr only" in out
-        _check_targets(data, met_known=True)
+        _check_targets(data, met_known=True, loops=("trio", "anyio", "asyncio"))
     if HAVE_MATPLOTLIB:
         assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+TARGET_RATIOS = {
+    ("rr", 64, "trio", "friends", "tcp"): 3.0, ("rr", 64, "trio", "friends", "memory"): 0.75,
+    ("rr", 64, "anyio", "friends", "tcp"): 2.5,
+    ("blocking-rr", 64, "asyncio", "friends", "tcp"): 1.5,
+    ("blocking-threads-rr", 64, "asyncio", "friends", "tcp"): 2.0,
+    ("blocking-stream", 65536, "asyncio", "friends", "tcp"): 3.0,
+    ("blocking-threads-stream", 65536, "asyncio", "friends", "tcp"): 3.0,
+}
+
+
 def _check_targets(data, met_known, loops=("trio", "anyio")):
-    targets = {(t["loop"], t["transport"], t["baseline"]): t for t in data["targets"]}
-    expected = {("trio", "friends", "tcp"): 3.0, ("trio", "friends", "memory"): 0.75,
-                ("anyio", "friends", "tcp"): 2.5}
-    assert set(targets) == {key for key in expected if key[0] in loops}
+    """The targets whose cells ran (in ``loops``), each with its ratio."""
+    targets = {(t["test"], t["param"], t["loop"], t["transport"], t["baseline"]): t
+               for t in data["targets"]}
+    assert set(targets) == {key for key in TARGET_RATIOS
+                            if key[2] in loops and key[0] in data["tests"]
+                            and str(key[1]) in data["tests"][key[0]]["results"]}
     for key, target in targets.items():
-        assert (target["test"], target["param"]) == ("rr", 64)
-        assert target["required_ratio"] == expected[key]
+        assert target["required_ratio"] == TARGET_RATIOS[key]
         if met_known:  # no speed: only that a verdict came out of two figures
             assert target["met"] in (True, False)
             assert target["ratio"] == pytest.approx(target["value"] / target["baseline_value"])
@@ -148,6 +164,50 @@ def test_selection_and_order(tmp_path):
     cells = data["tests"]["rr"]["results"]["1024"]["asyncio"]
     assert list(cells) == ["tcp", "friends"]
     assert cells["friends"]["friend_verified"] is True
+
+
+def test_blocking_tables(tmp_path, capsys):
+    """The blocking test: a blocking client thread to a server on each
+    asyncio loop, and blocking sockets at both ends (one row: no loop in
+    the path); friends are sockets made under patch_socket(), verified as
+    friend links; the patch is undone after."""
+    data = _run_json(tmp_path, [*TINY, "--tests", "blocking", "--sizes", "64,64K",
+                                "--loops", "asyncio,uvloop"])
+    out = capsys.readouterr().out
+    assert set(data["tests"]) == {"blocking-rr", "blocking-stream", "blocking-threads-rr",
+                                  "blocking-threads-stream"}
+    for key, test in data["tests"].items():
+        assert test["test"] == "blocking"
+        for param, per_loop in test["results"].items():
+            loops = ["asyncio"] if key in LOOPLESS_CASE_KEYS else ["asyncio", "uvloop"]
+            assert list(per_loop) == loops, (key, param)
+            for loop, cells in per_loop.items():
+                assert list(cells) == ["tcp", "unix", "friends"], (key, param, loop)
+                for transport, cell in cells.items():
+                    assert cell["error"] is None, (key, param, loop, transport, cell["error"])
+                    assert cell["median"] >= 0
+                assert cells["friends"]["friend_verified"] is True, (key, cells["friends"]["notes"])
+                assert cells["tcp"]["friend_verified"] is cells["unix"]["friend_verified"] is None
+    _check_targets(data, met_known=True, loops=("asyncio",))
+    assert len(data["targets"]) == 4
+    assert "blocking-threads-rr — " in out and "patch_socket()" in out
+    assert "no event loop in the path" in out
+    assert not friendsock.is_socket_patched()
+
+
+def test_blocking_friends_that_did_not_pair_are_marked(tmp_path, capsys):
+    friendsock.set_enabled(False)  # every friends connection falls back
+    try:
+        data = _run_json(tmp_path, [*TINY, "--tests", "blocking", "--sizes", "64",
+                                    "--loops", "asyncio", "--transports", "tcp,friends"])
+    finally:
+        friendsock.set_enabled(True)
+    for key, test in data["tests"].items():
+        cell = test["results"]["64"]["asyncio"]["friends"]
+        assert cell["error"] is None and cell["median"] >= 0, key
+        assert cell["friend_verified"] is False, key
+        assert any("fell back" in note for note in cell["notes"]), (key, cell["notes"])
+    assert "†" in capsys.readouterr().out
 
 
 def test_friends_that_did_not_pair_are_marked(tmp_path, capsys):

@@ -115,7 +115,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--tests", type=_choice(TESTS, "test"), default=list(TESTS),
                         metavar="LIST", help=f"comma-separated: {','.join(TESTS)} (default all)")
     parser.add_argument("--sizes", type=_list_of(parse_size, "size"), metavar="LIST",
-                        help="message/write sizes for stream, rr, crr, streams-rr and threads, "
+                        help="message/write sizes for stream, rr, crr, streams-rr, threads and blocking, "
                              "e.g. 64,1K,64K,1M")
     parser.add_argument("--transports", type=_choice(TRANSPORTS, "transport"),
                         default=list(TRANSPORTS), metavar="LIST",

@@ -28,7 +28,7 @@ from rich.text import Text
 import friendsock
 
 from ._runner import Case, Cell, Config, Progress, Run, cpu_counts, format_param
-from ._transports import FRIEND_TRANSPORTS, loop_runs
+from ._transports import FRIEND_TRANSPORTS, LOOPLESS_CASES, loop_runs
 
 JSON_FORMAT = "friendsock-bench/1"
 TRANSPORT_LABELS = {"tcp": "Baseline TCP", "unix": "AF_UNIX", "friends": "Friends",
@@ -192,6 +192,11 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
             if key == case.key and t == "friends"):
         caption.append("friends fell back to real TCP across threads (†): this friendsock "
                        "pairs only ends on one event loop, so the Friends column is TCP")
+    if case.test == "blocking":
+        caption.append("Friends: blocking sockets made under friendsock.patch_socket(); TCP and "
+                       "AF_UNIX: plain blocking sockets"
+                       + ("; no event loop in the path (measured once, in the asyncio row)"
+                          if case.key in LOOPLESS_CASES else ""))
     if case.tls:
         caption.append("every transport runs TLS (ssl=): the loop's own TLS over TCP and "
                        "AF_UNIX (uvloop's in C on uvloop), asyncio's sslproto over the friend link")
@@ -346,6 +351,14 @@ TARGETS = (
            "rr", 64, "trio", "friends", "memory", 0.75),
     Target("anyio (on trio) rr 64 B: Friends >= 2.5x Baseline TCP", "rr", 64, "anyio", "friends",
            "tcp", 2.5),
+    Target("blocking rr 64 B, client thread to asyncio server: Friends >= 1.5x Baseline TCP",
+           "blocking-rr", 64, "asyncio", "friends", "tcp", 1.5),
+    Target("blocking rr 64 B, blocking <-> blocking threads: Friends >= 2x Baseline TCP",
+           "blocking-threads-rr", 64, "asyncio", "friends", "tcp", 2.0),
+    Target("blocking stream 64 KiB, client thread to asyncio server: Friends >= 3x Baseline TCP",
+           "blocking-stream", 64 * 1024, "asyncio", "friends", "tcp", 3.0),
+    Target("blocking stream 64 KiB, blocking <-> blocking threads: Friends >= 3x Baseline TCP",
+           "blocking-threads-stream", 64 * 1024, "asyncio", "friends", "tcp", 3.0),
 )
 
 

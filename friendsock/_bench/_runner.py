@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import Any, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
 
+from ._blocking_workloads import BlockingWorkload
 from ._floor import FloorEndpoint
 from ._memory import IdleWorkload, raise_fd_limit
 from ._transports import (
@@ -54,7 +55,7 @@ from ._watchdog import Hung, Watchdog
 KiB = 1024
 MiB = 1024 * KiB
 
-TESTS = ("stream", "rr", "crr", "streams-rr", "multi", "threads", "memory")
+TESTS = ("stream", "rr", "crr", "streams-rr", "multi", "threads", "blocking", "memory")
 
 # The per-connection message sizes of the multi test (netperf's "32KB I/O x N"
 # for streams; a small request for request/response).
@@ -127,6 +128,18 @@ def default_cases() -> List[Case]:
              "trans/s", "bytes", (64,), sized=True),
         Case("threads-stream", "threads",
              "client and server loops in two threads: stream",
+             "Mbit/s", "bytes", (64 * KiB,), sized=True),
+        Case("blocking-rr", "blocking",
+             "a blocking client thread to a server on the event loop: request/response",
+             "trans/s", "bytes", (64,), sized=True),
+        Case("blocking-stream", "blocking",
+             "a blocking client thread to a server on the event loop: stream",
+             "Mbit/s", "bytes", (64 * KiB,), sized=True),
+        Case("blocking-threads-rr", "blocking",
+             "blocking sockets at both ends, in two threads: request/response",
+             "trans/s", "bytes", (64,), sized=True),
+        Case("blocking-threads-stream", "blocking",
+             "blocking sockets at both ends, in two threads: stream",
              "Mbit/s", "bytes", (64 * KiB,), sized=True),
         Case("memory-heap", "memory",
              "Python heap (tracemalloc) per idle connection, both ends",
@@ -370,6 +383,9 @@ def make_workload(case: Case, param: int, endpoint: Endpoint, server_side: Any,
         return RRWorkload(endpoint, size=MULTI_RR_SIZE, conns=param)
     if key == "multi-stream":
         return StreamWorkload(endpoint, size=MULTI_STREAM_SIZE, conns=param, per_round=True)
+    if key.startswith("blocking-"):
+        return BlockingWorkload(endpoint, size=param, stream=key.endswith("-stream"),
+                                threads=key.startswith("blocking-threads-"))
     if key in ("memory-heap", "memory-rss"):
         return IdleWorkload(endpoint, conns=param, heap=key == "memory-heap", loop_kind=loop_kind)
     raise ValueError(f"unknown case {key!r}")

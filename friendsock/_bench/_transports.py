@@ -37,6 +37,9 @@ TRIO_LOOPS = ("trio", "anyio")
 # What the trio loop runs (the tables' keys); the rest of the tables have
 # no trio rows. ``memory`` runs only on trio.
 TRIO_CASES = ("stream", "rr", "crr")
+# Tables with no event loop in the path (both ends blocking sockets in
+# threads): measured once, in the asyncio row.
+LOOPLESS_CASES = ("blocking-threads-rr", "blocking-threads-stream")
 # The in-memory floor (``memory``): trio.testing.memory_stream_pair on trio,
 # the naive call_soon transport (``_floor``) on asyncio and uvloop; in these
 # tables only (anyio has none).
@@ -74,6 +77,8 @@ def is_trio_loop(kind: str) -> bool:
 
 def loop_runs(kind: str, case_key: str) -> bool:
     """Whether loop ``kind`` has rows in table ``case_key``."""
+    if case_key in LOOPLESS_CASES:
+        return kind == "asyncio"
     return kind not in TRIO_LOOPS or case_key in TRIO_CASES
 
 
@@ -123,7 +128,7 @@ class Endpoint:
     async def serve(self, factory: ProtocolFactory) -> None:
         """Start a protocol server on the running loop."""
         if self.transport == "unix":
-            self.path = self._new_path()
+            self.path = self.new_path()
             loop = asyncio.get_running_loop()
             self.server = await loop.create_unix_server(factory, self.path, backlog=BACKLOG,
                                                         **self._serve_tls)
@@ -136,7 +141,7 @@ class Endpoint:
     async def serve_streams(self, handler: StreamHandler) -> None:
         """Start a StreamReader/StreamWriter server on the running loop."""
         if self.transport == "unix":
-            self.path = self._new_path()
+            self.path = self.new_path()
             self.server = await asyncio.start_unix_server(handler, self.path, backlog=BACKLOG,
                                                           **self._serve_tls)
         else:
@@ -192,7 +197,8 @@ class Endpoint:
             except OSError:
                 pass
 
-    def _new_path(self) -> str:
+    def new_path(self) -> str:
+        """A fresh AF_UNIX socket path in the run's directory."""
         return os.path.join(self._tmpdir, f"s{next(_socket_names)}.sock")
 
 

@@ -18,8 +18,10 @@ It is the real socket, unchanged, except at three moments:
   b"" at EOF, failures are the ``OSError`` the kernel gives.
 
 Its TCP descriptor stays open underneath for options and addresses, as
-for every friend end; ``fileno()`` is the readiness descriptor that
-``select``/``poll`` watch (``_readiness``).
+for every friend end. Its own blocking calls sleep on locks the link's
+hooks release; ``fileno()`` is a readiness descriptor that
+``select``/``poll`` watch, made and kept in step only once asked for
+(``_readiness``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import operator
 import os
 import select
 import socket
+import threading
 import time
 import warnings
 import weakref
@@ -56,7 +59,7 @@ from .._handshake import (
     register_listener,
     wait_for_room,
 )
-from ._readiness import Readiness, readiness_inodes
+from ._readiness import Readiness, Signals, leave, parker, readiness_inodes, sleep
 
 _ss = _socket.socket  # the C methods, below every Python override
 OriginalSocket: type = socket.socket  # the stdlib class, as it was at import
@@ -66,9 +69,14 @@ _NOTHING = Seen.NOTHING
 _DATA = Seen.DATA
 _EOF = Seen.EOF
 _MAX_JOIN = 64 * 1024
-_SUPPORTED_RECV_FLAGS = socket.MSG_PEEK | socket.MSG_DONTWAIT
-_SUPPORTED_SEND_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
+# Plain ints: the socket module's are IntFlag members, whose ``&`` and ``~``
+# run in Python (some microseconds a call).
+_PEEK = int(socket.MSG_PEEK)
+_DONTWAIT = int(socket.MSG_DONTWAIT)
+_SUPPORTED_RECV_FLAGS = _PEEK | _DONTWAIT
+_SUPPORTED_SEND_FLAGS = _DONTWAIT | int(getattr(socket, "MSG_NOSIGNAL", 0))
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
+_watch_lock = threading.Lock()  # two threads asking fileno() at once make one descriptor
 
 # Whether connect() and listen() pair: set by patch_socket(). Sockets made
 # while patched stay FriendCapableSockets after unpatch_socket(), plain again.
@@ -375,18 +383,15 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
         if err in (errno.EAGAIN, errno.EINPROGRESS) and deadline is not None:
             raise TimeoutError("timed out")
         raise OSError(err, os.strerror(err))
-    readiness = Readiness()
-    try:
-        if not attempt.optimistic and not _confirm(pending, descriptor, readiness):
-            readiness.close()
-            return True  # another process accepted it: plain TCP, connected
-    except BaseException:
-        readiness.close()
-        attempt.give_up(close=False)
-        raise
+    if not attempt.optimistic:
+        try:
+            if not _confirm(pending, descriptor):
+                return True  # another process accepted it: plain TCP, connected
+        except BaseException:
+            attempt.give_up(close=False)
+            raise
     client = pending.handle
-    become_friend(sock, pending.link.client, client.sockname, client.peername, descriptor,
-                  readiness)
+    become_friend(sock, pending.link.client, client.sockname, client.peername, descriptor)
     return True
 
 
@@ -394,25 +399,31 @@ def _room_made(entry: Entry, deadline: Optional[float]) -> None:
     """Wait for the listener's accept queue to have room made: until it
     accepts, goes away, or a while has passed (for room made by an accept
     friendsock did not see); TimeoutError past the socket's timeout."""
-    woken = Readiness()
+    woken = threading.Event()
+    if not wait_for_room(entry, woken.set):
+        return
     try:
-        if not wait_for_room(entry, woken.set_readable):
-            return
-        try:
-            left = _left(deadline)
-            wait = _handshake.ROOM_RECHECK if left is None else min(left, _handshake.ROOM_RECHECK)
-            if not woken.wait(False, wait):
-                _left(deadline)
-        finally:
-            registry.cancel_wait_for_accept_room(entry, woken.set_readable)
+        left = _left(deadline)
+        wait = _handshake.ROOM_RECHECK if left is None else min(left, _handshake.ROOM_RECHECK)
+        if not woken.wait(wait):
+            _left(deadline)
     finally:
-        woken.close()
+        registry.cancel_wait_for_accept_room(entry, woken.set)
 
 
-def _confirm(pending: Pending, descriptor: Descriptor, readiness: Readiness) -> bool:
+def _confirm(pending: Pending, descriptor: Descriptor) -> bool:
     """A listener other processes may share: pair only once this process
     claims the connect (True). Anything arriving on the real socket means
-    another process accepted it; so does silence past the deadline."""
+    another process accepted it; so does silence past the deadline. Waits
+    on both descriptors at once: the claim's wake-up is a readiness pair."""
+    readiness = Readiness()
+    try:
+        return _await_claim(pending, descriptor, readiness)
+    finally:
+        readiness.close()
+
+
+def _await_claim(pending: Pending, descriptor: Descriptor, readiness: Readiness) -> bool:
     claimed = []
 
     def on_claim() -> None:  # on any thread
@@ -429,7 +440,6 @@ def _confirm(pending: Pending, descriptor: Descriptor, readiness: Readiness) -> 
         left = deadline - time.monotonic()
         if left <= 0 or any(fd == real_fd for fd, _ in poller.poll(int(left * 1000) + 1)):
             break
-    readiness.clear_readable()
     return confirmed(pending, bool(claimed))
 
 
@@ -437,29 +447,31 @@ def _confirm(pending: Pending, descriptor: Descriptor, readiness: Readiness) -> 
 
 
 def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peername: Any,
-                  descriptor: Descriptor, readiness: Optional[Readiness] = None) -> None:
+                  descriptor: Descriptor) -> None:
     """Turn ``sock`` (connected or accepted, the link established) into the
     friend socket of ``end``."""
     sock.__class__ = FriendBlockingSocket
     friend: FriendBlockingSocket = sock  # type: ignore[assignment]
-    ready = readiness or Readiness()
+    signals = Signals()
     friend.__dict__.update(
         _end=end, _in=end.incoming, _out=end.outgoing, _sockname=sockname, _peername=peername,
-        _descriptor=descriptor, _ready=ready, _read_shut=False, _friend_closed=False,
+        _descriptor=descriptor, _signals=signals, _read_shut=False, _friend_closed=False,
     )
     ref = weakref.ref(friend)
 
-    def capacity_changed() -> None:  # a buffer size changed: writability may have
+    def capacity_changed() -> None:  # a buffer size changed: room may have been made
         friend = ref()
         if friend is not None and not friend._friend_closed:
-            friend._sync_writable()
+            if signals.ready is not None:
+                friend._sync_writable()
+            signals.writable()  # sleeping writers look again
 
     friend._options = FriendSocket(descriptor, end, capacity_changed)  # type: ignore[arg-type]
-    # The hooks hold the readiness descriptor only: a friend socket its
-    # user drops is collected (and closed) as a real one is.
-    end.outgoing.attach_writer(ready.set_writable)
-    if end.incoming.attach_reader(ready.set_readable):
-        ready.set_readable()
+    # The hooks hold the signals only: a friend socket its user drops is
+    # collected (and closed) as a real one is. What already waits needs no
+    # hook: a reader looks before it sleeps.
+    end.outgoing.attach_writer(signals.writable)
+    end.incoming.attach_reader(signals.readable)
     # The kernel sized the real socket's buffers during the handshake; the
     # link was made before that.
     friend._options.sync_buffer_sizes()
@@ -471,7 +483,7 @@ class FriendBlockingSocket(FriendCapableSocket):
     socket into one."""
 
     _end: LinkEnd
-    _ready: Readiness
+    _signals: Signals
     _descriptor: Descriptor
     _options: FriendSocket
     _read_shut: bool
@@ -488,7 +500,35 @@ class FriendBlockingSocket(FriendCapableSocket):
 
     # -- what stays a socket's -------------------------------------------------
     def fileno(self) -> int:
-        return -1 if self._friend_closed else self._ready.fd
+        if self._friend_closed:
+            return -1
+        ready = self._signals.ready
+        return (ready if ready is not None else self._watched()).fd
+
+    def _watched(self) -> Readiness:
+        """Somebody will poll this socket: make its readiness descriptor and
+        keep it in step from now on (the hooks see it before we look, so
+        nothing that happens meanwhile is missed)."""
+        with _watch_lock:
+            ready = self._signals.ready
+            if ready is not None:  # another thread made it meanwhile
+                return ready
+            ready = self._signals.ready = Readiness()
+        self._drained()  # readable now if there is something to read
+        self._sync_writable()
+        return ready
+
+    def __repr__(self) -> str:
+        # socket.__repr__ asks fileno(), which would make the readiness
+        # descriptor: show the TCP descriptor's until there is one.
+        ready = self._signals.ready
+        fd = -1 if self._friend_closed else ready.fd if ready is not None else self._descriptor.fileno()
+        closed = " [closed]" if self._friend_closed else ""
+        text = (f"<{type(self).__module__}.{type(self).__qualname__}{closed} fd={fd}, "
+                f"family={self.family!s}, type={self.type!s}, proto={self.proto}")
+        if not self._friend_closed:
+            text += f", laddr={self._sockname}, raddr={self._peername}"
+        return text + ">"
 
     def _check_open(self) -> None:
         if self._friend_closed:
@@ -546,69 +586,85 @@ class FriendBlockingSocket(FriendCapableSocket):
         return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
 
     # -- waiting ---------------------------------------------------------------
-    def _wait(self, writable: bool, timeout: Optional[float], deadline: Optional[float]) -> Optional[float]:
-        """Wait for the readiness descriptor; the deadline (set on first use).
-        Non-blocking: BlockingIOError; past the timeout: TimeoutError."""
+    @staticmethod
+    def _wait_deadline(timeout: Optional[float], deadline: Optional[float]) -> Optional[float]:
+        """The deadline of a wait (set on its first sleep). Non-blocking:
+        BlockingIOError; past the timeout: TimeoutError."""
         if timeout is None:
-            self._ready.wait(writable, None)
             return None
         if timeout == 0.0:
             raise _would_block()
         if deadline is None:
-            deadline = time.monotonic() + timeout
-        left = deadline - time.monotonic()
-        if left <= 0 or not self._ready.wait(writable, left):
+            return time.monotonic() + timeout
+        if time.monotonic() >= deadline:
             raise TimeoutError("timed out")
         return deadline
 
     # -- receiving -------------------------------------------------------------
     def _drained(self) -> None:
-        """The link is empty: unreadable until the next write (a write that
-        raced in is seen, and keeps it readable)."""
+        """The link is empty: the readiness descriptor is unreadable until
+        the next write (a write that raced in is seen, and keeps it
+        readable)."""
         channel = self._in
+        ready = self._signals.ready
         channel.begin_drain()
-        self._ready.clear_readable()
-        if channel.seen() is not _NOTHING:
-            self._ready.set_readable()
+        if ready is None:
+            return
+        ready.clear_readable()
+        if channel.seen() is not _NOTHING or self._read_shut:
+            ready.set_readable()
 
     def _readable(self, timeout: Optional[float]) -> Seen:
         """Wait until the link has something for us: DATA, EOF or RESET."""
         channel = self._in
+        signals = self._signals
         deadline = None
-        waited = False
         while True:
-            self._check_open()
+            if self._friend_closed:
+                raise _bad_fd()
             if self._read_shut:
                 return _EOF
             seen = channel.seen()
             if seen is not _NOTHING:
                 return seen
-            if waited:
-                self._drained()  # woken by a token that raced: take it back
-            deadline = self._wait(False, timeout, deadline)
-            waited = True
+            if timeout is not None:
+                deadline = self._wait_deadline(timeout, deadline)
+            me = parker()
+            readers = signals.readers
+            readers.append(me)
+            # The reader's hook is armed only now: a reader that never
+            # waits costs the writer nothing.
+            if signals.ready is None:
+                channel.begin_drain()
+            else:
+                self._drained()  # and a token that raced in is taken back
+            if channel.queued or channel.state is not _OPEN or self._read_shut or \
+                    self._friend_closed:
+                leave(readers, me)
+            else:
+                sleep(readers, me, deadline)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         channel = self._in
-        if type(bufsize) is int and bufsize > 0 and not flags and channel.queued and \
-                not self._friend_closed and not self._read_shut:  # the common case
-            data = channel.pull(bufsize, _MAX_JOIN)
-            if not channel.queued:
-                self._drained()
-            return data
-        bufsize = operator.index(bufsize)
-        if bufsize < 0:
-            raise ValueError("negative buffersize in recv")
-        timeout = self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS)
-        self._check_open()
-        if bufsize == 0:
-            return b""
-        seen = self._readable(timeout)
-        if seen is _DATA:
-            if flags & socket.MSG_PEEK:
+        if type(bufsize) is int and bufsize > 0 and not flags:  # the common case
+            if channel.queued and not self._friend_closed and not self._read_shut:
+                seen = _DATA
+            else:
+                seen = self._readable(self.gettimeout())
+        else:
+            bufsize = operator.index(bufsize)
+            if bufsize < 0:
+                raise ValueError("negative buffersize in recv")
+            timeout = self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS)
+            self._check_open()
+            if bufsize == 0:
+                return b""
+            seen = self._readable(timeout)
+            if seen is _DATA and flags & _PEEK:
                 return channel.peek(bufsize)
+        if seen is _DATA:
             data = channel.pull(bufsize, _MAX_JOIN)
-            if not channel.queued:
+            if not channel.queued and self._signals.ready is not None:
                 self._drained()
             return data
         if seen is _EOF:
@@ -638,7 +694,7 @@ class FriendBlockingSocket(FriendCapableSocket):
         seen = _DATA if channel.queued and not self._read_shut else self._readable(self.gettimeout())
         if seen is _DATA:
             copied = channel.pull_into(view)
-            if not channel.queued:
+            if not channel.queued and self._signals.ready is not None:
                 self._drained()
             return copied
         if seen is _EOF:
@@ -665,19 +721,23 @@ class FriendBlockingSocket(FriendCapableSocket):
         if flags & ~supported:
             raise _unsupported(f"flags={flags!r}")
         timeout = self.gettimeout()
-        return 0.0 if flags & socket.MSG_DONTWAIT and timeout is None else timeout
+        return 0.0 if flags & _DONTWAIT and timeout is None else timeout
 
     # -- sending ----------------------------------------------------------------
     def _sync_writable(self) -> None:
-        """Make the readiness descriptor writable exactly while the link has
-        room (the friend's read that makes room drains it)."""
+        """Make the readiness descriptor (there is one) writable exactly
+        while the link has room (the friend's read that makes room drains
+        it)."""
+        ready = self._signals.ready
+        if ready is None:
+            return
         out = self._out
         if out.wake_writer_at(-1):
-            self._ready.set_writable()
+            ready.set_writable()
             return
-        self._ready.clear_writable()
+        ready.clear_writable()
         if out.wake_writer_at(-1):  # room made meanwhile, its wake-up maybe before the fill
-            self._ready.set_writable()
+            ready.set_writable()
 
     def _send_some(self, data: bytes) -> int:
         try:
@@ -685,19 +745,35 @@ class FriendBlockingSocket(FriendCapableSocket):
         except LinkBrokenError as exc:
             raise exc.as_os_error() from None
         out = self._out
-        if sent and out.queued >= out.sndbuf + out.rcvbuf:
+        if sent and out.queued >= out.sndbuf + out.rcvbuf and self._signals.ready is not None:
             self._sync_writable()
         return sent
 
     def _wait_writable(self, timeout: Optional[float], deadline: Optional[float]) -> Optional[float]:
+        """Sleep until the link has room (or the friend's reader went away,
+        or this socket is shut or closed); the deadline."""
         out = self._out
         if out.wake_writer_at(-1):
             return deadline  # room already: try again
-        self._ready.clear_writable()
-        if out.wake_writer_at(-1):
-            self._ready.set_writable()
+        deadline = self._wait_deadline(timeout, deadline)
+        signals = self._signals
+        writers = signals.writers
+        me = parker()
+        writers.append(me)
+        ready = signals.ready
+        if out.wake_writer_at(-1) or out.state is not _OPEN or out.reader_closed or self._friend_closed:
+            leave(writers, me)
+            if ready is not None:
+                ready.set_writable()
             return deadline
-        return self._wait(True, timeout, deadline)
+        if ready is not None:
+            ready.clear_writable()
+            if out.wake_writer_at(-1):  # room made meanwhile, its wake-up maybe before the fill
+                ready.set_writable()
+                leave(writers, me)
+                return deadline
+        sleep(writers, me, deadline)
+        return deadline
 
     def _push_whole(self, data: bytes) -> bool:
         """The common case: all of ``data`` (bytes) fits; queued by reference."""
@@ -709,7 +785,7 @@ class FriendBlockingSocket(FriendCapableSocket):
             out.push(data)
         except FriendError:  # the friend went away meanwhile: the slow way says how
             return False
-        if out.queued >= out.sndbuf + out.rcvbuf:
+        if out.queued >= out.sndbuf + out.rcvbuf and self._signals.ready is not None:
             self._sync_writable()
         return True
 
@@ -775,10 +851,10 @@ class FriendBlockingSocket(FriendCapableSocket):
                 self._end.shutdown_write()
             except LinkBrokenError as exc:
                 raise exc.as_os_error() from None
-            self._ready.set_writable()  # as TCP's: a send now fails at once
+            self._signals.writable()  # as TCP's: a send now fails at once
         if how != socket.SHUT_WR:
             self._read_shut = True  # later reads find EOF, as on Linux
-            self._ready.set_readable()
+            self._signals.readable()
 
     def _real_close(self, _ss: Any = _ss) -> None:
         if not self._friend_closed:
@@ -792,7 +868,7 @@ class FriendBlockingSocket(FriendCapableSocket):
         self._out.notify_writable = None
         self._descriptor.take_over(self)
         self._end.close()
-        self._ready.close()
+        self._signals.close()
 
 
 def patchable_class() -> Callable[..., socket.socket]:
