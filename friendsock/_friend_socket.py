@@ -94,3 +94,35 @@ class FriendSocket:
         if not flag:
             return
         raise ValueError("setblocking(): transport sockets cannot be blocking")
+
+
+class PairedSocketCalls:
+    """The calls a paired socket object (a trio socket, or a blocking
+    socket, whose connection paired) answers from its link end rather than
+    its descriptor: the addresses known at pairing, and the options through
+    its :class:`FriendSocket` (``_options``), so buffer sizes feed the
+    accounting. ``_check_open`` raises what the call on a closed socket
+    raises."""
+
+    _sockname: Any
+    _peername: Any
+    _options: FriendSocket
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def getsockname(self) -> Any:
+        self._check_open()
+        return self._sockname
+
+    def getpeername(self) -> Any:
+        self._check_open()
+        return self._peername
+
+    def getsockopt(self, *args: Any) -> Any:
+        self._check_open()
+        return self._options.getsockopt(*args)
+
+    def setsockopt(self, *args: Any) -> None:
+        self._check_open()
+        self._options.setsockopt(*args)

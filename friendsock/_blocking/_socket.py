@@ -44,7 +44,7 @@ from .._core._link import ChannelState, LinkEnd, Seen
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._friend_socket import FriendSocket
+from .._friend_socket import FriendSocket, PairedSocketCalls
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -477,7 +477,7 @@ def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peerna
     friend._options.sync_buffer_sizes()
 
 
-class FriendBlockingSocket(FriendCapableSocket):
+class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     """A blocking socket (connected or accepted) whose bytes move through a
     friend link. Not made directly: ``connect()`` and ``accept()`` turn a
     socket into one."""
@@ -533,22 +533,6 @@ class FriendBlockingSocket(FriendCapableSocket):
     def _check_open(self) -> None:
         if self._friend_closed:
             raise _bad_fd()
-
-    def getsockname(self) -> Any:
-        self._check_open()
-        return self._sockname
-
-    def getpeername(self) -> Any:
-        self._check_open()
-        return self._peername
-
-    def getsockopt(self, *args: Any) -> Any:
-        self._check_open()
-        return self._options.getsockopt(*args)
-
-    def setsockopt(self, *args: Any) -> None:
-        self._check_open()
-        self._options.setsockopt(*args)
 
     def dup(self) -> socket.socket:
         raise _unsupported("dup()")

@@ -21,7 +21,7 @@ import trio
 
 from .._core._errors import LinkBrokenError
 from .._core._link import ChannelState, LinkEnd, Seen
-from .._friend_socket import FriendSocket
+from .._friend_socket import FriendSocket, PairedSocketCalls
 from ._end import TrioEnd, stream_error
 from ._run import RunState
 
@@ -57,7 +57,7 @@ def _no_flags(flags: int) -> None:
         raise _unsupported(f"flags={flags!r}")
 
 
-class FriendTrioSocket(TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type]
+class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type]
     """A ``trio.socket`` socket (made by trio, connected or accepted) whose
     bytes move through a friend link. Not made directly: see
     :func:`become_friend`."""
@@ -85,22 +85,6 @@ class FriendTrioSocket(TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type
     # -- what stays the real socket's ---------------------------------------
     def fileno(self) -> int:
         return -1 if self._closed else self._sock.fileno()
-
-    def getsockname(self) -> Any:
-        self._check_open()
-        return self._sockname
-
-    def getpeername(self) -> Any:
-        self._check_open()
-        return self._peername
-
-    def getsockopt(self, *args: Any) -> Any:
-        self._check_open()
-        return self._options.getsockopt(*args)
-
-    def setsockopt(self, *args: Any) -> None:
-        self._check_open()
-        self._options.setsockopt(*args)
 
     def dup(self) -> Any:
         raise _unsupported("dup()")
