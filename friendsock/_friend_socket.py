@@ -7,9 +7,11 @@ the value the kernel reports back (Linux doubles what it is given).
 
 from __future__ import annotations
 
+import errno
 import socket
 from typing import Any, Callable, Optional
 
+from ._core._errors import LinkBrokenError
 from ._core._link import LinkEnd
 
 _BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
@@ -107,6 +109,8 @@ class PairedSocketCalls:
     _sockname: Any
     _peername: Any
     _options: FriendSocket
+    _end: LinkEnd
+    _read_shut: bool
 
     def _check_open(self) -> None:
         raise NotImplementedError
@@ -126,3 +130,20 @@ class PairedSocketCalls:
     def setsockopt(self, *args: Any) -> None:
         self._check_open()
         self._options.setsockopt(*args)
+
+    def _shutdown_end(self, how: int) -> bool:
+        """``shutdown(how)`` on the link: EOF to the friend for SHUT_WR and
+        SHUT_RDWR (the link's errno as an OSError), EOF for later reads for
+        SHUT_RD and SHUT_RDWR, as on Linux. Returns whether the writing side
+        was shut."""
+        self._check_open()
+        if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        if how != socket.SHUT_RD:
+            try:
+                self._end.shutdown_write()
+            except LinkBrokenError as exc:
+                raise exc.as_os_error() from None
+        if how != socket.SHUT_WR:
+            self._read_shut = True
+        return how != socket.SHUT_RD

@@ -827,17 +827,8 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     # -- shutting down and closing ------------------------------------------------
     def shutdown(self, how: int) -> None:
         self._check_open()
-        how = operator.index(how)
-        if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
-            raise OSError(errno.EINVAL, "Invalid argument")
-        if how != socket.SHUT_RD:
-            try:
-                self._end.shutdown_write()
-            except LinkBrokenError as exc:
-                raise exc.as_os_error() from None
+        if self._shutdown_end(operator.index(how)):
             self._signals.writable()  # as TCP's: a send now fails at once
-        if how != socket.SHUT_WR:
-            self._read_shut = True  # later reads find EOF, as on Linux
             self._signals.readable()
 
     def _real_close(self, _ss: Any = _ss) -> None:

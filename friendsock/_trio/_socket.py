@@ -200,17 +200,8 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
 
     # -- shutting down and closing ----------------------------------------
     def shutdown(self, flag: int) -> None:
-        self._check_open()
-        if flag not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
-            raise OSError(errno.EINVAL, "Invalid argument")
-        if flag != socket.SHUT_RD:
-            try:
-                self._end.shutdown_write()
-            except LinkBrokenError as exc:
-                raise exc.as_os_error() from None
+        if self._shutdown_end(flag):
             self._did_shutdown_SHUT_WR = True
-        if flag != socket.SHUT_WR:
-            self._read_shut = True  # later reads find EOF, as on Linux
 
     def close(self) -> None:
         if not self._closed:
