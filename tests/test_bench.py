@@ -39,7 +39,8 @@ CASE_KEYS = {
 # Blocking sockets at both ends: no event loop, one (asyncio) row.
 LOOPLESS_CASE_KEYS = {"blocking-threads-rr", "blocking-threads-stream"}
 TRIO_CASE_KEYS = {"stream", "rr", "crr"}
-MEMORY_CASE_KEYS = {"stream", "rr", "crr", "streams-rr"}
+MEMORY_CASE_KEYS = {"stream", "rr", "crr", "streams-rr",
+                    "blocking-rr", "blocking-stream", "blocking-threads-rr", "blocking-threads-stream"}
 SOCKETLESS_CASE_KEYS = {"rr", "crr", "streams-rr", "memory-heap", "memory-rss"}
 LOOPS = ["asyncio", "uvloop"] + (["trio", "anyio"] if HAVE_TRIO else [])
 CELL_KEYS = {"median", "min", "max", "rounds", "unit", "friend_verified", "error", "notes"}
@@ -154,6 +155,13 @@ def _check_targets(data, met_known, loops=("trio", "anyio")):
         if met_known:  # no speed: only that a verdict came out of two figures
             assert target["met"] in (True, False)
             assert target["ratio"] == pytest.approx(target["value"] / target["baseline_value"])
+        # The floor's own ratio to the baseline, where the table has a floor
+        # that is not the baseline itself.
+        floor = data["tests"][key[0]]["results"][str(key[1])][key[2]].get("memory")
+        if key[4] == "memory" or floor is None or floor["error"] is not None:
+            assert target["floor_ratio"] is None, key
+        else:
+            assert target["floor_ratio"] == pytest.approx(floor["median"] / target["baseline_value"])
 
 
 def test_selection_and_order(tmp_path):
@@ -182,16 +190,20 @@ def test_blocking_tables(tmp_path, capsys):
             loops = ["asyncio"] if key in LOOPLESS_CASE_KEYS else ["asyncio", "uvloop"]
             assert list(per_loop) == loops, (key, param)
             for loop, cells in per_loop.items():
-                assert list(cells) == ["tcp", "unix", "friends"], (key, param, loop)
+                assert list(cells) == ["tcp", "unix", "friends", "memory"], (key, param, loop)
                 for transport, cell in cells.items():
                     assert cell["error"] is None, (key, param, loop, transport, cell["error"])
                     assert cell["median"] >= 0
                 assert cells["friends"]["friend_verified"] is True, (key, cells["friends"]["notes"])
-                assert cells["tcp"]["friend_verified"] is cells["unix"]["friend_verified"] is None
+                assert (cells["tcp"]["friend_verified"] is cells["unix"]["friend_verified"]
+                        is cells["memory"]["friend_verified"] is None)
     _check_targets(data, met_known=True, loops=("asyncio",))
     assert len(data["targets"]) == 4
+    assert all(target["floor_ratio"] is not None for target in data["targets"])
     assert "blocking-threads-rr — " in out and "patch_socket()" in out
-    assert "no event loop in the path" in out
+    words = " ".join(out.split())  # as wrapped to the terminal's width
+    assert "no event loop in the path" in words
+    assert "a naive hand-over between threads" in words and "floor's ratio" in words
     assert not friendsock.is_socket_patched()
 
 

@@ -11,10 +11,12 @@ Two kinds of table, request/response and stream each:
   row runs them).
 
 Transports: ``tcp`` (plain blocking sockets, the server with
-``friends=False``), ``unix`` (blocking AF_UNIX sockets) and ``friends``
-(sockets made under ``friendsock.patch_socket()``, which pair). The blocking
-calls run in worker threads (``asyncio.to_thread``) while the loop serves,
-so the loop never blocks.
+``friends=False``), ``unix`` (blocking AF_UNIX sockets), ``friends``
+(sockets made under ``friendsock.patch_socket()``, which pair) and
+``memory``, the floor (:class:`BlockingFloorWorkload`: no sockets, the bare
+hand-over between two threads that any in-process transport pays). The
+blocking calls run in worker threads (``asyncio.to_thread``) while the loop
+serves, so the loop never blocks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import socket
 import threading
 import time
@@ -34,6 +37,9 @@ from ._workloads import Echo, Sample, Sink, Workload, links_verdict, moved_verdi
 
 _RECV = 256 * 1024
 _SETTLE_TIMEOUT = 10.0
+# The floor's bound on sends not yet received (its stream's back-pressure):
+# 16 writes of 64 KiB, about a loopback socket pair's buffers.
+_FLOOR_IN_FLIGHT = 16
 # Cases whose both ends are blocking sockets (no event loop involved).
 THREADS_CASES = ("blocking-threads-rr", "blocking-threads-stream")
 
@@ -174,6 +180,9 @@ class BlockingWorkload(Workload):
         self.server_sock = server
         if self.transport != "unix":
             server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._start_server_thread()
+
+    def _start_server_thread(self) -> None:
         target = self._sink_forever if self.stream else self._echo_forever
         self.server_thread = threading.Thread(target=target, name="friendsock-bench-blocking",
                                               daemon=True)
@@ -259,3 +268,119 @@ class BlockingWorkload(Workload):
                 if not abort:
                     raise
         await super().close(abort)
+
+
+# -- the floor ----------------------------------------------------------------
+
+
+def _room() -> "queue.SimpleQueue[None]":
+    """Room for _FLOOR_IN_FLIGHT sends: a token taken per send, given back
+    per receive (C queues both: the cheapest wait between threads)."""
+    room: "queue.SimpleQueue[None]" = queue.SimpleQueue()
+    for _ in range(_FLOOR_IN_FLIGHT):
+        room.put(None)
+    return room
+
+
+class _FloorEnd:
+    """A thread's end of the floor: what it sends goes whole and in order to
+    ``deliver`` (the other thread's queue, or the loop), once there is room;
+    what it receives waits in its own queue. No buffers, no accounting, no
+    copies: the bare hand-over."""
+
+    def __init__(self) -> None:
+        self.inbox: "queue.SimpleQueue[bytes]" = queue.SimpleQueue()
+        self.room = _room()  # for sends to this end
+        self.deliver: Callable[[bytes], None] = self.inbox.put
+        self.peer_room = self.room
+
+    def pair(self, other: "_FloorEnd") -> None:
+        """Two threads' ends: each sends into the other's queue."""
+        self.deliver, self.peer_room = other.inbox.put, other.room
+        other.deliver, other.peer_room = self.inbox.put, self.room
+
+    def sendall(self, data: bytes) -> None:
+        self.peer_room.get()
+        self.deliver(data)
+
+    def recv(self, bufsize: int) -> bytes:
+        data = self.inbox.get()
+        self.room.put(None)
+        return data
+
+    def close(self) -> None:
+        """The other end receives b"" (its end of stream), without waiting for room."""
+        self.deliver(b"")
+
+
+class _FloorLoopEnd(asyncio.Transport):
+    """The loop's end of the floor, for a server protocol: a thread's sends
+    arrive through ``call_soon_threadsafe``; what the protocol writes goes
+    straight into the thread's queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, protocol: asyncio.Protocol,
+                 client: _FloorEnd) -> None:
+        super().__init__({"sockname": None, "peername": None, "socket": None})
+        self._protocol = protocol
+        self._client = client
+        self._closing = False
+        call_soon_threadsafe, arrive = loop.call_soon_threadsafe, self._arrive
+        client.deliver = lambda data: call_soon_threadsafe(arrive, data)
+        client.peer_room = _room()
+
+    def _arrive(self, data: bytes) -> None:
+        self._client.peer_room.put(None)
+        if not data:  # the thread closed its end
+            self.close()
+        elif not self._closing:
+            self._protocol.data_received(data)
+
+    def write(self, data: Any) -> None:
+        if not self._closing:
+            self._client.inbox.put(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._client.inbox.put(b"")
+            self._protocol.connection_lost(None)
+
+
+class BlockingFloorWorkload(BlockingWorkload):
+    """The floor of the blocking tables (the ``memory`` transport): the
+    same rounds and the same server code, over the bare hand-over between
+    threads (:class:`_FloorEnd`) instead of sockets — a client thread's
+    sends reach the loop by ``call_soon_threadsafe`` and the answers come
+    back through a ``queue.SimpleQueue``; between two threads, a
+    SimpleQueue each way. What any in-process transport between threads
+    pays at least: a thread that waits must be woken."""
+
+    async def setup(self) -> None:
+        self.payload = (b"x" if self.stream else b"q") * self.size
+        client = _FloorEnd()
+        if self.threads:
+            server = _FloorEnd()
+            client.pair(server)
+            self.server_sock = server  # type: ignore[assignment]
+            self._start_server_thread()
+        else:
+            protocol = Sink(self.tally) if self.stream else Echo(self.size, self.payload, self.tally)
+            protocol.connection_made(_FloorLoopEnd(asyncio.get_running_loop(), protocol, client))
+        self.sock = client  # type: ignore[assignment]
+
+    async def close(self, abort: bool = False) -> None:
+        client, self.sock = self.sock, None
+        if client is None:
+            return
+        client.close()
+        if self.threads:
+            thread = self.server_thread
+            if thread is not None:
+                await asyncio.to_thread(thread.join, _SETTLE_TIMEOUT)
+            self.server_sock = None
+        else:
+            await until(lambda: self.tally.lost >= 1, "the floor's server end to close",
+                        timeout=2.0 if abort else _SETTLE_TIMEOUT)

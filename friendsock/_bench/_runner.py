@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
 
-from ._blocking_workloads import BlockingWorkload
+from ._blocking_workloads import BlockingFloorWorkload, BlockingWorkload
 from ._floor import FloorEndpoint
 from ._memory import IdleWorkload, raise_fd_limit
 from ._transports import (
@@ -384,6 +384,9 @@ def make_workload(case: Case, param: int, endpoint: Endpoint, server_side: Any,
     if key == "multi-stream":
         return StreamWorkload(endpoint, size=MULTI_STREAM_SIZE, conns=param, per_round=True)
     if key.startswith("blocking-"):
+        if endpoint.transport == "memory":
+            return BlockingFloorWorkload(endpoint, size=param, stream=key.endswith("-stream"),
+                                         threads=key.startswith("blocking-threads-"))
         return BlockingWorkload(endpoint, size=param, stream=key.endswith("-stream"),
                                 threads=key.startswith("blocking-threads-"))
     if key in ("memory-heap", "memory-rss"):

@@ -41,9 +41,11 @@ TRIO_CASES = ("stream", "rr", "crr")
 # threads): measured once, in the asyncio row.
 LOOPLESS_CASES = ("blocking-threads-rr", "blocking-threads-stream")
 # The in-memory floor (``memory``): trio.testing.memory_stream_pair on trio,
-# the naive call_soon transport (``_floor``) on asyncio and uvloop; in these
-# tables only (anyio has none).
-MEMORY_CASES = ("stream", "rr", "crr", "streams-rr")
+# the naive call_soon transport (``_floor``) on asyncio and uvloop, the bare
+# hand-over between threads in the blocking tables; in these tables only
+# (anyio has none).
+MEMORY_CASES = ("stream", "rr", "crr", "streams-rr", "blocking-rr", "blocking-stream",
+                "blocking-threads-rr", "blocking-threads-stream")
 HOST = "127.0.0.1"
 # Large enough that hundreds of concurrent connects never overflow it.
 BACKLOG = 1024
