@@ -65,16 +65,19 @@ def release_sockets(pid: int, *socks: socket.socket) -> None:
 
     Both ends are ours and done; an abortive close (SO_LINGER 0) ends the
     connection at once, so connect/close-heavy work cannot use up ports.
+    One abortive close is enough: its reset closes the other end's socket,
+    whose own close then sends nothing and leaves nothing behind.
     ``pid``: the process that made the link. A forked child that somehow
     finishes an inherited link only drops its copies of the descriptors:
     SO_LINGER would act on the sockets it shares with the parent.
     """
-    inherited = _Process.pid != pid
+    abort = _Process.pid == pid
     for sock in socks:
-        if not inherited:
+        if abort:
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
-            except OSError:
+                abort = False
+            except OSError:  # closed, or reset already: the next one
                 pass
         sock.close()
 

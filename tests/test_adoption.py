@@ -191,6 +191,31 @@ async def test_sockets_made_elsewhere_pair(friends, client_kind, server_kind, pa
                 assert fallbacks_since(before) == {}
 
 
+@pytest.mark.parametrize("proto", [0, socket.IPPROTO_TCP])
+@pytest.mark.parametrize("server_kind", ["start_server", "sock_accept"])
+async def test_a_handed_over_socket_gets_tcp_nodelay_as_from_the_loop(friends, server_kind, proto,
+                                                                        patient_confirm):
+    """The loop's own transport sets TCP_NODELAY on a socket its user hands
+    over with ``sock=`` (uvloop on any TCP socket, asyncio on those made
+    with proto IPPROTO_TCP), and the user, who holds the socket, may look:
+    a friend end does the same."""
+    loop = asyncio.get_running_loop()
+    expected = proto == socket.IPPROTO_TCP or not isinstance(loop, asyncio.BaseEventLoop)
+    with maybe_installed(friends):
+        async with SERVERS[server_kind]() as port:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (LOCALHOST, port))
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+            reader, writer = await asyncio.open_connection(sock=sock)
+            try:
+                assert friendsock.is_friend(writer) is friends
+                assert bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)) is expected
+                await exchange(reader, writer, 1024)
+            finally:
+                writer.close()
+
+
 async def test_anyio_listener_pairs_with_asyncio_and_anyio_clients(friends, patient_confirm):
     """anyio's create_tcp_listener serves over sock_accept +
     connect_accepted_socket; asyncio.open_connection and anyio.connect_tcp

@@ -43,7 +43,7 @@ from ._loop_state import loop_state
 from ._native import in_loop_own_connect, native
 from ._pairing import _confirm, connection_made_turn, start_client_end
 from ._tls import TLSOptions, start_tls_end
-from ._transport import FriendTransport
+from ._transport import FriendTransport, set_nodelay
 
 # Sockets between the loop's sock_* call and their adoption: a connected
 # socket and its pending connect; an accepted one with its claim and
@@ -91,6 +91,9 @@ async def adopt_connected(
     pending = _connected.pop(sock, None)
     if pending is None:
         return None
+    # As the loop's own transport sets it on a socket handed over (whose
+    # user may look); a friend end sets it on its own ones only once asked.
+    set_nodelay(loop, sock)
     options = {key: value for key, value in kwargs.items() if value is not None and key != "sock"}
     try:
         if set(options) - _TLS_KEYWORDS:
@@ -219,6 +222,7 @@ async def start_server_end(
     (TLS over it once the handshake is done); the connecting end, if it
     waits, goes on."""
     adopt_accepted(conn, pending)
+    set_nodelay(loop, conn)
     try:
         protocol = protocol_factory()
     except BaseException:

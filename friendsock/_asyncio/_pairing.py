@@ -84,8 +84,8 @@ async def connect(
         if socketless_entry(attempt.entry, kwargs):
             assert attempt.entry is not None
             made = socketless_connect(attempt.entry, address, threaded=attempt.entry.owner is not loop)
-            await _turn_after_connect()  # the server accepts it meanwhile, as over TCP
-            return await start_client_end(loop, made, made.handle.sock, protocol_factory, tls)
+            return await start_client_end(loop, made, made.handle.sock, protocol_factory, tls,
+                                          accept_to_come=True)
         try:
             sock = attempt.open(af, socktype, sproto)
             attempt.bind(af, local_infos)
@@ -97,8 +97,6 @@ async def connect(
             if attempt.pending is None:
                 err = start_connect(sock, address)
             await _connected(loop, sock, address, err)
-            if attempt.optimistic:
-                await _turn_after_connect()
         except OSError as exc:
             attempt.give_up()
             exceptions.append(exc)
@@ -111,7 +109,8 @@ async def connect(
             counters.fallback(attempt.fallback, attempt.address)
             return await _native_connection(loop, protocol_factory, sock, tls)
         if attempt.optimistic:
-            return await start_client_end(loop, pending, sock, protocol_factory, tls)
+            return await start_client_end(loop, pending, sock, protocol_factory, tls,
+                                          accept_to_come=True)
         return await _confirm(loop, pending, sock, protocol_factory, tls)
     raise _combined_error(exceptions, kwargs.get("all_errors", False))
 
@@ -157,18 +156,6 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
         registry.cancel_wait_for_accept_room(entry, wake)
 
 
-async def _turn_after_connect() -> None:
-    """The turn of the loop a TCP connect takes: ``create_connection`` waits
-    for its socket to become writable, and in that turn a server on this
-    loop accepts. Taken here too, so the program sees the same state when
-    ``create_connection`` returns (a ``server.close()`` right after finds
-    the connection accepted, not in its backlog). Two yields: the loop polls
-    its descriptors (the listener's accept runs) between them, on asyncio's
-    loops and on uvloop alike, without registering the socket."""
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-
-
 async def _connected(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any, err: int) -> None:
     """The rest of ``loop.sock_connect`` after :func:`start_connect` said ``err``."""
     if err == errno.EINPROGRESS:
@@ -194,32 +181,47 @@ async def start_client_end(
     sock: socket.socket,
     protocol_factory: ProtocolFactory,
     tls: Optional[TLSOptions],
+    accept_to_come: bool = False,
 ) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
     """The client end of the claimed (or established) connect ``pending``
     on ``sock``: plain, or TLS over the link once its handshake is done
     (``tls``), as ``create_connection`` returns it. A failed TLS handshake
-    raises its error with the end closed."""
+    raises its error with the end closed. ``accept_to_come``: a server on
+    this loop may not have accepted the connection yet (see
+    :func:`connection_made_turn`)."""
     if tls is None:
-        return await connection_made_turn(*_start_client(loop, pending, sock, protocol_factory))
+        transport, protocol = _start_client(loop, pending, sock, protocol_factory)
+        return await connection_made_turn(transport, protocol, accept_to_come)
     try:
         protocol = protocol_factory()
     except BaseException:
         pending.link.client.close()  # the server end sees us go
         raise
     transport = _client_transport(loop, pending, sock, protocol)
+    # The handshake needs the server's answers: it has accepted by then.
     return await start_tls_end(loop, transport, tls), protocol
 
 
 async def connection_made_turn(
-    transport: FriendTransport, protocol: asyncio.BaseProtocol
+    transport: FriendTransport, protocol: asyncio.BaseProtocol, accept_to_come: bool = False,
 ) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
     """As the loop's ``create_connection`` (and ``connect_accepted_socket``)
     returns, for a ``transport`` started without reading: a turn after
     ``connection_made``, once what it scheduled ran (the ``connection_lost``
     of an ``abort()`` in it, say), and before any ``data_received``.
-    Cancelled meanwhile, the transport is closed, as the loop closes its own."""
+    Cancelled meanwhile, the transport is closed, as the loop closes its own.
+
+    ``accept_to_come``: two turns, for a connect the server has not
+    accepted yet. A TCP connect takes the turn in which its socket becomes
+    writable, and in it a server on this loop accepts; so the program sees
+    the same state when ``create_connection`` returns (a ``server.close()``
+    right after finds the connection accepted, not in its backlog). The
+    loop polls its descriptors (the listener's accept runs) between the two
+    yields, on asyncio's loops and on uvloop alike."""
     try:
         await asyncio.sleep(0)
+        if accept_to_come:
+            await asyncio.sleep(0)
     except BaseException:
         transport.close()
         raise

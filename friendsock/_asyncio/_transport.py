@@ -51,6 +51,18 @@ _StreamReaderProtocol = asyncio.StreamReaderProtocol
 _StreamReader = asyncio.StreamReader
 
 
+def set_nodelay(loop: asyncio.AbstractEventLoop, sock: Any) -> None:
+    """TCP_NODELAY on ``sock`` as ``loop``'s own TCP transport sets it, so
+    the socket answers the same on both paths: uvloop on every TCP socket,
+    asyncio on those made with proto IPPROTO_TCP (not 0)."""
+    if isinstance(loop, asyncio.BaseEventLoop) and sock.proto != socket.IPPROTO_TCP:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:  # released already
+        pass
+
+
 class FriendTransport(asyncio.Transport):
     """One end of a friend link, as an ``asyncio.Transport``."""
 
@@ -127,16 +139,9 @@ class FriendTransport(asyncio.Transport):
         self._state.transports[id(self)] = weakref.ref(self)
         self._out.attach_writer(self._hooks()[1])
         self._end.describe = self._describe_end
-        sock = self._extra["socket"]
-        # As the loop's own TCP transports (asyncio and uvloop alike), so
-        # getsockopt() answers the same on both paths.
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
         # The kernel sizes a socket's buffers when the connection is set up
         # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
-        sock.sync_buffer_sizes()
+        self._extra["socket"].sync_buffer_sizes()
         if not self._connection_made() and not isinstance(self._loop, asyncio.BaseEventLoop):
             # uvloop starts reading only once connection_made returned.
             self._paused_reading = True
@@ -251,6 +256,9 @@ class FriendTransport(asyncio.Transport):
             if self._closed and not isinstance(self._loop, asyncio.BaseEventLoop):
                 return None
             self._socket_unseen = False
+            # Set once somebody can look (no segment of ours is ever
+            # delayed: the bytes do not go through the socket).
+            set_nodelay(self._loop, self._extra["socket"])
         return self._extra.get(name, default)
 
     def is_closing(self) -> bool:
