@@ -170,6 +170,58 @@ def test_client_pairs_with_an_asyncio_server_in_another_thread(patched, server_l
 # -- the socket contract, both ends blocking ---------------------------------------
 
 
+async def _install() -> None:
+    friendsock.install()
+
+
+async def _sock_connect(port: int) -> socket.socket:
+    """What aiohttp's connector does first: connect a socket of its own."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (LOCALHOST, port))
+    return sock
+
+
+@pytest.mark.parametrize("client_sends", [True, False])
+def test_an_accept_held_for_a_handover_that_never_comes_is_tcp(patched, server_loop, client_sends):
+    """A client that connects with the loop's ``sock_connect`` pairs only
+    once it hands its socket to the loop (``create_connection(sock=)``);
+    the blocking accept that comes first waits for that. A client that uses
+    the socket raw instead (``client_sends``), or never hands it over,
+    leaves the accepted socket TCP, with every byte."""
+    if patched:
+        server_loop.run(_install())
+    before = friendsock.stats()
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        listener.settimeout(TIMEOUT)
+        port = listener.getsockname()[1]
+
+        async def client() -> bytes:
+            loop = asyncio.get_running_loop()
+            sock = await _sock_connect(port)
+            with sock:
+                if client_sends:
+                    await loop.sock_sendall(sock, b"raw request")
+                reply = b""
+                while not reply.endswith(b"!"):
+                    reply += await loop.sock_recv(sock, 100)
+                return reply
+
+        answer = asyncio.run_coroutine_threadsafe(client(), server_loop.loop)
+        server, _ = listener.accept()
+        with server:
+            assert not friendsock.is_friend(server)
+            if client_sends:
+                request = b""
+                while request != b"raw request":
+                    request += server.recv(100)
+            server.sendall(b"raw answer!")
+        assert answer.result(TIMEOUT) == b"raw answer!"
+    if patched:
+        assert friendsock.stats().links_made == before.links_made
+        assert friendsock.stats().fallbacks.get("used-raw", 0) == before.fallbacks.get("used-raw", 0) + 1
+
+
 def test_pair_keeps_the_socket_contract(patched):
     with blocking_pair(patched) as (client, server):
         for sock in (client, server):

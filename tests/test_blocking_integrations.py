@@ -16,6 +16,7 @@ import threading
 import urllib.request
 from typing import Any, Iterator, List
 
+import aiohttp
 import httpx
 import pytest
 import requests
@@ -199,6 +200,28 @@ def test_threading_http_server_with_httpx_and_asyncio(patched, http_server, loop
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(asyncio.wait_for(main(), TIMEOUT * 2))
     assert _links() - before == (2 if patched else 0)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_threading_http_server_with_aiohttp_client(patched, http_server, loop_kind):
+    """aiohttp's connector connects a socket of its own (``sock_connect``),
+    then hands it over (``create_connection(sock=)``): the patched server's
+    accept, which comes first, holds the connection until the handover."""
+    base = asyncio.new_event_loop if loop_kind == "asyncio" else uvloop.new_event_loop
+
+    async def main() -> None:
+        body = os.urandom(1 << 20)
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):  # the second reuses the pooled connection
+                async with session.post(f"http://127.0.0.1:{http_server}/", data=body) as response:
+                    assert response.status == 200
+                    assert await response.read() == body
+
+    before = _links()
+    factory = (lambda: friendsock.new_event_loop(base)) if patched else base
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(asyncio.wait_for(main(), TIMEOUT * 2))
+    assert _links() - before == (1 if patched else 0)
 
 
 # -- socketserver: 64 client threads at once -----------------------------------

@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional, Tuple
 from .. import _handshake
 from .._core._errors import FriendError, LinkBrokenError
 from .._core._link import ChannelState, LinkEnd, Seen
-from .._core._registry import registry
+from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._friend_socket import FriendSocket, PairedSocketCalls
@@ -54,12 +54,13 @@ from .._handshake import (
     claim_accepted,
     confirmed,
     forget_listener,
+    go_tcp,
     make_room,
     numeric_address_infos,
     register_listener,
     wait_for_room,
 )
-from ._readiness import Readiness, Signals, leave, parker, readiness_inodes, sleep
+from ._readiness import Readiness, Signals, leave, parker, readiness_inodes, sleep, wake
 
 _ss = _socket.socket  # the C methods, below every Python override
 OriginalSocket: type = socket.socket  # the stdlib class, as it was at import
@@ -295,14 +296,50 @@ def _forget_listener(sock: FriendCapableSocket) -> None:
 def _claim(sock: FriendCapableSocket, address: Any, entry: Entry) -> None:
     """Pair the accepted ``sock`` if a friendsock client of this process made it."""
     descriptor = Descriptor(sock)
-    pending, sockname = claim_accepted(descriptor, address)  # type: ignore[arg-type]
+    pending, sockname = claim_accepted(descriptor, address, hold=True)  # type: ignore[arg-type]
     if pending is None:
         counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
+        return
+    if pending.state is PendingState.HELD and not _hold_for_client(sock, pending):
         return
     adopt_accepted(descriptor, pending)  # type: ignore[arg-type]
     become_friend(sock, pending.link.server, sockname, address, descriptor)
     if pending.on_claimed is not None:
         pending.on_claimed()
+
+
+def _hold_for_client(sock: FriendCapableSocket, pending: Pending) -> bool:
+    """The accept of a connect whose socket its user still holds (an event
+    loop's ``sock_connect``, as aiohttp's connector makes, until it hands
+    the socket to ``create_connection(sock=)``) waits for that adoption, in
+    the accepting thread: True once the link forms; False (TCP, with
+    whatever arrived still in ``sock``) when TCP bytes or EOF arrive
+    instead (the socket is used raw), or after the confirmed mode's
+    deadline."""
+    me = parker()
+    settled = [me]  # the connecting end's settling wakes us (any thread)
+    pending.on_settled = lambda state: wake(settled)
+    try:
+        poller = select.poll()
+        fd = _ss.fileno(sock)
+        poller.register(fd, select.POLLIN)
+        poller.register(me.read_fd, select.POLLIN)
+        deadline = time.monotonic() + _handshake.CONFIRM_TIMEOUT
+        # Set, then check: the connecting end may have settled it first.
+        while pending.state is PendingState.HELD:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready = dict(poller.poll(int(left * 1000) + 1))
+            if fd in ready:
+                break  # used raw
+            if me.read_fd in ready:
+                os.read(me.read_fd, 8)
+                settled[:] = [me]
+    finally:
+        pending.on_settled = None
+    # Not paired: TCP, unless it formed at the last moment.
+    return pending.state is PendingState.CLAIMED or not go_tcp(pending, Fallback.USED_RAW)
 
 
 # -- the connecting side ----------------------------------------------------------
