@@ -25,6 +25,15 @@ def read_buffer_sizes(sock: socket.socket) -> "tuple[int, int]":
     )
 
 
+def copy_buffer_sizes(sock: Any, end: LinkEnd) -> None:
+    """Copy the real socket's buffer sizes into the link's accounting:
+    ``end``'s ``sndbuf`` on what it writes, its ``rcvbuf`` on what it reads."""
+    sndbuf, rcvbuf = read_buffer_sizes(sock)
+    end.outgoing.sndbuf = sndbuf
+    end.incoming.rcvbuf = rcvbuf
+    end.incoming.capacity_changed()
+
+
 class FriendSocket:
     """Like ``asyncio.trsock.TransportSocket``: the real socket, minus the
     calls that would steal it from the transport."""
@@ -75,12 +84,8 @@ class FriendSocket:
             self.sync_buffer_sizes()
 
     def sync_buffer_sizes(self) -> None:
-        """Copy the real socket's buffer sizes into the link's accounting:
-        our ``sndbuf`` on what we write, our ``rcvbuf`` on what we read."""
-        sndbuf, rcvbuf = read_buffer_sizes(self._sock)
-        self._end.outgoing.sndbuf = sndbuf
-        self._end.incoming.rcvbuf = rcvbuf
-        self._end.incoming.capacity_changed()
+        """:func:`copy_buffer_sizes`, then tell the owner."""
+        copy_buffer_sizes(self._sock, self._end)
         if self._on_change is not None:
             self._on_change()
 

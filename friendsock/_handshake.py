@@ -82,6 +82,20 @@ def release_sockets(pid: int, *socks: socket.socket) -> None:
         sock.close()
 
 
+class SocketRelease:
+    """A link's ``on_done``: :func:`release_sockets` of its real sockets
+    (two slots, not a closure per link: idle links stay small)."""
+
+    __slots__ = ("pid", "socks")
+
+    def __init__(self, pid: int, *socks: socket.socket) -> None:
+        self.pid = pid
+        self.socks = socks
+
+    def __call__(self) -> None:
+        release_sockets(self.pid, *self.socks)
+
+
 class ListenerHandle:
     """What the registry keeps of a listener for its clients: the listening
     socket, the buffer sizes accepted sockets inherit, and the adapter's
@@ -278,8 +292,7 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
                 tap=tap_for(sockname, address))
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
                                       ClientEnd(sock, sockname, address), client_ready=not adoptable)
-    pid = _Process.pid
-    link.on_done = lambda: release_sockets(pid, sock)
+    link.on_done = SocketRelease(_Process.pid, sock)
     optimistic = entry.exclusive and only_one and not adoptable
     if not registry.add_pending(pending, establish=optimistic):
         link.on_done = None
@@ -561,8 +574,7 @@ def adopt_accepted(conn: socket.socket, pending: Pending) -> None:
     """The accepting side takes over a claimed link: both real sockets are
     released once the link is done."""
     client_sock = pending.handle.sock
-    pid = _Process.pid
-    pending.link.on_done = lambda: release_sockets(pid, conn, client_sock)
+    pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock)
     pending.link.establish()
 
 

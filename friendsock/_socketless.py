@@ -105,6 +105,11 @@ class SocketlessSocket:
     def close(self) -> None:
         pass
 
+    def give_back_port(self) -> None:
+        """A client end's, once its link is done: the port is free again
+        (a bound method, not a closure per link: idle links stay small)."""
+        _ports.give_back(self._sockname[0], self._peername[:2], self._sockname[1])
+
 
 class _PortPool:
     """Client addresses in use, taken and given back under a lock (ends on
@@ -175,7 +180,7 @@ def socketless_connect(entry: Entry, address: Any, threaded: bool) -> Pending:
     server_sock = SocketlessSocket(family, address, sockname, sndbuf, rcvbuf)
     link = Link(sndbuf, rcvbuf, sndbuf, rcvbuf, threaded=threaded, listener=entry.endpoint,
                 addresses=(sockname, address), tap=tap_for(sockname, address))
-    link.on_done = lambda: _ports.give_back(host, server, port)
+    link.on_done = client_sock.give_back_port
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
                                       ClientEnd(client_sock, sockname, address))  # type: ignore[arg-type]
     link.establish()

@@ -8,16 +8,20 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Dict, Optional, Protocol
+from typing import Any, List, Optional, Protocol
 
+from .._core._live import live_links
 from ._wakeups import DrainQueue, RemoteDrainQueue
 
 logger = logging.getLogger("friendsock")
 
 
 class LoopEnd(Protocol):
-    """A friend end living on a loop, as :meth:`LoopState.loop_closed` tears
-    it down."""
+    """A friend end living on a loop, as :meth:`LoopState.loop_closed` finds
+    it (its link end's ``owner``) and tears it down."""
+
+    _state: "LoopState"
+    _closed: bool
 
     def _unhook(self) -> None:
         """Stop taking the friend's wake-ups."""
@@ -30,7 +34,7 @@ class LoopState:
     transports and servers living on it, to tear down if the loop closes
     with them open (their friends, on other loops, must not hang)."""
 
-    __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "transports", "servers",
+    __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
                  "feeding", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -41,13 +45,9 @@ class LoopState:
         self.pid = os.getpid()
         self._loop = loop
         self._remote: Optional[RemoteDrainQueue] = None
+        # For loop_closed(), which the closing thread and a friend's thread
+        # (finding the loop closed) may both call.
         self._lock = threading.Lock()
-        # The live ends, id -> weak reference (cheaper than a WeakSet): weak,
-        # so an end left open is still collected (and warns from __del__).
-        # Ends come and go on the loop's own thread only, so no lock; the
-        # lock is for loop_closed(), which the closing thread and a friend's
-        # thread (finding the loop closed) may both call.
-        self.transports: "Dict[int, weakref.ref[LoopEnd]]" = {}
         self.servers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         # A friend's write is feeding a StreamReader on this loop right now
         # (see FriendTransport._readable): no second one inside it.
@@ -63,20 +63,32 @@ class LoopState:
                 self._remote = remote
         return remote
 
+    def _ends_here(self) -> "List[LoopEnd]":
+        """The open ends living on this loop, found through the live links
+        (their transports are their ends' ``owner``): no registry of ends
+        per loop, whose entries would weigh on every idle link."""
+        found = []
+        for link in live_links.links():
+            for end in (link.client, link.server):
+                owner = end.owner
+                if owner is not None and owner._state is self and not owner._closed:
+                    found.append(owner)
+        return found
+
     def loop_closed(self) -> None:
         """The loop closed (on whatever thread): every friend end on it goes
         away as if its process died; servers stop listening."""
         if self.pid != os.getpid():
             return
         with self._lock:
-            transports = [t for t in (ref() for ref in self.transports.values()) if t is not None]
-            self.transports = {}
+            transports = self._ends_here()
+            # Unhooked first, all of them: a friend on this same loop must
+            # not try to schedule anything on it; and a second caller finds
+            # them no more (an unhooked end has no owner).
+            for transport in transports:
+                transport._unhook()
             servers = list(self.servers)
             self.servers = weakref.WeakSet()
-        # Unhook them all first: a friend on this same loop must not try to
-        # schedule anything on it.
-        for transport in transports:
-            transport._unhook()
         for server in servers:
             server._loop_gone()
         for transport in transports:

@@ -24,14 +24,14 @@ import logging
 import os
 import socket
 import warnings
-import weakref
 from asyncio import format_helpers
 from functools import partial
-from typing import Any, Callable, Optional, Tuple
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .._core._errors import LinkBrokenError, PeerResetError
 from .._core._link import ChannelState, LinkEnd, Seen
-from .._friend_socket import FriendSocket
+from .._friend_socket import FriendSocket, copy_buffer_sizes
 from ._loop_state import LoopState, loop_state
 
 logger = logging.getLogger("friendsock")
@@ -46,6 +46,8 @@ _MAX_CHUNK = 256 * 1024
 _MAX_JOIN = 64 * 1024
 _DEFAULT_HIGH_WATER = 64 * 1024
 
+
+_NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
 
 _StreamReaderProtocol = asyncio.StreamReaderProtocol
 _StreamReader = asyncio.StreamReader
@@ -87,9 +89,13 @@ class FriendTransport(asyncio.Transport):
         "_protocol_paused",
         "_high_water",
         "_low_water",
-        "_schedule_drain",
+        "_drains",
+        "_drain_now",
         "_state",
-        "_socket_unseen",
+        "_sock",
+        "_sockname",
+        "_peername",
+        "_socket",
         "__weakref__",
     )
 
@@ -104,12 +110,13 @@ class FriendTransport(asyncio.Transport):
         server: Any = None,
         state: Optional[LoopState] = None,
     ) -> None:
-        extra = {
-            "socket": FriendSocket(sock, end, self._buffer_sizes_changed),
-            "sockname": sockname,
-            "peername": peername,
-        }
-        super().__init__(extra)
+        # Not asyncio's per-transport extra dict: what get_extra_info
+        # answers is in slots (thousands of idle links weigh less).
+        super().__init__(_NO_EXTRA)
+        self._sock = sock
+        self._sockname = sockname
+        self._peername = peername
+        self._socket: Optional[FriendSocket] = None  # made once asked for
         self._loop = loop
         self._end = end
         self._out = end.outgoing
@@ -126,22 +133,23 @@ class FriendTransport(asyncio.Transport):
         self._protocol_paused = False
         self._high_water = _DEFAULT_HIGH_WATER
         self._low_water = _DEFAULT_HIGH_WATER // 4
-        self._socket_unseen = True  # get_extra_info("socket") not asked yet
         self._state = state = state or loop_state(loop)
-        drain, add = self._drain, state.drains.add
-        self._schedule_drain = lambda: add(drain)  # from this loop's own thread
+        self._drains = state.drains
+        self._drain_now = self._drain  # bound once: scheduled per burst
         if server is not None:
             server._attach()
 
     def start(self, reading: bool = True) -> None:
         """Hook into the link and tell the protocol (its connection_made);
         with ``reading=False`` incoming bytes wait for :meth:`start_reading`."""
-        self._state.transports[id(self)] = weakref.ref(self)
+        # Found through its link by a loop that closes with it open (see
+        # LoopState.loop_closed); no registry entry per end.
+        self._end.owner = self
         self._out.attach_writer(self._hooks()[1])
         self._end.describe = self._describe_end
         # The kernel sizes a socket's buffers when the connection is set up
         # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
-        self._extra["socket"].sync_buffer_sizes()
+        copy_buffer_sizes(self._sock, self._end)
         if not self._connection_made() and not isinstance(self._loop, asyncio.BaseEventLoop):
             # uvloop starts reading only once connection_made returned.
             self._paused_reading = True
@@ -157,6 +165,10 @@ class FriendTransport(asyncio.Transport):
             return
         if self._in.attach_reader(self._hooks()[0]):
             self._schedule_drain()
+
+    def _schedule_drain(self) -> None:
+        """From this loop's own thread."""
+        self._drains.add(self._drain_now)
 
     def _hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
         """(readable, writable): what the link calls when there is
@@ -186,7 +198,7 @@ class FriendTransport(asyncio.Transport):
             finally:
                 state.feeding = False
         else:
-            self._schedule_drain()
+            self._drains.add(self._drain_now)
 
     def _connection_made(self) -> bool:
         """The protocol's connection_made, as the loop's own transports call
@@ -229,12 +241,11 @@ class FriendTransport(asyncio.Transport):
             info.append("closed")
         elif self._closing:
             info.append("closing")
-        sock = self._extra["socket"]
         try:
-            info.append(f"fd={sock.fileno()}")
+            info.append(f"fd={self._sock.fileno()}")
         except OSError:  # the real socket is already released
             pass
-        info.append(f"peer={self._extra['peername']!r}")
+        info.append(f"peer={self._peername!r}")
         info.append("read=" + ("idle" if not self.is_reading() else "polling"))
         info.append(f"queued={self._out.queued}")
         info.append(f"write_bufsize={self._out.write_buffer_size()}")
@@ -245,20 +256,28 @@ class FriendTransport(asyncio.Transport):
     def __del__(self, _warn: Any = warnings.warn) -> None:
         if not self._closed and not self._closing and self._state.pid == os.getpid():
             _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
-            self._state.transports.pop(id(self), None)
+            self._end.owner = None
             self._end.abort()
 
     # -- BaseTransport ----------------------------------------------------
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name == "socket" and self._socket_unseen:
-            # uvloop makes a transport's socket object when first asked, and
-            # none once the transport is gone; asyncio always has one.
-            if self._closed and not isinstance(self._loop, asyncio.BaseEventLoop):
-                return None
-            self._socket_unseen = False
-            # Set once somebody can look (no segment of ours is ever
-            # delayed: the bytes do not go through the socket).
-            set_nodelay(self._loop, self._extra["socket"])
+        if name == "socket":
+            wrapped = self._socket
+            if wrapped is None:
+                # uvloop makes a transport's socket object when first asked,
+                # and none once the transport is gone; asyncio always has one.
+                if self._closed and not isinstance(self._loop, asyncio.BaseEventLoop):
+                    return None
+                wrapped = self._socket = FriendSocket(self._sock, self._end,
+                                                      self._buffer_sizes_changed)
+                # Set once somebody can look (no segment of ours is ever
+                # delayed: the bytes do not go through the socket).
+                set_nodelay(self._loop, wrapped)
+            return wrapped
+        if name == "peername":
+            return self._peername
+        if name == "sockname":
+            return self._sockname
         return self._extra.get(name, default)
 
     def is_closing(self) -> bool:
@@ -550,17 +569,14 @@ class FriendTransport(asyncio.Transport):
             self._protocol.connection_lost(exc)
         finally:
             self._end.close()
-            self._end.describe = None
-            self._in.notify_readable = None
-            self._out.notify_writable = None
-            self._state.transports.pop(id(self), None)
+            self._unhook()
             server = self._server
             if server is not None:
                 self._server = None
                 server._detach()
 
     def _unhook(self) -> None:
-        self._end.describe = None
+        self._end.describe = self._end.owner = None
         self._in.notify_readable = None
         self._out.notify_writable = None
 

@@ -531,7 +531,7 @@ class LockedChannel(Channel):
 class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
-    __slots__ = ("link", "outgoing", "incoming", "closed", "describe")
+    __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner")
 
     def __init__(self, link: "Link", outgoing: Channel, incoming: Channel) -> None:
         self.link = link
@@ -541,6 +541,10 @@ class LinkEnd:
         # The adapter's account of this end for friendsock.links() (paused
         # reading and writing, its loop); None: the core's own guess.
         self.describe: Describe = None
+        # The adapter's object running this end, where the adapter finds its
+        # ends through the live links (asyncio's transport, for a loop that
+        # closes with ends open) rather than a registry of its own.
+        self.owner: Any = None
 
     # -- what this end's socket calls get ---------------------------------
     def send_error(self) -> LinkBrokenError:
