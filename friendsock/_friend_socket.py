@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ._core._errors import LinkBrokenError
 from ._core._link import LinkEnd
@@ -17,11 +17,25 @@ from ._core._link import LinkEnd
 _BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
 
 
+_sizes: Dict[int, int] = {}
+
+
+def _shared(size: int) -> int:
+    """One int object per buffer size (sockets have a handful): thousands of
+    idle links keep four each."""
+    shared = _sizes.get(size)
+    if shared is None:
+        if len(_sizes) >= 1024:
+            return size
+        shared = _sizes[size] = size
+    return shared
+
+
 def read_buffer_sizes(sock: socket.socket) -> "tuple[int, int]":
     """``(SO_SNDBUF, SO_RCVBUF)`` of a real socket."""
     return (
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+        _shared(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)),
+        _shared(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)),
     )
 
 

@@ -14,10 +14,11 @@ import errno
 import os
 import socket
 import struct
+import sys
 import threading
 from typing import Any, Callable, Optional, Tuple
 
-from ._core._addresses import flow_key
+from ._core._addresses import flow_key, shared_host
 from ._core._link import Link
 from ._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from ._core._stats import Fallback, counters
@@ -83,17 +84,23 @@ def release_sockets(pid: int, *socks: socket.socket) -> None:
 
 
 class SocketRelease:
-    """A link's ``on_done``: :func:`release_sockets` of its real sockets
-    (two slots, not a closure per link: idle links stay small)."""
+    """A link's ``on_done``: :func:`release_sockets` of its real sockets, the
+    accepted one first when there is one (slots, not a closure per link:
+    idle links stay small)."""
 
-    __slots__ = ("pid", "socks")
+    __slots__ = ("pid", "first", "second")
 
-    def __init__(self, pid: int, *socks: socket.socket) -> None:
+    def __init__(self, pid: int, first: socket.socket,
+                 second: Optional[socket.socket] = None) -> None:
         self.pid = pid
-        self.socks = socks
+        self.first = first
+        self.second = second
 
     def __call__(self) -> None:
-        release_sockets(self.pid, *self.socks)
+        if self.second is None:
+            release_sockets(self.pid, self.first)
+        else:
+            release_sockets(self.pid, self.first, self.second)
 
 
 class ListenerHandle:
@@ -234,7 +241,7 @@ def numeric_address_infos(host: Any, port: Any, family: int = 0, proto: int = 0)
         try:
             # Canonical text, as getsockname() reports it: the flow key
             # must be the one the accepting side computes.
-            host = socket.inet_ntop(af, socket.inet_pton(af, host))
+            host = sys.intern(socket.inet_ntop(af, socket.inet_pton(af, host)))
         except OSError:
             continue
         address = (host, port) if af == socket.AF_INET else (host, port, 0, 0)
@@ -286,7 +293,7 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
     """
     handle = entry.handle
     client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
-    sockname = sock.getsockname()
+    sockname = shared_host(sock.getsockname())
     link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded,
                 listener=entry.endpoint, addresses=(sockname, address),
                 tap=tap_for(sockname, address))

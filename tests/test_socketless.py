@@ -1,7 +1,7 @@
 """Socketless links (``FRIENDSOCK_SOCKETLESS=1`` / ``set_socketless(True)``):
-the transport conformance tests and the TLS tests again with no kernel
-socket under the friend path (real TCP stays the reference), and what is
-particular to them:
+the transport conformance tests, the TLS tests and the tests across loops
+in two threads again with no kernel socket under the friend path (real TCP
+stays the reference), and what is particular to them:
 no descriptor, addresses, options, many links, what stays real."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 
 import friendsock
 from support import connected_pair
+from test_threads import *  # noqa: F401,F403 (across loops in two threads, run again here)
 from test_tls import *  # noqa: F401,F403 (TLS over the link, run again here)
 from test_transport import *  # noqa: F401,F403 (the conformance tests, run again here)
 

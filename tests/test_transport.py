@@ -954,6 +954,7 @@ async def test_extra_info_and_protocol(friends):
         assert transport.get_extra_info("peername") == peer.get_extra_info("sockname")
         assert transport.get_extra_info("sockname") == peer.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
+        assert transport.get_extra_info("socket") is sock  # made once
         assert sock.getsockname() == transport.get_extra_info("sockname")
         assert sock.getpeername() == transport.get_extra_info("peername")
         assert sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM

@@ -234,7 +234,9 @@ class FriendServer(asyncio.AbstractServer):
         connection from the kernel's backlog would be."""
         loop = self._loop
         try:
-            if loop is asyncio._get_running_loop():
+            # A link on one loop is not threaded (known when it was made:
+            # no get_running_loop(), which costs a getpid() call).
+            if not link.threaded:
                 loop.call_soon(self._accept_socketless, link, sock, address)
             else:
                 loop.call_soon_threadsafe(self._accept_socketless, link, sock, address)

@@ -29,6 +29,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Tuple
 
+from .._core._addresses import shared_host
 from .._core._errors import LinkBrokenError, PeerResetError
 from .._core._link import ChannelState, LinkEnd, Seen
 from .._friend_socket import FriendSocket, copy_buffer_sizes
@@ -114,8 +115,8 @@ class FriendTransport(asyncio.Transport):
         # answers is in slots (thousands of idle links weigh less).
         super().__init__(_NO_EXTRA)
         self._sock = sock
-        self._sockname = sockname
-        self._peername = peername
+        self._sockname = shared_host(sockname)
+        self._peername = shared_host(peername)
         self._socket: Optional[FriendSocket] = None  # made once asked for
         self._loop = loop
         self._end = end
@@ -144,9 +145,8 @@ class FriendTransport(asyncio.Transport):
         with ``reading=False`` incoming bytes wait for :meth:`start_reading`."""
         # Found through its link by a loop that closes with it open (see
         # LoopState.loop_closed); no registry entry per end.
-        self._end.owner = self
+        self._end.owner = self  # (which also describes the end to links())
         self._out.attach_writer(self._hooks()[1])
-        self._end.describe = self._describe_end
         # The kernel sizes a socket's buffers when the connection is set up
         # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
         copy_buffer_sizes(self._sock, self._end)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Tuple
 
 Endpoint = Tuple[str, int]
@@ -24,6 +25,16 @@ def normalize_endpoint(address: Any) -> Endpoint:
     if host.startswith(_MAPPED_PREFIX) and "." in host:
         host = host[len(_MAPPED_PREFIX):]
     return host, address[1]
+
+
+def shared_host(address: Any) -> Any:
+    """``address`` with its host text interned: the ends of thousands of
+    idle links to one listener share one "127.0.0.1", not one each."""
+    if type(address) is tuple and address and type(address[0]) is str:
+        host = sys.intern(address[0])
+        if host is not address[0]:
+            return (host,) + address[1:]
+    return address
 
 
 def flow_key(local: Any, remote: Any) -> FlowKey:

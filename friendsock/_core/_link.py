@@ -541,9 +541,10 @@ class LinkEnd:
         # The adapter's account of this end for friendsock.links() (paused
         # reading and writing, its loop); None: the core's own guess.
         self.describe: Describe = None
-        # The adapter's object running this end, where the adapter finds its
-        # ends through the live links (asyncio's transport, for a loop that
-        # closes with ends open) rather than a registry of its own.
+        # Or the adapter's object running this end, which gives that account
+        # itself (its ``_describe_end()``), and through which the adapter
+        # finds its ends in the live links (asyncio's transport, for a loop
+        # that closes with ends open) rather than a registry of its own.
         self.owner: Any = None
 
     # -- what this end's socket calls get ---------------------------------

@@ -136,7 +136,8 @@ def _direction(channel: "Channel") -> DirectionInfo:
 
 
 def _end(end: "LinkEnd", address: Any) -> EndInfo:
-    describe = end.describe
+    owner = end.owner
+    describe = owner._describe_end if owner is not None else end.describe
     activity = describe() if describe is not None else None
     if activity is None:
         # No adapter word: a writer waiting for room asked to be woken.
