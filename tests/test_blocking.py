@@ -182,18 +182,20 @@ async def _sock_connect(port: int) -> socket.socket:
     return sock
 
 
+@pytest.mark.parametrize("listener_timeout", [TIMEOUT, 0.05])
 @pytest.mark.parametrize("client_sends", [True, False])
-def test_an_accept_held_for_a_handover_that_never_comes_is_tcp(patched, server_loop, client_sends):
+def test_an_accept_held_for_a_handover_that_never_comes_is_tcp(patched, server_loop, client_sends,
+                                                                listener_timeout):
     """A client that connects with the loop's ``sock_connect`` pairs only
     once it hands its socket to the loop (``create_connection(sock=)``);
-    the blocking accept that comes first waits for that. A client that uses
-    the socket raw instead (``client_sends``), or never hands it over,
-    leaves the accepted socket TCP, with every byte."""
+    the blocking accept that comes first waits for that (no longer than the
+    listener's own timeout). A client that uses the socket raw instead
+    (``client_sends``), or never hands it over, leaves the accepted socket
+    TCP, with every byte."""
     if patched:
         server_loop.run(_install())
     before = friendsock.stats()
     with socket.create_server((LOCALHOST, 0)) as listener:
-        listener.settimeout(TIMEOUT)
         port = listener.getsockname()[1]
 
         async def client() -> bytes:
@@ -208,8 +210,13 @@ def test_an_accept_held_for_a_handover_that_never_comes_is_tcp(patched, server_l
                 return reply
 
         answer = asyncio.run_coroutine_threadsafe(client(), server_loop.loop)
+        # Accepting only once the connection is there: a short timeout
+        # bounds the hold, never the accept itself.
+        select.select([listener], [], [], TIMEOUT)
+        listener.settimeout(listener_timeout)
         server, _ = listener.accept()
         with server:
+            server.settimeout(TIMEOUT)
             assert not friendsock.is_friend(server)
             if client_sends:
                 request = b""

@@ -222,7 +222,7 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
         if socket.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
         if entry is not None:
-            _claim(sock, address, entry)
+            _claim(sock, address, entry, self.gettimeout())
         return sock, address
 
     # An event loop taking the socket over makes it non-blocking: its own
@@ -293,14 +293,16 @@ def _forget_listener(sock: FriendCapableSocket) -> None:
         forget_listener(entry)
 
 
-def _claim(sock: FriendCapableSocket, address: Any, entry: Entry) -> None:
-    """Pair the accepted ``sock`` if a friendsock client of this process made it."""
+def _claim(sock: FriendCapableSocket, address: Any, entry: Entry,
+           timeout: Optional[float]) -> None:
+    """Pair the accepted ``sock`` if a friendsock client of this process made
+    it. ``timeout``: the listener's (None: blocking), which bounds a hold."""
     descriptor = Descriptor(sock)
     pending, sockname = claim_accepted(descriptor, address, hold=True)  # type: ignore[arg-type]
     if pending is None:
         counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
         return
-    if pending.state is PendingState.HELD and not _hold_for_client(sock, pending):
+    if pending.state is PendingState.HELD and not _hold_for_client(sock, pending, timeout):
         return
     adopt_accepted(descriptor, pending)  # type: ignore[arg-type]
     become_friend(sock, pending.link.server, sockname, address, descriptor)
@@ -308,14 +310,16 @@ def _claim(sock: FriendCapableSocket, address: Any, entry: Entry) -> None:
         pending.on_claimed()
 
 
-def _hold_for_client(sock: FriendCapableSocket, pending: Pending) -> bool:
+def _hold_for_client(sock: FriendCapableSocket, pending: Pending,
+                     timeout: Optional[float]) -> bool:
     """The accept of a connect whose socket its user still holds (an event
     loop's ``sock_connect``, as aiohttp's connector makes, until it hands
     the socket to ``create_connection(sock=)``) waits for that adoption, in
     the accepting thread: True once the link forms; False (TCP, with
     whatever arrived still in ``sock``) when TCP bytes or EOF arrive
     instead (the socket is used raw), or after the confirmed mode's
-    deadline."""
+    deadline, or the listener's own ``timeout`` if that is shorter (an
+    accept with a timeout returns within it)."""
     me = parker()
     settled = [me]  # the connecting end's settling wakes us (any thread)
     pending.on_settled = lambda state: wake(settled)
@@ -324,7 +328,10 @@ def _hold_for_client(sock: FriendCapableSocket, pending: Pending) -> bool:
         fd = _ss.fileno(sock)
         poller.register(fd, select.POLLIN)
         poller.register(me.read_fd, select.POLLIN)
-        deadline = time.monotonic() + _handshake.CONFIRM_TIMEOUT
+        wait = _handshake.CONFIRM_TIMEOUT
+        if timeout is not None:
+            wait = min(wait, timeout)
+        deadline = time.monotonic() + wait
         # Set, then check: the connecting end may have settled it first.
         while pending.state is PendingState.HELD:
             left = deadline - time.monotonic()
