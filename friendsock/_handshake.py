@@ -482,6 +482,15 @@ def confirmed(pending: Pending, claimed: bool) -> bool:
     return False
 
 
+def hold_ended(pending: Pending) -> bool:
+    """The accepting end of a HELD connect stopped waiting for the
+    connecting end's adoption (it came, bytes or EOF came raw instead, or
+    the deadline passed): whether it is a link. Not formed by now, it is
+    TCP from here on, counted ``used-raw`` (once, by whichever end withdraws
+    it first); formed at the last moment, a link after all."""
+    return pending.state is PendingState.CLAIMED or not go_tcp(pending, Fallback.USED_RAW)
+
+
 def go_tcp(pending: Pending, reason: Optional[Fallback]) -> bool:
     """A connect made or accepted by the loop's sock_* methods goes on as
     TCP, whichever end decides it: withdraw it (counted once, by the end

@@ -33,6 +33,7 @@ from .._handshake import (
     claim_accepted,
     forget_listener,
     go_tcp,
+    hold_ended,
     make_room,
     payload_moved,
     register_adoptable_connect,
@@ -275,7 +276,7 @@ async def hold_for_client(loop: asyncio.AbstractEventLoop, conn: socket.socket,
     # comes as the future completes.
     deadline = loop.call_later(_handshake.CONFIRM_TIMEOUT, settle, False)
     try:
-        paired = await settled
+        await settled
     except BaseException:
         if not go_tcp(pending, None):  # formed meanwhile: the connecting end sees us go
             pending.link.server.close()
@@ -284,5 +285,4 @@ async def hold_for_client(loop: asyncio.AbstractEventLoop, conn: socket.socket,
         deadline.cancel()
         loop.remove_reader(fd)
         pending.on_settled = None
-    # Not paired: TCP, unless it formed at the last moment.
-    return paired or not go_tcp(pending, Fallback.USED_RAW)
+    return hold_ended(pending)

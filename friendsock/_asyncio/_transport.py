@@ -198,7 +198,7 @@ class FriendTransport(asyncio.Transport):
             finally:
                 state.feeding = False
         else:
-            self._drains.add(self._drain_now)
+            self._drains.add(self._drain_now)  # _schedule_drain, inline: once per message
 
     def _connection_made(self) -> bool:
         """The protocol's connection_made, as the loop's own transports call

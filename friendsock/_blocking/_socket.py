@@ -54,7 +54,7 @@ from .._handshake import (
     claim_accepted,
     confirmed,
     forget_listener,
-    go_tcp,
+    hold_ended,
     make_room,
     numeric_address_infos,
     register_listener,
@@ -345,8 +345,7 @@ def _hold_for_client(sock: FriendCapableSocket, pending: Pending,
                 settled[:] = [me]
     finally:
         pending.on_settled = None
-    # Not paired: TCP, unless it formed at the last moment.
-    return pending.state is PendingState.CLAIMED or not go_tcp(pending, Fallback.USED_RAW)
+    return hold_ended(pending)
 
 
 # -- the connecting side ----------------------------------------------------------
