@@ -108,7 +108,8 @@ class ListenerHandle:
     socket, the buffer sizes accepted sockets inherit, and the adapter's
     per-scheduler state (a client on the same scheduler shares it)."""
 
-    __slots__ = ("sock", "sndbuf", "rcvbuf", "state", "connect_lock", "socketless_accept")
+    __slots__ = ("sock", "sndbuf", "rcvbuf", "state", "connect_lock", "socketless_accept",
+                 "socketless_close")
 
     def __init__(self, listen_sock: socket.socket, state: object) -> None:
         # A weak proxy for a listener its user owns (sock_accept's): the
@@ -123,6 +124,9 @@ class ListenerHandle:
         # called, on any thread, with the link, the server end's stand-in
         # socket and the client's address.
         self.socketless_accept: Optional[Callable[[Link, Any, Any], None]] = None
+        # Set with it by a listener that keeps such links until accepted:
+        # called once the listener pairs no more, to reset what still waits.
+        self.socketless_close: Optional[Callable[[], None]] = None
 
     def accept_queue(self) -> Tuple[int, int]:
         """The listener's accept queue: how many connections wait in it, and
@@ -602,3 +606,6 @@ def forget_listener(entry: ListenerEntry) -> None:
     for orphan in registry.remove_listener(entry):
         if orphan.link.established:
             orphan.link.server.reset()
+    close = entry.handle.socketless_close
+    if close is not None:
+        close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import itertools
 import socket
+import sys
 import threading
 from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
@@ -72,16 +73,22 @@ class SocketlessSocket:
 
     def getsockopt(self, level: int, option: int, buflen: Optional[int] = None) -> Any:
         key = (level, option)
+        if key == _SNDBUF:
+            value = self._sndbuf
+        elif key == _RCVBUF:
+            value = self._rcvbuf
+        elif key in _FIXED:
+            value = _FIXED[key]
+        elif key in _FLAGS:
+            value = (self._flags or {}).get(key, 0)
+        else:
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
         if buflen is None:
-            if key == _SNDBUF:
-                return self._sndbuf
-            if key == _RCVBUF:
-                return self._rcvbuf
-            if key in _FIXED:
-                return _FIXED[key]
-            if key in _FLAGS:
-                return (self._flags or {}).get(key, 0)
-        raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
+            return value
+        if not 0 < buflen <= 1024:
+            raise OSError("getsockopt buflen out of range")
+        # As the kernel: the option's int, as many of its bytes as asked.
+        return value.to_bytes(4, sys.byteorder, signed=True)[:buflen]
 
     def setsockopt(self, level: int, option: int, value: Any, *rest: Any) -> None:
         key = (level, option)
@@ -98,6 +105,12 @@ class SocketlessSocket:
 
     def get_inheritable(self) -> bool:
         return False
+
+    def set_inheritable(self, inheritable: bool) -> None:
+        pass  # no descriptor to pass on
+
+    def bind(self, address: Any) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")  # as a connected socket's
 
     def dup(self) -> socket.socket:
         raise OSError(errno.EOPNOTSUPP, "a socketless link has no descriptor to duplicate")
@@ -156,12 +169,13 @@ def _client_hosts(host: str) -> Iterator[str]:
 _ports = _PortPool()
 
 
-def socketless_entry(entry: Optional[Entry], kwargs: dict) -> bool:
+def socketless_entry(entry: Optional[Entry], real_socket_asked: bool) -> bool:
     """Whether a connect to the listener ``entry`` goes socketless: switched
     on, a listener that takes links that way, and nothing asked of a real
-    socket (``local_addr=``, ``sock=``)."""
-    return (entry is not None and entry.handle.socketless_accept is not None and is_socketless()
-            and kwargs.get("local_addr") is None and kwargs.get("sock") is None)
+    socket (``real_socket_asked``: a local address, a socket of the
+    caller's)."""
+    return (entry is not None and not real_socket_asked and is_socketless()
+            and entry.handle.socketless_accept is not None)
 
 
 def socketless_connect(entry: Entry, address: Any, threaded: bool) -> Pending:

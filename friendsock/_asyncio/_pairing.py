@@ -81,7 +81,7 @@ async def connect(
     exceptions: List[OSError] = []
     for af, socktype, sproto, _, address in infos:
         attempt = ConnectAttempt(address)
-        if socketless_entry(attempt.entry, kwargs):
+        if socketless_entry(attempt.entry, local_addr is not None or kwargs.get("sock") is not None):
             assert attempt.entry is not None
             made = socketless_connect(attempt.entry, address, threaded=attempt.entry.owner is not loop)
             return await start_client_end(loop, made, made.handle.sock, protocol_factory, tls,

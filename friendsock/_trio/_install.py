@@ -31,16 +31,28 @@ from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._handshake import ConnectAttempt, Entry, forget_listener, register_listener
+from .._socketless import socketless_connect, socketless_entry
 from . import _pairing
+from ._backlog import SocketlessBacklog
 from ._pairing import _pair, accept_connection, claim_connection, claimed, native_calls
 from ._run import run_state
-from ._socket import FriendTrioSocket, TrioSocketType, become_friend, stream_receive_some, stream_send_all
+from ._socket import (
+    FriendTrioSocket,
+    TrioSocketType,
+    become_friend,
+    socketless_trio_socket,
+    stream_receive_some,
+    stream_send_all,
+    stream_wait_send_all_might_not_block,
+)
 
 _SocketType = TrioSocketType
 
 _MISSING = object()
-# Where a trio socket registered as a listener keeps its registry entry.
+# Where a trio socket registered as a listener keeps its registry entry,
+# and the socketless links given to it.
 _ENTRY = "_friendsock_listener"
+_BACKLOG = "_friendsock_backlog"
 _INET = (socket.AF_INET, socket.AF_INET6)
 
 _lock = threading.Lock()
@@ -86,6 +98,7 @@ def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
     entry = register_listener(cast(socket.socket, weakref.proxy(sock)), state, owner=state.token,
                               exclusive=exclusive)
     trio_sock.__dict__[_ENTRY] = entry
+    trio_sock.__dict__[_BACKLOG] = SocketlessBacklog.serving(entry, state.token)
     state.listeners[id(trio_sock)] = entry
     weakref.finalize(trio_sock, forget_listener, entry)
     return entry
@@ -122,7 +135,11 @@ async def _socket_accept(self: Any) -> Tuple[Any, Any]:
     if not _is_tcp(self._sock) or native_calls.get():
         return await _native(_SocketType, "accept")(self)
     entry = listener_entry(self)
-    conn, address = await accept_connection(self._sock, entry)
+    conn, address, link = await accept_connection(self._sock, entry, self.__dict__.get(_BACKLOG))
+    if link is not None:  # socketless
+        trio_sock = socketless_trio_socket(conn)
+        become_friend(trio_sock, link.server, conn.getsockname(), address, run_state())
+        return trio_sock, address
     trio_sock = _pairing._trio_from_stdlib_socket(conn)
     pending, sockname = claim_connection(conn, address, entry)
     if pending is not None:
@@ -149,12 +166,22 @@ async def _socket_connect(self: Any, address: Any) -> None:
         unbound = sock.getsockname()[1] == 0
     except OSError:
         unbound = False  # closed: the native connect says so
+    token = trio.lowlevel.current_trio_token()
+    if socketless_entry(attempt.entry, not unbound):
+        await trio.lowlevel.checkpoint_if_cancelled()
+        made = socketless_connect(attempt.entry, resolved, threaded=attempt.entry.owner is not token)
+        # The socket object stays the caller's; its descriptor goes.
+        self._sock = made.handle.sock
+        sock.close()
+        client = made.handle
+        become_friend(self, made.link.client, client.sockname, client.peername, run_state())
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return
     if unbound:
         attempt.bind(sock.family, None)  # to the destination IP, to pair
     if attempt.entry is None:  # not an address of ours
         counters.fallback(attempt.fallback, resolved)
         return await native(self, resolved)
-    token = trio.lowlevel.current_trio_token()
     paired = await _pair(attempt, token, close_on_error=False)
     if paired is None:  # the listener just went away: nothing connected yet
         return await native(self, resolved)
@@ -182,10 +209,18 @@ async def _stream_send_all(self: trio.SocketStream, data: Any) -> None:
     return await _native(trio.SocketStream, "send_all")(self, data)
 
 
+async def _stream_wait_send_all_might_not_block(self: trio.SocketStream) -> None:
+    sock = self.socket
+    if type(sock) is FriendTrioSocket:
+        return await stream_wait_send_all_might_not_block(self, sock)
+    return await _native(trio.SocketStream, "wait_send_all_might_not_block")(self)
+
+
 def _patches() -> List[Tuple[Any, str, Any]]:
     return [
         (trio.SocketStream, "receive_some", _stream_receive_some),
         (trio.SocketStream, "send_all", _stream_send_all),
+        (trio.SocketStream, "wait_send_all_might_not_block", _stream_wait_send_all_might_not_block),
         (trio.socket, "from_stdlib_socket", _from_stdlib_socket),
         (_SocketType, "listen", _socket_listen),
         (_SocketType, "close", _socket_close),

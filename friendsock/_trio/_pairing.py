@@ -19,6 +19,7 @@ import trio
 
 from .. import _handshake
 from .._core._registry import registry
+from .._core._link import Link
 from .._core._stats import Fallback, counters
 from .._handshake import (
     ConnectAttempt,
@@ -37,6 +38,8 @@ from .._handshake import (
     wait_for_room,
     why_not_friends,
 )
+from .._socketless import socketless_connect, socketless_entry
+from ._backlog import SocketlessBacklog
 from ._run import RunState, run_state
 from ._stream import FriendStream
 
@@ -93,13 +96,14 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         # Bound by us without SO_REUSEPORT: a connect to it can only land here.
         self._entry: Optional[Entry] = register_listener(sock, state, owner=state.token,
                                                          exclusive=True)
+        self._backlog = SocketlessBacklog.serving(self._entry, state.token)
         state.listeners[id(self)] = self._entry
 
     def __repr__(self) -> str:
         return f"<friendsock.trio.FriendListener {self.socket!r}>"
 
     async def accept(self) -> trio.abc.HalfCloseableStream:
-        return await accept_stream(self._sock, self._entry, self._state)
+        return await accept_stream(self._sock, self._entry, self._backlog, self._state)
 
     async def aclose(self) -> None:
         self._forget()
@@ -115,19 +119,25 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
 
 
 async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
+                        backlog: SocketlessBacklog,
                         state: RunState) -> trio.abc.HalfCloseableStream:
     """``trio.SocketListener.accept`` on ``listen_sock``: a
     :class:`FriendStream` for a friendsock client of this process (a connect
-    to the listener ``entry``), a ``trio.SocketStream`` for anyone else."""
+    to the listener ``entry``, or a socketless link from ``backlog``), a
+    ``trio.SocketStream`` for anyone else."""
     while True:
         try:
-            conn, address = await accept_connection(listen_sock, entry)
+            conn, address, link = await accept_connection(listen_sock, entry, backlog)
         except OSError as exc:
             if exc.errno in _CLOSED_ERRNOS:
                 raise trio.ClosedResourceError from None
             if exc.errno not in _IGNORABLE_ACCEPT_ERRNOS:
                 raise
         else:
+            if link is not None:
+                stream = FriendStream(link.server, conn, conn.getsockname(), address, state)
+                stream.start()
+                return stream
             pending, sockname = claim_connection(conn, address, entry)
             if pending is None:
                 return _socket_stream(conn)
@@ -137,27 +147,37 @@ async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
             return stream
 
 
-async def accept_connection(listen_sock: socket.socket,
-                            entry: Optional[Entry]) -> Tuple[socket.socket, Any]:
+async def accept_connection(listen_sock: socket.socket, entry: Optional[Entry],
+                            backlog: Optional[SocketlessBacklog]) -> Tuple[Any, Any, Optional[Link]]:
     """``accept()`` on the real listening socket, as trio's socket does it
-    (a checkpoint; closing the socket wakes it with ClosedResourceError).
-    The connection comes back non-blocking; connects held back by the
-    listener ``entry``'s full accept queue may go on now."""
+    (a checkpoint; closing the socket wakes it with ClosedResourceError):
+    the connection, non-blocking, its address and None; connects held back
+    by the listener ``entry``'s full accept queue may go on now. Or a
+    socketless link waiting in ``backlog``: its server end's stand-in
+    socket, the client's address and the link."""
     await trio.lowlevel.checkpoint_if_cancelled()
     parked = False
     while True:
+        if backlog is not None and (arrived := backlog.take()) is not None:
+            if not parked:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return arrived
         try:
             conn, address = listen_sock.accept()
             break
         except BlockingIOError:
-            await trio.lowlevel.wait_readable(listen_sock)
+            if backlog is None:
+                await trio.lowlevel.wait_readable(listen_sock)
+            else:
+                with backlog.waiting():
+                    await trio.lowlevel.wait_readable(listen_sock)
             parked = True
     if entry is not None:
         make_room(entry)
     if not parked:
         await trio.lowlevel.cancel_shielded_checkpoint()
     conn.setblocking(False)
-    return conn, address
+    return conn, address, None
 
 
 def claim_connection(conn: socket.socket, address: Any,
@@ -311,6 +331,12 @@ async def _connect(host: Union[str, bytes], port: int,
         entry = attempt.entry
         if entry is None:
             continue
+        if socketless_entry(entry, local_address is not None):
+            await trio.lowlevel.checkpoint_if_cancelled()
+            made = socketless_connect(entry, address, threaded=entry.owner is not token)
+            stream = _start_client(made, made.handle.sock)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return stream
         where = entry.endpoint
         sock = attempt.open(af, socktype, proto)  # socket() errors are raised: no fallback
         try:

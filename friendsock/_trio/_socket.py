@@ -211,6 +211,16 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         self.close()  # not the real socket's __exit__: the link owns it
 
 
+def socketless_trio_socket(stand_in: Any) -> Any:
+    """A ``trio.socket`` socket object over a socketless end's stand-in
+    socket, to become a friend socket (trio's own constructor takes a real
+    socket only)."""
+    trio_sock: Any = object.__new__(TrioSocketType)
+    trio_sock._sock = stand_in
+    trio_sock._did_shutdown_SHUT_WR = False
+    return trio_sock
+
+
 def become_friend(trio_sock: Any, end: LinkEnd, sockname: Any, peername: Any,
                   state: RunState) -> FriendTrioSocket:
     """Turn the ``trio.socket`` socket ``trio_sock`` (its real socket connected
@@ -250,6 +260,18 @@ async def stream_receive_some(sock: FriendTrioSocket, max_bytes: Optional[int]) 
         return await sock._receive(max_bytes)
     except OSError as exc:
         raise stream_error(exc) from None
+
+
+async def stream_wait_send_all_might_not_block(stream: trio.SocketStream,
+                                               sock: FriendTrioSocket) -> None:
+    # trio's own takes fileno() == -1 for closed: a socketless end's always is.
+    with stream._send_conflict_detector:
+        if sock._closed:
+            raise trio.ClosedResourceError
+        try:
+            await sock.wait_writable()
+        except OSError as exc:
+            raise stream_error(exc) from None
 
 
 async def stream_send_all(stream: trio.SocketStream, sock: FriendTrioSocket, data: Any) -> None:
