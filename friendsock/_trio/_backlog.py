@@ -9,9 +9,8 @@ the kernel's backlog.
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
-from typing import Any, Deque, Iterator, Optional, Tuple
+from typing import Any, Deque, Optional, Tuple
 
 import trio
 
@@ -28,7 +27,7 @@ class SocketlessBacklog:
     its run over) resets what still waits, as the kernel resets a closing
     backlog."""
 
-    __slots__ = ("_token", "_arrived", "_closed", "_lock", "_waiter")
+    __slots__ = ("_token", "_arrived", "_closed", "_lock", "_waiting_on", "_woken")
 
     def __init__(self, token: trio.lowlevel.TrioToken) -> None:
         self._token = token
@@ -36,7 +35,10 @@ class SocketlessBacklog:
         self._closed = False
         # close() may come from another thread (a finalizer).
         self._lock = threading.Lock()
-        self._waiter: Optional[trio.CancelScope] = None  # an accept() waiting
+        # The listening socket an accept() waits on, and whether it was woken
+        # for a link that arrived here.
+        self._waiting_on: Optional[Any] = None
+        self._woken = False
 
     @classmethod
     def serving(cls, entry: Entry, token: trio.lowlevel.TrioToken) -> "SocketlessBacklog":
@@ -61,9 +63,12 @@ class SocketlessBacklog:
         with self._lock:
             if not self._closed:
                 self._arrived.append((sock, address, link))
-                waiter = self._waiter
-                if waiter is not None:
-                    waiter.cancel()
+                waiting_on = self._waiting_on
+                if waiting_on is not None and not self._woken:
+                    # trio's own wake-up of a socket's waiter: no cancel scope
+                    # to enter and leave on every accept that waits.
+                    self._woken = True
+                    trio.lowlevel.notify_closing(waiting_on)
                 return
         link.server.reset()
 
@@ -74,17 +79,18 @@ class SocketlessBacklog:
         with self._lock:
             return self._arrived.popleft() if self._arrived else None
 
-    @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
-        """A scope for an ``accept()`` waiting on the real listening socket,
-        cut short when a link arrives here."""
-        scope = trio.CancelScope()
-        self._waiter = scope
+    async def wait_readable(self, listen_sock: Any) -> None:
+        """``trio.lowlevel.wait_readable(listen_sock)`` for an ``accept()``,
+        which also returns once a link arrives here."""
+        self._waiting_on = listen_sock
         try:
-            with scope:
-                yield
+            await trio.lowlevel.wait_readable(listen_sock)
+        except trio.ClosedResourceError:
+            if not self._woken:  # really closed
+                raise
         finally:
-            self._waiter = None
+            self._waiting_on = None
+            self._woken = False
 
     def close(self) -> None:
         with self._lock:

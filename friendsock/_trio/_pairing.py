@@ -169,8 +169,7 @@ async def accept_connection(listen_sock: socket.socket, entry: Optional[Entry],
             if backlog is None:
                 await trio.lowlevel.wait_readable(listen_sock)
             else:
-                with backlog.waiting():
-                    await trio.lowlevel.wait_readable(listen_sock)
+                await backlog.wait_readable(listen_sock)
             parked = True
     if entry is not None:
         make_room(entry)
@@ -459,14 +458,16 @@ async def _confirm(pending: Pending, sock: socket.socket, token: trio.lowlevel.T
     claims the connect (True). Anything arriving on the real socket means
     another process accepted it; so does silence past the deadline (False:
     the connection goes on as plain TCP)."""
-    claimed = False
-    # One wait, on the real socket, which the claim cuts short.
-    wait = trio.move_on_after(_handshake.CONFIRM_TIMEOUT)
+    claimed = waiting = False
 
     def on_claim() -> None:
         nonlocal claimed
         claimed = True
-        wait.cancel()
+        if waiting:
+            # One wait, on the real socket, which the claim cuts short with
+            # trio's own wake-up of a socket's waiter (cheaper than
+            # cancelling a scope).
+            trio.lowlevel.notify_closing(sock)
 
     def claimed_elsewhere() -> None:  # on the accepting thread
         try:
@@ -476,9 +477,16 @@ async def _confirm(pending: Pending, sock: socket.socket, token: trio.lowlevel.T
 
     call_on_claim(pending, on_claim, claimed_elsewhere)
     try:
-        with wait:
+        with trio.move_on_after(_handshake.CONFIRM_TIMEOUT):
             if not claimed:
-                await trio.lowlevel.wait_readable(sock)
+                waiting = True
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except trio.ClosedResourceError:
+                    if not claimed:  # its user closed it
+                        raise
+                finally:
+                    waiting = False
     except BaseException:
         # Withdrawn: the socket closes; claimed meanwhile: the server end
         # sees us go away.
