@@ -92,7 +92,7 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
             for loop, per_transport in per_loop.items():
                 # The memory floor: some tables, not on anyio.
                 floor = loop != "anyio" and key in MEMORY_CASE_KEYS
-                socketless = loop in ("asyncio", "uvloop") and key in SOCKETLESS_CASE_KEYS
+                socketless = key in SOCKETLESS_CASE_KEYS
                 transports = ({"tcp", "unix", "friends"} | ({"memory"} if floor else set())
                               | ({"socketless"} if socketless else set()))
                 assert set(per_transport) == transports, (key, param, loop)
@@ -323,11 +323,13 @@ def test_trio_loop_alone(tmp_path, capsys):
     assert set(data["tests"]) == TRIO_CASE_KEYS
     for key, test in data["tests"].items():
         cells = test["results"]["64"]["trio"]
-        assert list(cells) == ["tcp", "unix", "friends", "memory"]
+        socketless = ["socketless"] if key in SOCKETLESS_CASE_KEYS else []
+        assert list(cells) == ["tcp", "unix", "friends", *socketless, "memory"]
         for transport, cell in cells.items():
             assert cell["error"] is None, (key, transport, cell["error"])
             assert cell["median"] >= 0 and len(cell["rounds"]) == 1
-        assert cells["friends"]["friend_verified"] is True, (key, cells["friends"]["notes"])
+        for transport in ["friends", *socketless]:
+            assert cells[transport]["friend_verified"] is True, (key, transport, cells[transport]["notes"])
         assert cells["memory"]["friend_verified"] is None
     _check_targets(data, met_known=True, loops=("trio",))
     for title in ("stream — ", "rr — ", "crr — ", "targets"):
@@ -349,11 +351,13 @@ def test_anyio_loop_alone(tmp_path, capsys):
     assert set(data["tests"]) == TRIO_CASE_KEYS
     for key, test in data["tests"].items():
         cells = test["results"]["64"]["anyio"]
-        assert list(cells) == ["tcp", "unix", "friends"]
+        socketless = ["socketless"] if key in SOCKETLESS_CASE_KEYS else []
+        assert list(cells) == ["tcp", "unix", "friends", *socketless]
         for transport, cell in cells.items():
             assert cell["error"] is None, (key, transport, cell["error"])
             assert cell["median"] >= 0 and len(cell["rounds"]) == 1
-        assert cells["friends"]["friend_verified"] is True, (key, cells["friends"]["notes"])
+        for transport in ["friends", *socketless]:
+            assert cells[transport]["friend_verified"] is True, (key, transport, cells[transport]["notes"])
         assert cells["tcp"]["friend_verified"] is None
     _check_targets(data, met_known=True, loops=("anyio",))
     assert not friendsock.trio.is_installed()

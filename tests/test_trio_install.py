@@ -394,6 +394,7 @@ async def test_check_half_closeable_stream_over_trio_sockets(installed):
 
 def test_uninstall_restores_the_exact_objects():
     places = [
+        (anyio, "create_tcp_listener"),
         (trio.socket, "from_stdlib_socket"),
         (_SocketType, "listen"),
         (_SocketType, "close"),
@@ -489,6 +490,41 @@ def test_anyio_connect_tcp_and_create_tcp_listener_pair(installed, backend, pati
     after = friendsock.stats()
     assert after.links_made - before.links_made == (1 if installed else 0)
     assert after.fallbacks == before.fallbacks
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("reuse_port", [False, True])
+async def test_anyio_listeners_pair_from_connect_on_unless_reuse_port(installed, reuse_port, monkeypatch):
+    """anyio's create_tcp_listener makes its sockets itself, in this process:
+    as trio's own, a connect pairs from connect() on, so connect-then-accept
+    in one task pairs. With reuse_port=True another process may listen on
+    the port too: the connect waits for a claim, which a task that accepts
+    only afterwards never gives in time (TCP, counted unconfirmed). A
+    socketless connect has no kernel connection another process could
+    take: it pairs at once either way."""
+    from friendsock import _handshake
+
+    monkeypatch.setattr(_handshake, "CONFIRM_TIMEOUT", 0.05)
+    socketless = installed and friendsock.is_socketless()
+    paired = installed and (socketless or not reuse_port)
+    before = friendsock.stats()
+    multi = await anyio.create_tcp_listener(local_host=LOCALHOST, reuse_port=reuse_port)
+    async with multi:
+        listener = multi.listeners[0]
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        with trio.fail_after(TIMEOUT):
+            async with await anyio.connect_tcp(LOCALHOST, port) as client, \
+                    await listener.accept() as server:
+                await client.send(b"one task")
+                assert await server.receive() == b"one task"
+                for stream in (client, server):
+                    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                    assert fst.is_friend(stream._trio_socket) is paired  # anyio's trio socket
+                    assert (sock.fileno() >= 0) is not socketless
+    after = friendsock.stats()
+    assert after.links_made - before.links_made == (1 if paired else 0)
+    unconfirmed = after.fallbacks.get("unconfirmed", 0) - before.fallbacks.get("unconfirmed", 0)
+    assert unconfirmed == (1 if installed and reuse_port and not socketless else 0)
 
 
 @pytest.fixture(scope="module")
@@ -734,3 +770,37 @@ def test_a_whole_unchanged_trio_program_pairs(tmp_path, how):
     import json
 
     assert json.loads(report.read_text())["links_made"] == 1
+
+
+def test_anyio_imported_after_the_switch_is_patched_too(tmp_path):
+    """FRIENDSOCK_INSTALL=1 puts the trio patches in as trio is imported;
+    anyio, imported later, gets its own then: its listener pairs a connect
+    made before the accept in the same task (a shared listener would leave
+    it waiting for a claim, then TCP)."""
+    program = tmp_path / "program.py"
+    program.write_text(textwrap.dedent("""
+        import trio
+        import anyio
+        import anyio.abc
+        import friendsock
+
+        async def main():
+            multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+            async with multi:
+                listener = multi.listeners[0]
+                port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                async with await anyio.connect_tcp("127.0.0.1", port) as client, \\
+                        await listener.accept() as server:
+                    await client.send(b"late import")
+                    assert await server.receive() == b"late import"
+            stats = friendsock.stats()
+            print(stats.links_made, dict(stats.fallbacks))
+
+        anyio.run(main, backend="trio")
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRIENDSOCK")}
+    env["FRIENDSOCK_INSTALL"] = "1"
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "1 {}\n"

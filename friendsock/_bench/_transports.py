@@ -20,15 +20,15 @@ import functools
 import itertools
 import os
 import ssl
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import friendsock
 
 TRANSPORTS = ("tcp", "unix", "friends", "socketless", "memory")
 # Transports whose connections must be friend links (verified per round).
 FRIEND_TRANSPORTS = ("friends", "socketless")
-# Socketless links (friendsock.set_socketless): the asyncio loops, in these
-# tables (connection set-up, request/response, idle links).
+# Socketless links (friendsock.set_socketless), in these tables (connection
+# set-up, request/response, idle links; on trio and anyio, of these: rr and crr).
 SOCKETLESS_CASES = ("rr", "crr", "streams-rr", "memory-heap", "memory-rss")
 LOOPS = ("asyncio", "uvloop", "trio", "anyio")
 # Loops that run under trio.run: trio's own API, and anyio's on its trio
@@ -64,7 +64,7 @@ def loop_transports(kind: str, transports: Sequence[str],
     ``case_key``; without one, in any)."""
     def runs(transport: str) -> bool:
         if transport == "socketless":
-            return kind not in TRIO_LOOPS and (case_key is None or case_key in SOCKETLESS_CASES)
+            return case_key is None or case_key in SOCKETLESS_CASES
         if transport != "memory":
             return True
         return kind != "anyio" and (case_key is None or case_key in MEMORY_CASES)
@@ -104,6 +104,28 @@ def tls_contexts() -> TLSContexts:
 # Socketless connects in progress, and the switch before the first of them.
 _socketless_connects = 0
 _socketless_before = False
+
+
+@contextlib.contextmanager
+def socketless_connects(transport: str) -> Iterator[None]:
+    """Socketless connects for the socketless transport (any other: as it
+    is): the switch is read as a connect starts, and connects overlap
+    (``multi``), so it is on while any of them runs and back as it was
+    after the last. On the loop's thread."""
+    if transport != "socketless":
+        yield
+        return
+    global _socketless_connects, _socketless_before
+    if _socketless_connects == 0:
+        _socketless_before = friendsock.is_socketless()
+        friendsock.set_socketless(True)
+    _socketless_connects += 1
+    try:
+        yield
+    finally:
+        _socketless_connects -= 1
+        if _socketless_connects == 0:
+            friendsock.set_socketless(_socketless_before)
 
 
 class Endpoint:
@@ -167,25 +189,8 @@ class Endpoint:
             return await friendsock.open_connection(HOST, self.port, friends=self.friends,
                                                     **self._connect_tls)
 
-    @contextlib.contextmanager
-    def _socketless(self) -> Iterator[None]:
-        """Socketless connects for the socketless transport: the switch is
-        read as a connect starts, and connects overlap (``multi``), so it
-        is on while any of them runs and back as it was after the last."""
-        if self.transport != "socketless":
-            yield
-            return
-        global _socketless_connects, _socketless_before
-        if _socketless_connects == 0:
-            _socketless_before = friendsock.is_socketless()
-            friendsock.set_socketless(True)
-        _socketless_connects += 1
-        try:
-            yield
-        finally:
-            _socketless_connects -= 1
-            if _socketless_connects == 0:
-                friendsock.set_socketless(_socketless_before)
+    def _socketless(self) -> ContextManager[None]:
+        return socketless_connects(self.transport)
 
     async def close(self) -> None:
         """Stop listening (on the server's loop). Connections stay up."""

@@ -14,6 +14,7 @@ Transports:
 - ``unix``: a ``trio.SocketListener`` on an AF_UNIX trio socket /
   ``trio.open_unix_socket``;
 - ``friends``: ``friendsock.trio.serve_tcp`` / ``friendsock.trio.open_tcp_stream``;
+- ``socketless``: the same, its connects socketless (``rr`` and ``crr``);
 - ``memory``: ``trio.testing.memory_stream_pair()``, the in-memory stream
   users pick today (both ends are in the process anyway).
 
@@ -21,7 +22,7 @@ The ``anyio`` loop runs the same workloads through anyio's API on its trio
 backend (``anyio.create_tcp_listener`` / ``anyio.connect_tcp``, and
 ``anyio.connect_unix``): ``friends`` there is that same unchanged code with
 ``friendsock.trio.install()`` in force for the round, as a user switches it
-on. anyio's streams are driven through a thin adapter (``send_all``,
+on (``socketless``: and its connects socketless). anyio's streams are driven through a thin adapter (``send_all``,
 ``receive_some``), the same on every transport.
 """
 
@@ -44,7 +45,7 @@ except ImportError:  # only the anyio loop needs it
 
 import friendsock
 
-from ._transports import BACKLOG, HOST, TRANSPORTS
+from ._transports import BACKLOG, FRIEND_TRANSPORTS, HOST, TRANSPORTS, socketless_connects
 from ._workloads import Sample, fallback_delta, moved_verdict
 
 # How long a round waits for a server end to appear or close.
@@ -114,7 +115,7 @@ class TrioEndpoint:
         self._tmpdir = tmpdir
         self.port: Optional[int] = None
         self.path: Optional[str] = None
-        self._api: Any = friends_api() if transport == "friends" else None
+        self._api: Any = friends_api() if transport in FRIEND_TRANSPORTS else None
         self._installed = False
         self._nursery: Optional[trio.Nursery] = None
         self._handler: Optional[Handler] = None
@@ -135,7 +136,7 @@ class TrioEndpoint:
             listeners = await nursery.start(functools.partial(
                 trio.serve_tcp, handler, 0, host=HOST, backlog=BACKLOG))
             self.port = listeners[0].socket.getsockname()[1]
-        elif transport == "friends":
+        elif transport in FRIEND_TRANSPORTS:
             listeners = await nursery.start(functools.partial(
                 self._api.serve_tcp, handler, 0, host=HOST, backlog=BACKLOG))
             self.port = listeners[0].socket.getsockname()[1]
@@ -154,7 +155,7 @@ class TrioEndpoint:
             self._handler = handler
 
     async def _serve_anyio(self, nursery: trio.Nursery, handler: Handler) -> None:
-        if self.transport == "friends":
+        if self.transport in FRIEND_TRANSPORTS:
             self._api.install()
             self._installed = True
         listener: Any
@@ -182,11 +183,13 @@ class TrioEndpoint:
                 assert self.path is not None, "serve() first"
                 return AnyioStream(await anyio.connect_unix(self.path))
             assert self.port is not None, "serve() first"
-            return AnyioStream(await anyio.connect_tcp(HOST, self.port))
+            with socketless_connects(transport):
+                return AnyioStream(await anyio.connect_tcp(HOST, self.port))
         if transport == "tcp":
             return await trio.open_tcp_stream(HOST, self.port)
-        if transport == "friends":
-            return await self._api.open_tcp_stream(HOST, self.port)
+        if transport in FRIEND_TRANSPORTS:
+            with socketless_connects(transport):
+                return await self._api.open_tcp_stream(HOST, self.port)
         if transport == "unix":
             return await trio.open_unix_socket(self.path)
         assert self._nursery is not None and self._handler is not None
@@ -284,7 +287,7 @@ class TrioWorkload:
 
     def _links_verdict(self, ends: List[Any], before: friendsock.FriendStats,
                        endpoint: TrioEndpoint) -> Tuple[Optional[bool], Optional[str]]:
-        if self.transport != "friends":
+        if self.transport not in FRIEND_TRANSPORTS:
             return None, None
         friends = sum(1 for end in ends if endpoint.is_friend(end))
         made = friendsock.stats().links_made - before.links_made
@@ -430,7 +433,7 @@ class TrioCRRWorkload(TrioWorkload):
                 stream = await endpoint.connect()
                 state.opened += 1
                 try:
-                    if self.transport == "friends" and not endpoint.is_friend(stream):
+                    if self.transport in FRIEND_TRANSPORTS and not endpoint.is_friend(stream):
                         state.not_friend += 1
                     await stream.send_all(payload)
                     await _receive_exactly(stream, size)
@@ -450,7 +453,7 @@ class TrioCRRWorkload(TrioWorkload):
             endpoint.close()
         ok: Optional[bool] = None
         note: Optional[str] = None
-        if self.transport == "friends":
+        if self.transport in FRIEND_TRANSPORTS:
             made = friendsock.stats().links_made - before.links_made
             ok = (state.not_friend == 0 and tally.friend_ends == state.opened
                   and made >= state.opened)

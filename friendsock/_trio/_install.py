@@ -20,10 +20,12 @@ trio function a module imported by name before ``install()``:
 
 from __future__ import annotations
 
+import contextvars
 import socket
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple, cast
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import trio
 
@@ -31,6 +33,7 @@ from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._handshake import ConnectAttempt, Entry, forget_listener, register_listener
+from .._imports import when_imported
 from .._socketless import socketless_connect, socketless_entry
 from . import _pairing
 from ._backlog import SocketlessBacklog
@@ -57,6 +60,14 @@ _INET = (socket.AF_INET, socket.AF_INET6)
 
 _lock = threading.Lock()
 _saved: Optional[Dict[Tuple[Any, str], Any]] = None  # None: not installed
+_cancel_anyio_hook: Optional[Callable[[], None]] = None
+
+# Set while anyio's create_tcp_listener runs: it makes its listening sockets
+# itself, in this process, and hands them to from_stdlib_socket at once, so
+# they are registered as trio's own are (exclusive unless SO_REUSEPORT says
+# not): its clients pair from connect() on instead of waiting for a claim.
+_anyio_makes_listeners: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
+    "friendsock_anyio_makes_listeners", default=False)
 
 
 def _native(owner: Any, name: str) -> Any:
@@ -124,8 +135,31 @@ def _socket_close(self: Any) -> None:
 def _from_stdlib_socket(sock: socket.socket) -> Any:
     trio_sock = _pairing._trio_from_stdlib_socket(sock)
     if _is_tcp(sock):
-        listener_entry(trio_sock)
+        listener_entry(trio_sock, exclusive=_anyio_makes_listeners.get())
     return trio_sock
+
+
+_anyio_create_tcp_listener_native: Any = None  # anyio's own, found at the patch
+
+
+async def _anyio_create_tcp_listener(*args: Any, **kwargs: Any) -> Any:
+    token = _anyio_makes_listeners.set(True)
+    try:
+        return await _anyio_create_tcp_listener_native(*args, **kwargs)
+    finally:
+        _anyio_makes_listeners.reset(token)
+
+
+def _patch_anyio(anyio: ModuleType) -> None:
+    """The anyio patch, once anyio is imported (at install, if it was)."""
+    global _anyio_create_tcp_listener_native
+    with _lock:
+        if _saved is not None and (anyio, "create_tcp_listener") not in _saved:
+            # anyio's package finds its names lazily (a module __getattr__):
+            # what to put back is "nothing", what to call is what it finds.
+            _saved[(anyio, "create_tcp_listener")] = vars(anyio).get("create_tcp_listener", _MISSING)
+            _anyio_create_tcp_listener_native = anyio.create_tcp_listener  # type: ignore[attr-defined]
+            anyio.create_tcp_listener = _anyio_create_tcp_listener  # type: ignore[attr-defined]
 
 
 # -- sockets that connect and accept themselves --------------------------------------
@@ -238,7 +272,7 @@ def install() -> None:
     """From now on, in this process, unchanged trio code pairs: trio's own
     functions and sockets, and what is built on them (anyio's trio backend,
     hypercorn's trio worker, httpx on trio). Idempotent."""
-    global _saved
+    global _saved, _cancel_anyio_hook
     with _lock:
         if _saved is not None:
             return
@@ -247,13 +281,18 @@ def install() -> None:
             saved[(owner, name)] = vars(owner).get(name, _MISSING)
             setattr(owner, name, value)
         _saved = saved
+    # anyio is patched when the program imports it (now, if it has).
+    _cancel_anyio_hook = when_imported("anyio", _patch_anyio)
 
 
 def uninstall() -> None:
     """Undo :func:`install`: trio's own objects are back, exactly. Listeners
     registered meanwhile stop pairing as they close; links already made stay
     friends until closed."""
-    global _saved
+    global _saved, _cancel_anyio_hook
+    cancel, _cancel_anyio_hook = _cancel_anyio_hook, None
+    if cancel is not None:
+        cancel()
     with _lock:
         saved = _saved
         if saved is None:
