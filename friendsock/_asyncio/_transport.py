@@ -191,10 +191,12 @@ class FriendTransport(asyncio.Transport):
         protocol = self._protocol
         state = self._state
         if type(protocol) is _StreamReaderProtocol and not state.feeding and \
-                type(protocol._stream_reader) is _StreamReader:
+                type(reader := protocol._stream_reader) is _StreamReader:
             state.feeding = True
             try:
-                self._drain()
+                # The reader's feed_data() is all its protocol's
+                # data_received() does with bytes: called directly.
+                self._drain(reader.feed_data)
             finally:
                 state.feeding = False
         else:
@@ -317,11 +319,12 @@ class FriendTransport(asyncio.Transport):
         self._paused_reading = False
         self._schedule_drain()
 
-    def _drain(self) -> None:
+    def _drain(self, receive: Optional[Callable[[bytes], None]] = None) -> None:
         """Deliver what is queued now, then EOF or the reset if that is all
         that is left. A push from here on schedules the next drain: a writer
         refilling from resume_writing() (called from this loop) must not
-        keep the event loop in one callback forever."""
+        keep the event loop in one callback forever. ``receive``: what takes
+        the bytes, if not the protocol's ``data_received``."""
         if self._paused_reading or self._closing or self._eof_delivered:
             # The notification stays taken: no wake-ups while paused
             # (resume_reading() drains), nor after EOF, when asyncio stops
@@ -336,7 +339,10 @@ class FriendTransport(asyncio.Transport):
                 # The first chunk with the same lock round trip as begin_drain.
                 data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
                 while data:
-                    self._protocol.data_received(data)  # type: ignore[attr-defined]
+                    if receive is None:  # looked up each time: set_protocol() may come
+                        self._protocol.data_received(data)  # type: ignore[attr-defined]
+                    else:
+                        receive(data)
                     if self._paused_reading or self._closing:
                         return
                     if budget <= 0 or not channel.queued:
