@@ -11,7 +11,6 @@ adapter asks :func:`socketless_entry` whether the listener it reaches can.
 from __future__ import annotations
 
 import errno
-import itertools
 import socket
 import sys
 import threading
@@ -134,7 +133,9 @@ class _PortPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._used: Dict[Tuple[str, Any], Set[int]] = {}
-        self._next = itertools.cycle(_PORTS)
+        # Where the next port is looked for (not itertools.cycle: it keeps a
+        # copy of every port it has handed out, 28,000 ints).
+        self._cursor = 0
 
     def take(self, host: str, server: Any) -> Tuple[str, int]:
         with self._lock:
@@ -142,7 +143,8 @@ class _PortPool:
                 used = self._used.setdefault((client_host, server), set())
                 if len(used) < len(_PORTS):
                     while True:
-                        port = next(self._next)
+                        port = _PORTS[self._cursor]
+                        self._cursor = (self._cursor + 1) % len(_PORTS)
                         if port not in used:
                             used.add(port)
                             return client_host, port

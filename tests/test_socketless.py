@@ -97,6 +97,55 @@ async def test_many_links_use_no_descriptors_and_leave_nothing_behind(friends):
     assert friendsock.stats().links_made - before.links_made == (count if friends else 0)
 
 
+async def test_100000_links_opened_and_closed_leave_nothing_behind(friends):
+    """100,000 socketless links (1,000 open at a time), each closed by both
+    ends: no live link, no descriptor, and nothing kept per link: the heap
+    after the second 50,000 is where it was after the first (whatever
+    Python's own caches took by then). TCP, the reference, runs a few
+    hundred: its ports would sit in TIME_WAIT."""
+    total, batch = (100_000, 1_000) if friends else (400, 100)
+    server_ends = []
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport):
+            server_ends.append(transport)
+
+    server = await friendsock.create_server(Server, "127.0.0.1", 0, friends=friends, backlog=4096)
+    port = server.sockets[0].getsockname()[1]
+
+    async def open_and_close(count: int) -> None:
+        clients = [(await friendsock.create_connection(asyncio.Protocol, "127.0.0.1", port,
+                                                         friends=friends))[0]
+                   for _ in range(count)]
+        await asyncio.sleep(0)
+        assert len(server_ends) == count
+        for transport in clients + server_ends:
+            transport.close()
+        server_ends.clear()
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    try:
+        await open_and_close(batch)  # what the first links make once
+        gc.collect()
+        before_fds = open_descriptors()
+        before = friendsock.stats()
+        blocks = []
+        for _half in range(2):
+            for _ in range(total // batch // 2):
+                await open_and_close(batch)
+            gc.collect()
+            blocks.append(sys.getallocatedblocks())
+        assert friendsock.stats().links_alive == before.links_alive
+        assert friendsock.stats().links_made - before.links_made == (total if friends else 0)
+        assert open_descriptors() == before_fds
+        if friends:
+            assert blocks[1] - blocks[0] < 100, blocks
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_connect_with_a_socket_of_its_own_stays_real(friends):
     """``local_addr=`` asks for a real socket: such a connect is a friend
     link over real sockets (or TCP), never socketless."""
