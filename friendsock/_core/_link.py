@@ -50,6 +50,10 @@ class ChannelState(enum.Enum):
     EOF = "eof"  # the writer shut down; the reader gets EOF after the bytes
     RESET = "reset"  # the reader gets a reset after the bytes kept
 
+    # Members are singletons compared by identity: hashed by identity too, in
+    # C (Enum's own __hash__ is a Python call, and every move looks one up).
+    __hash__ = object.__hash__
+
 
 class Seen(enum.Enum):
     """What the reader of a channel finds now."""
