@@ -39,6 +39,19 @@ def read_buffer_sizes(sock: socket.socket) -> "tuple[int, int]":
     )
 
 
+_fresh_sizes: Optional["tuple[int, int]"] = None
+
+
+def fresh_buffer_sizes(sock: socket.socket) -> "tuple[int, int]":
+    """:func:`read_buffer_sizes` of a TCP socket just made, nothing set on
+    it: every such socket starts alike (the network namespace's
+    ``tcp_wmem[1]`` and ``tcp_rmem[1]``), so they are read once."""
+    global _fresh_sizes
+    if _fresh_sizes is None:
+        _fresh_sizes = read_buffer_sizes(sock)
+    return _fresh_sizes
+
+
 def copy_buffer_sizes(sock: Any, end: LinkEnd) -> None:
     """Copy the real socket's buffer sizes into the link's accounting:
     ``end``'s ``sndbuf`` on what it writes, its ``rcvbuf`` on what it reads."""

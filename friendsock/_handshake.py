@@ -24,7 +24,7 @@ from ._core._registry import ListenerEntry, PendingConnect, PendingState, regist
 from ._core._stats import Fallback, counters
 from ._core._tap import tap_for
 from ._core._switch import is_enabled
-from ._friend_socket import read_buffer_sizes
+from ._friend_socket import fresh_buffer_sizes, read_buffer_sizes
 
 # How long a confirmed connect (a listener that other processes may share)
 # waits for this process to claim it before it goes on as plain TCP. The
@@ -284,7 +284,7 @@ def start_connect(sock: socket.socket, address: Any) -> int:
 
 
 def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
-                     threaded: bool, adoptable: bool = False) -> Optional[Pending]:
+                     threaded: bool, adoptable: bool = False, fresh: bool = False) -> Optional[Pending]:
     """Register ``sock``'s connect to ``address`` (bound, not yet connected);
     None when the listener went away meanwhile (the connect is plain TCP).
 
@@ -294,9 +294,11 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
     anyone else, so the link exists from connect() on (optimistic).
     ``adoptable``: the socket stays its user's after the connect (the loop's
     sock_connect), and is friendsock's only once handed to a transport.
+    ``fresh``: friendsock made the socket just now (its buffer sizes are
+    every new socket's).
     """
     handle = entry.handle
-    client_sndbuf, client_rcvbuf = read_buffer_sizes(sock)
+    client_sndbuf, client_rcvbuf = fresh_buffer_sizes(sock) if fresh else read_buffer_sizes(sock)
     sockname = shared_host(sock.getsockname())
     link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded,
                 listener=entry.endpoint, addresses=(sockname, address),
@@ -312,7 +314,7 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
 
 
 def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
-                    threaded: bool) -> Optional[Tuple[Optional[Pending], int]]:
+                    threaded: bool, fresh: bool = False) -> Optional[Tuple[Optional[Pending], int]]:
     """Register ``sock``'s connect to the listener ``entry`` and start it
     (:func:`register_connect`, then :func:`start_connect`), if its accept
     queue has room (:func:`accept_room`); None, and nothing done, when it is
@@ -326,7 +328,7 @@ def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: b
     with entry.handle.connect_lock:
         if registry.is_listening(entry) and accept_room(entry) <= 0:
             return None
-        pending = register_connect(sock, address, entry, only_one, threaded)
+        pending = register_connect(sock, address, entry, only_one, threaded, fresh=fresh)
         if pending is None:
             return None, 0
         try:
@@ -386,7 +388,7 @@ class ConnectAttempt:
     to complete) is the adapter's, and so is a connect that does not pair.
     """
 
-    __slots__ = ("address", "entry", "only_one", "fallback", "sock", "pending")
+    __slots__ = ("address", "entry", "only_one", "fallback", "sock", "pending", "fresh")
 
     def __init__(self, address: Any) -> None:
         self.address = address
@@ -401,11 +403,13 @@ class ConnectAttempt:
         self.fallback = Fallback.NO_LISTENER
         self.sock: Optional[socket.socket] = None
         self.pending: Optional[Pending] = None
+        self.fresh = False  # the socket is open()'s, not its user's
 
     def open(self, af: int, socktype: int, proto: int) -> socket.socket:
         """The connect's socket, non-blocking."""
         sock = self.sock = socket.socket(af, socktype, proto)
         sock.setblocking(False)
+        self.fresh = True
         return sock
 
     def bind(self, af: int, local_infos: Optional[list]) -> None:
@@ -433,7 +437,7 @@ class ConnectAttempt:
         entry = self.entry
         assert entry is not None, "no listener to pair with"
         started = connect_if_room(self._socket(), self.address, entry, self.only_one,
-                                  threaded=entry.owner is not owner)
+                                  threaded=entry.owner is not owner, fresh=self.fresh)
         if started is None:
             return None
         self.pending, err = started

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .._core._link import Link
-from .._core._registry import PendingState
+from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._handshake import (
     Entry,
@@ -106,6 +106,7 @@ class FriendServer(asyncio.AbstractServer):
         self._loop = loop
         self._sockets: Optional[List[socket.socket]] = sockets
         self._entries: List[Entry] = []
+        self._kinds: Dict[socket.socket, Tuple[int, int, int]] = {}  # (family, type, proto)
         self._protocol_factory = protocol_factory
         self._backlog = backlog
         self._tls = tls
@@ -151,6 +152,7 @@ class FriendServer(asyncio.AbstractServer):
             entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
             entry.handle.socketless_accept = self._socketless_accepted
             self._entries.append(entry)
+            self._kinds[sock] = (int(sock.family), int(sock.type), sock.proto)
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
     def _accept_ready(self, sock: socket.socket, entry: Entry) -> None:
@@ -161,9 +163,16 @@ class FriendServer(asyncio.AbstractServer):
             make_room(entry)
 
     def _accept_batch(self, sock: socket.socket, entry: Entry) -> None:
+        # socket.accept() without its Python wrapper, which looks the
+        # listener's family and type up as enums on every call.
+        kind = self._kinds.get(sock)
+        if kind is None:  # closed since this callback was due
+            return
+        family, type_, proto = kind
         for _ in range(self._backlog):
             try:
-                conn, address = sock.accept()
+                fd, address = sock._accept()  # type: ignore[attr-defined]
+                conn = socket.socket(family, type_, proto, fd)
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
@@ -179,6 +188,11 @@ class FriendServer(asyncio.AbstractServer):
                 return
             conn.setblocking(False)
             self._accepted(conn, address, entry)
+            if not registry.pending_count():
+                # No connect of ours waits: any other connection keeps the
+                # listener readable (the loop polls level-triggered), so no
+                # accept() that fails closes each batch.
+                return
 
     def _resume_accepting(self, sock: socket.socket, entry: Entry) -> None:
         if self._sockets is not None and self._serving:
@@ -361,6 +375,7 @@ class FriendServer(asyncio.AbstractServer):
         for entry in self._entries:
             forget_listener(entry)
         self._entries = []
+        self._kinds = {}
 
     def _loop_gone(self) -> None:
         """Our loop closed while we listened (called on the closing thread):
