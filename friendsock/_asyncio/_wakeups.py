@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 import os
 import threading
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
-from .._core._stats import counters
+from .._core._stats import Shard, counters
 
 # Rounds of deliveries one loop callback may run before yielding, and the
 # bytes after which it yields anyway (what asyncio reads in one turn).
@@ -25,12 +25,15 @@ class DrainQueue:
     rounds (like NAPI's poll budget); then the loop gets its turn for I/O,
     timers and tasks. A reply never runs inside its writer's write()."""
 
-    __slots__ = ("_call_soon", "_ready", "_scheduled")
+    __slots__ = ("_call_soon", "_ready", "_scheduled", "_meter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._call_soon = loop.call_soon
         self._ready: List[Callable[[], None]] = []
         self._scheduled = False
+        # The loop thread's counters shard (what its readers consumed: the
+        # budget), found on the first run, on that thread.
+        self._meter: Optional[Shard] = None
 
     def add(self, drain: Callable[[], None]) -> None:
         self._ready.append(drain)
@@ -39,7 +42,9 @@ class DrainQueue:
             self._call_soon(self._run)
 
     def _run(self) -> None:
-        meter = counters.shard()  # this thread's: what its readers consumed
+        meter = self._meter
+        if meter is None:
+            meter = self._meter = counters.shard()
         start = meter.moved
         for _ in range(_DRAIN_ROUNDS):
             ready = self._ready
