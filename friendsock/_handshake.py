@@ -378,6 +378,9 @@ def abandon_connect(pending: Pending, sock: socket.socket, close: bool = True) -
         link.client.close()
 
 
+_SOCK_NONBLOCK = getattr(socket, "SOCK_NONBLOCK", 0)
+
+
 class ConnectAttempt:
     """A connect to one address, as far as it goes without waiting.
 
@@ -407,8 +410,10 @@ class ConnectAttempt:
 
     def open(self, af: int, socktype: int, proto: int) -> socket.socket:
         """The connect's socket, non-blocking."""
-        sock = self.sock = socket.socket(af, socktype, proto)
-        sock.setblocking(False)
+        # Made non-blocking (one system call, not two).
+        sock = self.sock = socket.socket(af, socktype | _SOCK_NONBLOCK, proto)
+        if not _SOCK_NONBLOCK:
+            sock.setblocking(False)
         self.fresh = True
         return sock
 
