@@ -108,13 +108,15 @@ class ListenerHandle:
     socket, the buffer sizes accepted sockets inherit, and the adapter's
     per-scheduler state (a client on the same scheduler shares it)."""
 
-    __slots__ = ("sock", "sndbuf", "rcvbuf", "state", "connect_lock", "socketless_accept",
-                 "socketless_close")
+    __slots__ = ("sock", "kind", "sndbuf", "rcvbuf", "state", "connect_lock",
+                 "socketless_accept", "socketless_close")
 
     def __init__(self, listen_sock: socket.socket, state: object) -> None:
         # A weak proxy for a listener its user owns (sock_accept's): the
         # registry must not keep it open.
         self.sock = listen_sock
+        # (family, type, proto) of the sockets it accepts, as plain ints.
+        self.kind = (int(listen_sock.family), int(listen_sock.type), listen_sock.proto)
         self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
         self.state = state
         # One connect at a time looks at the room and takes it, whatever
@@ -527,6 +529,14 @@ def settle_held(pending: Pending, state: PendingState) -> None:
     if hook is not None:
         pending.on_settled = None
         hook(state)
+
+
+def accept_from(listen_sock: socket.socket, handle: ListenerHandle) -> Tuple[socket.socket, Any]:
+    """``listen_sock.accept()`` for the listener of ``handle``, without the
+    Python wrapper's look-up of the listener's family and type as enums on
+    every call (the new socket is blocking, as that wrapper's may be)."""
+    fd, address = listen_sock._accept()  # type: ignore[attr-defined]
+    return socket.socket(*handle.kind, fd), address
 
 
 def claim_accepted(conn: socket.socket, address: Any, *, ready: bool = True,

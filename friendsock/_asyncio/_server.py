@@ -22,6 +22,7 @@ from .._core._stats import Fallback, counters
 from .._handshake import (
     Entry,
     Pending,
+    accept_from,
     adopt_accepted,
     claim_accepted,
     forget_listener,
@@ -106,7 +107,6 @@ class FriendServer(asyncio.AbstractServer):
         self._loop = loop
         self._sockets: Optional[List[socket.socket]] = sockets
         self._entries: List[Entry] = []
-        self._kinds: Dict[socket.socket, Tuple[int, int, int]] = {}  # (family, type, proto)
         self._protocol_factory = protocol_factory
         self._backlog = backlog
         self._tls = tls
@@ -152,7 +152,6 @@ class FriendServer(asyncio.AbstractServer):
             entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
             entry.handle.socketless_accept = self._socketless_accepted
             self._entries.append(entry)
-            self._kinds[sock] = (int(sock.family), int(sock.type), sock.proto)
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
     def _accept_ready(self, sock: socket.socket, entry: Entry) -> None:
@@ -163,16 +162,10 @@ class FriendServer(asyncio.AbstractServer):
             make_room(entry)
 
     def _accept_batch(self, sock: socket.socket, entry: Entry) -> None:
-        # socket.accept() without its Python wrapper, which looks the
-        # listener's family and type up as enums on every call.
-        kind = self._kinds.get(sock)
-        if kind is None:  # closed since this callback was due
-            return
-        family, type_, proto = kind
+        handle = entry.handle
         for _ in range(self._backlog):
             try:
-                fd, address = sock._accept()  # type: ignore[attr-defined]
-                conn = socket.socket(family, type_, proto, fd)
+                conn, address = accept_from(sock, handle)
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
@@ -375,7 +368,6 @@ class FriendServer(asyncio.AbstractServer):
         for entry in self._entries:
             forget_listener(entry)
         self._entries = []
-        self._kinds = {}
 
     def _loop_gone(self) -> None:
         """Our loop closed while we listened (called on the closing thread):

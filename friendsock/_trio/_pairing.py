@@ -26,6 +26,7 @@ from .._handshake import (
     Entry,
     Pending,
     abandon_connect,
+    accept_from,
     adopt_accepted,
     call_on_claim,
     claim_accepted,
@@ -163,7 +164,10 @@ async def accept_connection(listen_sock: socket.socket, entry: Optional[Entry],
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return arrived
         try:
-            conn, address = listen_sock.accept()
+            if entry is None:
+                conn, address = listen_sock.accept()
+            else:
+                conn, address = accept_from(listen_sock, entry.handle)
             break
         except BlockingIOError:
             if backlog is None:
