@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import os
 import socket
-import threading
 
 import pytest
 import trio
@@ -21,8 +20,7 @@ from test_socketless import socketless  # noqa: F401 (autouse: every friend conn
 from test_trio import *  # noqa: F401,F403 (friendsock.trio's streams, run again here)
 from test_trio_install import *  # noqa: F401,F403 (install(): trio, anyio, run again here)
 from test_trio_threads import *  # noqa: F401,F403 (trio and asyncio across threads, run again here)
-from test_trio_threads import shared_listener_server
-from trio_support import LOCALHOST, TIMEOUT, fallbacks_since, listening, receive_until_eof, stream_pair
+from trio_support import LOCALHOST, TIMEOUT, listening, receive_until_eof, stream_pair
 
 # test_trio marks its whole module trio; here that mark goes on its tests only.
 del pytestmark  # noqa: F821
@@ -112,63 +110,3 @@ async def test_many_trio_links_use_no_descriptors_and_leave_nothing_behind(frien
     assert friendsock.stats().links_alive == before.links_alive
     assert open_descriptors() == before_fds
     assert friendsock.stats().links_made - before.links_made == (count if friends else 0)
-
-
-# Two tests of the modules above whose premise is a kernel connection that
-# another process holding the listening socket could accept: a socketless
-# link has none, so it is this process's listener's and pairs at once.
-
-
-@pytest.mark.trio
-async def test_after_a_fork_listeners_pair_only_once_claimed(installed):
-    """After a fork the child holds the listening socket too; a socketless
-    connect made here still pairs, even when the accept comes after it in
-    the same task (its link waits in this listener's backlog)."""
-    listeners = await trio.open_tcp_listeners(0, host=LOCALHOST)
-    async with listeners[0] as listener:
-        port = listener.socket.getsockname()[1]
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        assert os.waitpid(pid, 0)[1] == 0
-        before = friendsock.stats()
-        with trio.fail_after(TIMEOUT):
-            async with await trio.open_tcp_stream(LOCALHOST, port) as client:
-                async with await listener.accept() as server:
-                    assert fst.is_friend(client.socket) is fst.is_friend(server.socket) is installed
-                    await client.send_all(b"after the fork")
-                    assert await server.receive_some() == b"after the fork"
-        assert fallbacks_since(before) == {}
-
-
-@pytest.mark.trio
-async def test_unclaimed_connect_goes_on_over_tcp(aio, monkeypatch):
-    """A listener handed in with sock= (maybe shared with other processes)
-    on a loop too busy to accept: a socketless connect does not wait for a
-    claim; it pairs at once, and is served once the loop is free."""
-    from friendsock import _handshake
-
-    monkeypatch.setattr(_handshake, "CONFIRM_TIMEOUT", 0.01)
-    server, port = await shared_listener_server(aio)
-    before = friendsock.stats()
-    busy, release = threading.Event(), threading.Event()
-
-    def hold_the_loop() -> None:
-        busy.set()
-        release.wait(TIMEOUT)
-
-    aio.loop.call_soon_threadsafe(hold_the_loop)  # the loop cannot accept
-    assert await trio.to_thread.run_sync(busy.wait, TIMEOUT)
-    try:
-        with trio.fail_after(TIMEOUT):
-            async with await fst.open_tcp_stream(LOCALHOST, port) as stream:
-                assert fst.is_friend(stream) and stream.socket.fileno() == -1
-                release.set()
-                await stream.send_all(b"socketless")
-                assert await receive_until_eof(stream) == b"socketless"
-    finally:
-        release.set()
-        await aio.call(server.close)
-        await aio.run(server.wait_closed())
-    assert friendsock.stats().links_made == before.links_made + 1
-    assert fallbacks_since(before) == {}
