@@ -20,7 +20,7 @@ import functools
 import itertools
 import os
 import ssl
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import friendsock
 
@@ -178,19 +178,16 @@ class Endpoint:
         if self.transport == "unix":
             loop = asyncio.get_running_loop()
             return await loop.create_unix_connection(factory, self.path, **self._connect_tls)
-        with self._socketless():
+        with socketless_connects(self.transport):
             return await friendsock.create_connection(factory, HOST, self.port,
                                                       friends=self.friends, **self._connect_tls)
 
     async def open(self) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.transport == "unix":
             return await asyncio.open_unix_connection(self.path, **self._connect_tls)
-        with self._socketless():
+        with socketless_connects(self.transport):
             return await friendsock.open_connection(HOST, self.port, friends=self.friends,
                                                     **self._connect_tls)
-
-    def _socketless(self) -> ContextManager[None]:
-        return socketless_connects(self.transport)
 
     async def close(self) -> None:
         """Stop listening (on the server's loop). Connections stay up."""
