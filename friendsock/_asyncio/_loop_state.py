@@ -35,7 +35,7 @@ class LoopState:
     with them open (their friends, on other loops, must not hang)."""
 
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
-                 "feeding", "__weakref__")
+                 "feeding", "polls_after_callbacks", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -52,6 +52,10 @@ class LoopState:
         # A friend's write is feeding a StreamReader on this loop right now
         # (see FriendTransport._readable): no second one inside it.
         self.feeding = False
+        # uvloop runs a turn's callbacks, then polls its descriptors in the
+        # same turn (libuv's idle phase, then its poll); asyncio's loops poll
+        # first. See connection_made_turn.
+        self.polls_after_callbacks = type(loop).__module__.partition(".")[0] == "uvloop"
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

@@ -84,8 +84,10 @@ async def connect(
         if socketless_entry(attempt.entry, local_addr is not None or kwargs.get("sock") is not None):
             assert attempt.entry is not None
             made = socketless_connect(attempt.entry, address, threaded=attempt.entry.owner is not loop)
+            # A listener on this loop was handed its end with call_soon():
+            # it accepts before the connection_made turn ends.
             return await start_client_end(loop, made, made.handle.sock, protocol_factory, tls,
-                                          accept_to_come=True)
+                                          accept_to_come=made.link.threaded)
         try:
             sock = attempt.open(af, socktype, sproto)
             attempt.bind(af, local_infos)
@@ -211,16 +213,18 @@ async def connection_made_turn(
     of an ``abort()`` in it, say), and before any ``data_received``.
     Cancelled meanwhile, the transport is closed, as the loop closes its own.
 
-    ``accept_to_come``: two turns, for a connect the server has not
-    accepted yet. A TCP connect takes the turn in which its socket becomes
-    writable, and in it a server on this loop accepts; so the program sees
-    the same state when ``create_connection`` returns (a ``server.close()``
-    right after finds the connection accepted, not in its backlog). The
-    loop polls its descriptors (the listener's accept runs) between the two
-    yields, on asyncio's loops and on uvloop alike."""
+    ``accept_to_come``: a connect the server has not accepted yet, still
+    in the kernel's queue. A TCP connect takes the turn in which its socket
+    becomes writable, and in it a server on this loop accepts; so the
+    program sees the same state when ``create_connection`` returns (a
+    ``server.close()`` right after finds the connection accepted, not in its
+    backlog). uvloop polls its descriptors (the listener's accept runs)
+    right after the callback that connected, in the same turn; asyncio's
+    loops poll at the start of the next one, after which one more turn
+    runs what the poll found."""
     try:
         await asyncio.sleep(0)
-        if accept_to_come:
+        if accept_to_come and not transport._state.polls_after_callbacks:
             await asyncio.sleep(0)
     except BaseException:
         transport.close()

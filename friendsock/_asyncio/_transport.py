@@ -149,7 +149,9 @@ class FriendTransport(asyncio.Transport):
         self._out.attach_writer(self._hooks()[1])
         # The kernel sizes a socket's buffers when the connection is set up
         # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
-        copy_buffer_sizes(self._sock, self._end)
+        # (A socketless end's stand-in has the sizes its link was made with.)
+        if self._sock.fileno() >= 0:
+            copy_buffer_sizes(self._sock, self._end)
         if not self._connection_made() and not isinstance(self._loop, asyncio.BaseEventLoop):
             # uvloop starts reading only once connection_made returned.
             self._paused_reading = True
@@ -190,8 +192,11 @@ class FriendTransport(asyncio.Transport):
         inside a feed is scheduled too (the depth bound)."""
         protocol = self._protocol
         state = self._state
+        # (_stream_reader_wr, not the _stream_reader property over it: a
+        # Python call less per message.)
         if type(protocol) is _StreamReaderProtocol and not state.feeding and \
-                type(reader := protocol._stream_reader) is _StreamReader:
+                (reader_ref := protocol._stream_reader_wr) is not None and \
+                type(reader := reader_ref()) is _StreamReader:
             state.feeding = True
             try:
                 # The reader's feed_data() is all its protocol's

@@ -254,6 +254,18 @@ class Channel:
         queued = self.queued
         if not queued:
             return b"", 0
+        queue = self._queue
+        if queued <= limit and len(queue) == 1 and not self._head_offset:
+            # One whole buffer (request/response): pull() and _consumed(), inlined.
+            first = queue.popleft()
+            self.queued = 0
+            self.moved += queued
+            self.meter.moved += queued
+            wake_at = self._writer_wake_at
+            if wake_at is not None and -self.sndbuf - self.rcvbuf <= wake_at:
+                self._writer_wake_at = None
+                self._wake_writer()
+            return (first if type(first) is bytes else bytes(first)), 0
         data = self.pull(limit, join_limit)
         return data, queued - len(data)
 
