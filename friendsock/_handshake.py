@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional, Tuple
 
-from ._core._addresses import flow_key, shared_host
+from ._core._addresses import flow_key, is_unspecified, shared_host
 from ._core._link import Link
 from ._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from ._core._stats import Fallback, counters
@@ -108,8 +108,8 @@ class ListenerHandle:
     socket, the buffer sizes accepted sockets inherit, and the adapter's
     per-scheduler state (a client on the same scheduler shares it)."""
 
-    __slots__ = ("sock", "kind", "sndbuf", "rcvbuf", "state", "connect_lock",
-                 "socketless_accept", "socketless_close")
+    __slots__ = ("sock", "kind", "accepted_sockname", "sndbuf", "rcvbuf", "state",
+                 "connect_lock", "socketless_accept", "socketless_close")
 
     def __init__(self, listen_sock: socket.socket, state: object) -> None:
         # A weak proxy for a listener its user owns (sock_accept's): the
@@ -117,6 +117,10 @@ class ListenerHandle:
         self.sock = listen_sock
         # (family, type, proto) of the sockets it accepts, as plain ints.
         self.kind = (int(listen_sock.family), int(listen_sock.type), listen_sock.proto)
+        # What every socket it accepts has as its own address, when it is
+        # bound to one address (not 0.0.0.0 or ::): no getsockname() each.
+        sockname = listen_sock.getsockname()
+        self.accepted_sockname = None if is_unspecified(sockname[0]) else sockname
         self.sndbuf, self.rcvbuf = read_buffer_sizes(listen_sock)
         self.state = state
         # One connect at a time looks at the room and takes it, whatever
@@ -540,16 +544,20 @@ def accept_from(listen_sock: socket.socket, handle: ListenerHandle) -> Tuple[soc
 
 
 def claim_accepted(conn: socket.socket, address: Any, *, ready: bool = True,
-                   hold: bool = False) -> Tuple[Optional[Pending], Any]:
+                   hold: bool = False, listener: Optional[ListenerHandle] = None,
+                   ) -> Tuple[Optional[Pending], Any]:
     """The pending connect an accepted socket belongs to, claimed (or None),
     and the socket's own address (None when nothing could be pending).
-    ``ready`` and ``hold``: see :meth:`Registry.claim`."""
+    ``ready`` and ``hold``: see :meth:`Registry.claim`. ``listener``: the
+    handle of the listener that accepted it, if known."""
     if not registry.pending_count():
         return None, None
-    try:
-        sockname = conn.getsockname()
-    except OSError:  # already reset by the peer
-        return None, None
+    sockname = listener.accepted_sockname if listener is not None else None
+    if sockname is None:
+        try:
+            sockname = conn.getsockname()
+        except OSError:  # already reset by the peer
+            return None, None
     return registry.claim(flow_key(sockname, address), ready=ready, hold=hold), sockname
 
 

@@ -166,7 +166,8 @@ async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> T
     conn, address = await native(loop, "sock_accept")(sock)
     if entry is not None:
         make_room(entry)
-        pending, sockname = claim_accepted(conn, address, ready=False, hold=True)
+        pending, sockname = claim_accepted(conn, address, ready=False, hold=True,
+                                           listener=entry.handle)
         if pending is not None:
             _accepted[conn] = (pending, sockname, address)
     return conn, address

@@ -192,7 +192,7 @@ class FriendServer(asyncio.AbstractServer):
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
     def _accepted(self, conn: socket.socket, address: Any, entry: Entry) -> None:
-        pending, sockname = claim_accepted(conn, address, hold=True)
+        pending, sockname = claim_accepted(conn, address, hold=True, listener=entry.handle)
         if pending is None:
             counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
             self._loop.create_task(self._accept_native(conn, address))

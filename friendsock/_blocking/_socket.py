@@ -298,7 +298,8 @@ def _claim(sock: FriendCapableSocket, address: Any, entry: Entry,
     """Pair the accepted ``sock`` if a friendsock client of this process made
     it. ``timeout``: the listener's (None: blocking), which bounds a hold."""
     descriptor = Descriptor(sock)
-    pending, sockname = claim_accepted(descriptor, address, hold=True)  # type: ignore[arg-type]
+    pending, sockname = claim_accepted(descriptor, address, hold=True,  # type: ignore[arg-type]
+                                       listener=entry.handle)
     if pending is None:
         counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
         return

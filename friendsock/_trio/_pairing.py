@@ -188,7 +188,8 @@ def claim_connection(conn: socket.socket, address: Any,
     """The pending connect an accepted connection belongs to, claimed and
     adopted (its link established), with the socket's own address; None
     (the fallback counted) for a peer that is no friend."""
-    pending, sockname = claim_accepted(conn, address)
+    pending, sockname = claim_accepted(conn, address,
+                                       listener=entry.handle if entry is not None else None)
     if pending is None:
         counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint if entry is not None else None)
         return None, None
