@@ -633,6 +633,11 @@ def forget_listener(entry: ListenerEntry) -> None:
     for orphan in registry.remove_listener(entry):
         if orphan.link.established:
             orphan.link.server.reset()
-    close = entry.handle.socketless_close
+    handle = entry.handle
+    close = handle.socketless_close
+    # Dropped: a connect that outlives its listener (withdrawn, kept with
+    # its user's socket) keeps the entry, and must not keep the server
+    # these hooks belong to.
+    handle.socketless_accept = handle.socketless_close = None
     if close is not None:
         close()

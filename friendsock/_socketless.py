@@ -201,6 +201,8 @@ def socketless_connect(entry: Entry, address: Any, threaded: bool) -> Pending:
                                       ClientEnd(client_sock, sockname, address))  # type: ignore[arg-type]
     link.establish()
     accept = handle.socketless_accept
-    assert accept is not None
-    accept(link, server_sock, sockname)
+    if accept is None:  # the listener went away meanwhile: as its backlog, reset
+        link.server.reset()
+    else:
+        accept(link, server_sock, sockname)
     return pending

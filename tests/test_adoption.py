@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import os
 import socket
+import weakref
 from typing import Any, AsyncIterator, Callable, List, Tuple
 
 import anyio
@@ -345,6 +347,42 @@ async def test_a_server_that_never_adopts_serves_raw(friends):
                 await exchange(reader, writer, 256 * 1024)
             finally:
                 writer.close()
+
+
+async def test_a_closed_server_goes_while_a_socket_that_reached_it_lives(friends):
+    """As uvloop's own test_create_server_7: a server the program let go
+    lives while it serves, and is collected once closed, though a socket
+    that reached it through ``loop.sock_connect`` (a connect friendsock
+    registered, never handed to a transport) is still referenced."""
+    loop = asyncio.get_running_loop()
+    lost = loop.create_future()
+
+    class Hello(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            transport.write(b"hello")  # type: ignore[attr-defined]
+
+        def connection_lost(self, exc: Any) -> None:
+            lost.set_result(exc)
+
+    with maybe_installed(friends):
+        server = await loop.create_server(Hello, LOCALHOST, 0)
+        port = server.sockets[0].getsockname()[1]
+        server_ref = weakref.ref(server)
+        del server
+        gc.collect()
+        sock = raw_socket()
+        with sock:
+            await bounded(loop.sock_connect(sock, (LOCALHOST, port)))
+            assert await bounded(loop.sock_recv(sock, 100)) == b"hello"
+        await bounded(lost)
+        server = server_ref()
+        assert server is not None  # the loop keeps a serving server
+        server.close()
+        await bounded(server.wait_closed())
+        del server
+        gc.collect()
+        assert server_ref() is None
+        assert sock.fileno() == -1  # (and the socket still referenced here)
 
 
 # -- listeners seen by sock_accept -----------------------------------------------------

@@ -202,3 +202,23 @@ def test_the_variable_switches_it_on_and_another_process_stays_tcp(tmp_path):
                             timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "1"]
+
+
+def test_a_socketless_connect_to_a_listener_gone_meanwhile_is_reset():
+    """A listener forgotten between a client's look-up and its connect
+    (closed on another thread) no longer takes links: the connect is reset,
+    as a closing listener resets its backlog, and the forgotten listener's
+    hooks keep nothing of its server."""
+    from friendsock._core._link import Seen
+    from friendsock._handshake import forget_listener, register_listener
+    from friendsock._socketless import socketless_connect
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        entry = register_listener(listener, None, owner=object(), exclusive=True)
+        entry.handle.socketless_accept = lambda *args: pytest.fail("accepted after the listener went")
+        forget_listener(entry)
+        assert entry.handle.socketless_accept is None
+        made = socketless_connect(entry, listener.getsockname(), threaded=False)
+        assert made.link.client.incoming.seen() is Seen.RESET
+        made.link.client.close()
+        assert made.link.done
