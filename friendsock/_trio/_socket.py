@@ -43,13 +43,20 @@ def _unsupported(what: str) -> OSError:
                                      f"do not go through the descriptor")
 
 
-def _as_bytes(data: Any) -> bytes:
-    """``data`` as bytes the caller cannot change later: a view of a whole
-    bytes object (what anyio and trio.SocketStream pass) is that object, any
-    other buffer is copied (the caller may reuse it)."""
-    if type(data) is memoryview and type(data.obj) is bytes and data.nbytes == len(data.obj):
+def _as_bytes(data: Any, limit: int) -> bytes:
+    """The first ``limit`` bytes of ``data`` (all of it if fewer), as bytes
+    the caller cannot change later: a view of a whole bytes object (what
+    anyio and trio.SocketStream pass) is that object; of any other buffer,
+    only those bytes are copied (the caller may reuse it)."""
+    if type(data) is memoryview and type(data.obj) is bytes and \
+            len(data.obj) == data.nbytes <= limit:
         return data.obj
-    return memoryview(data).tobytes()
+    view = memoryview(data)
+    if view.nbytes <= limit:
+        return view.tobytes()
+    if view.c_contiguous:
+        return view.cast("B")[:max(limit, 0)].tobytes()
+    return view.tobytes()[:max(limit, 0)]
 
 
 def _no_flags(flags: int) -> None:
@@ -157,16 +164,20 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
     # -- sending --------------------------------------------------------------
     async def send(self, data: Any, flags: int = 0) -> int:
         """What fits in ``sndbuf + friend rcvbuf``, once at least a byte does;
-        cancelled while waiting, nothing was sent."""
-        if type(data) is not bytes:
-            data = _as_bytes(data)
+        cancelled while waiting, nothing was sent. Of a buffer that is not
+        bytes, only what fits is copied: one sent piece by piece (anyio's
+        send loop passes the rest of its view each time) is not copied whole
+        for every piece."""
         if flags:
             _no_flags(flags)
         await _checkpoint_if_cancelled()
         out = self._out
+        buffer = data
+        if type(data) is not bytes:
+            data = _as_bytes(buffer, out.sndbuf + out.rcvbuf - out.queued)
         if out.queued + len(data) <= out.sndbuf + out.rcvbuf and not self._closed and data and \
                 out.state is _OPEN and not out.reader_closed:
-            out.push(data)  # the common case: it all fits
+            out.push(data)  # the common case: it fits (a buffer: what of it fits)
             await _cancel_shielded_checkpoint()
             return len(data)
         parked = False
@@ -174,6 +185,8 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         while True:
             if self._closed:
                 raise self._closed_error()
+            if data is not buffer:  # a buffer: what fits now (a byte, to learn there is no room)
+                data = _as_bytes(buffer, max(out.sndbuf + out.rcvbuf - out.queued, 1))
             try:
                 sent = end.send_some(data) if data else 0
             except LinkBrokenError as exc:
