@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional, Tuple
 
-from ._core._addresses import flow_key, is_unspecified, shared_host
+from ._core._addresses import flow_key, is_ipv4, is_unspecified, shared_host
 from ._core._link import Link
 from ._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from ._core._stats import Fallback, counters
@@ -274,6 +274,50 @@ def bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
     raise error or OSError(f"no matching local address with family={af} found")
 
 
+# Linux's "bind an address now, the port at connect()" (Python names it
+# from 3.12 on).
+_IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
+                                   24 if sys.platform == "linux" else None)
+
+
+def _bind_port_now(sock: socket.socket, host: str) -> None:
+    """Bind a socket with no port yet to ``host`` and a port, now, even if
+    its user asked for the port at connect() (``IP_BIND_ADDRESS_NO_PORT``,
+    which also lets this second bind() happen); the option stays as its
+    user set it."""
+    no_port = 0
+    if _IP_BIND_ADDRESS_NO_PORT is not None:
+        no_port = sock.getsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT)
+        if no_port:
+            sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 0)
+    try:
+        sock.bind((host, 0))
+    finally:
+        if no_port:
+            sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, no_port)
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` is an address of this host: a socket can bind it."""
+    family = socket.AF_INET if is_ipv4(host) else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
+def bound_by_user(sock: socket.socket) -> Optional[bool]:
+    """Whether a socket made elsewhere is bound (an address or a port of its
+    own); None when it is closed."""
+    try:
+        host, port = sock.getsockname()[:2]
+    except OSError:
+        return None
+    return bool(port) or not is_unspecified(host)
+
+
 def start_connect(sock: socket.socket, address: Any) -> int:
     """connect() on a non-blocking socket: 0 when the connection is up
     already (on loopback the handshake completes inside the call, though a
@@ -430,6 +474,7 @@ class ConnectAttempt:
         sock = self._socket()
         if local_infos is not None:
             bind_local(sock, af, local_infos)
+            self._check_reaches_us()
         elif self.entry is not None:
             # Bind first so the 4-tuple is known before connect(); binding
             # to the destination IP also proves it is an address of ours.
@@ -437,6 +482,38 @@ class ConnectAttempt:
                 sock.bind((self.address[0], 0))
             except OSError:
                 self.entry, self.fallback = None, Fallback.NOT_LOCAL
+
+    def bind_users_socket(self) -> None:
+        """:meth:`bind` for a socket its user made, and may have bound:
+        unbound (or bound to the wildcard address, no port yet), to the
+        destination IP; bound to an address of its own with no port yet
+        (``IP_BIND_ADDRESS_NO_PORT``, as trio's ``local_address=`` binds), a
+        port on that address now; bound with a port, as it is. Either way
+        the 4-tuple is known before connect(). No pairing when the socket
+        cannot be bound or the destination is not an address of ours."""
+        sock = self._socket()
+        try:
+            host, port = sock.getsockname()[:2]
+            if not port:
+                if is_unspecified(host):
+                    host = self.address[0]  # binding it proves it ours, as bind()'s
+                _bind_port_now(sock, host)
+                if not sock.getsockname()[1]:
+                    raise OSError(errno.EINVAL, "no port before connect()")
+        except OSError:
+            self.entry, self.fallback = None, Fallback.NOT_LOCAL
+            return
+        if host != self.address[0]:
+            self._check_reaches_us()
+
+    def _check_reaches_us(self) -> None:
+        """A socket bound to an address of its own: the destination must be
+        an address of ours, or the connect leaves this host however well a
+        listener of ours matches it (a wildcard one, on that port)."""
+        entry = self.entry
+        if entry is not None and is_unspecified(entry.endpoint[0]) and \
+                not is_local_address(self.address[0]):
+            self.entry, self.fallback = None, Fallback.NOT_LOCAL
 
     def start(self, owner: object) -> Optional[int]:
         """Register the connect with ``entry`` and start it, if the listener's
@@ -590,8 +667,8 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
     a connect that pairs if ``sock`` reaches a friendsock transport before
     any payload moves (:func:`payload_moved`). None, nothing registered, when
     ``address`` is no friendsock listener of this process, or friendsock
-    made this connect itself (it registered it already). An unbound socket
-    is bound to the destination IP first, as friend connects are, so its
+    made this connect itself (it registered it already). The socket gets
+    its port first (:meth:`ConnectAttempt.bind_users_socket`), so its
     4-tuple is known before the connection exists."""
     if not is_enabled() or sock.type != socket.SOCK_STREAM or \
             sock.family not in (socket.AF_INET, socket.AF_INET6):
@@ -601,16 +678,17 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
         return None  # a name: the loop resolves it, as it always does
     address = infos[0][4]  # as the accepting side will see it
     attempt = ConnectAttempt(address)
+    if attempt.entry is None:
+        return None
+    attempt.sock = sock
+    attempt.bind_users_socket()
     entry = attempt.entry
     if entry is None:
-        return None
+        return None  # not an address of ours, or not bindable: plain TCP
     try:
         sockname = sock.getsockname()
-        if sockname[1] == 0:
-            sock.bind((address[0], 0))
-            sockname = sock.getsockname()
     except OSError:
-        return None  # not an address of ours, or not bindable: plain TCP
+        return None
     if registry.is_pending(flow_key(sockname, address)):
         return None  # friendsock's own connect, registered already
     return register_connect(sock, address, entry, attempt.only_one,

@@ -14,7 +14,7 @@ import errno
 import socket
 import sys
 import threading
-from typing import Any, Dict, Iterator, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, Optional, Set, Tuple, Union
 
 from ._core._addresses import flow_key
 from ._core._link import Link
@@ -40,26 +40,34 @@ _RCVBUF_MIN = 2304
 class SocketlessSocket:
     """What a socketless end has instead of a kernel socket: its two
     addresses and its options. ``fileno()`` is -1; ``SO_SNDBUF``/
-    ``SO_RCVBUF`` (doubled, as Linux does), ``TCP_NODELAY``, ``SO_KEEPALIVE``
-    are kept and answered; other options are not there (``ENOPROTOOPT``)."""
+    ``SO_RCVBUF`` (doubled, as Linux does) are kept and answered; any other
+    option is kept as set and read back as set (``TCP_NODELAY`` and
+    ``SO_KEEPALIVE`` as 0 or 1), there being no kernel socket for it to
+    change; one never set and not known here reads as ``ENOPROTOOPT``."""
 
-    __slots__ = ("family", "_sockname", "_peername", "_sndbuf", "_rcvbuf", "_flags")
+    __slots__ = ("family", "_sockname", "_peername", "_sndbuf", "_rcvbuf", "_options")
 
     type = socket.SOCK_STREAM
     proto = socket.IPPROTO_TCP
 
     def __init__(self, family: int, sockname: Any, peername: Any, sndbuf: int, rcvbuf: int) -> None:
-        # Slots, and the on/off options in one dict made when first set: many
+        # Slots, and the options set in one dict made when first set: many
         # idle links are the point of going socketless.
         self.family = family
         self._sockname = sockname
         self._peername = peername
         self._sndbuf = sndbuf
         self._rcvbuf = rcvbuf
-        self._flags: Optional[Dict[Tuple[int, int], int]] = None
+        self._options: Optional[Dict[Tuple[int, int], Union[int, bytes]]] = None
 
     def __repr__(self) -> str:
         return f"<friendsock socketless laddr={self._sockname!r} raddr={self._peername!r}>"
+
+    def __enter__(self) -> "SocketlessSocket":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     def fileno(self) -> int:
         return -1
@@ -72,35 +80,52 @@ class SocketlessSocket:
 
     def getsockopt(self, level: int, option: int, buflen: Optional[int] = None) -> Any:
         key = (level, option)
+        value: Union[int, bytes]
         if key == _SNDBUF:
             value = self._sndbuf
         elif key == _RCVBUF:
             value = self._rcvbuf
         elif key in _FIXED:
             value = _FIXED[key]
+        elif self._options is not None and key in self._options:
+            value = self._options[key]
         elif key in _FLAGS:
-            value = (self._flags or {}).get(key, 0)
+            value = 0
         else:
             raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
+        if buflen is not None and not 0 < buflen <= 1024:
+            raise OSError("getsockopt buflen out of range")
+        if type(value) is bytes:
+            if buflen is None:  # as the kernel: the option's bytes read as an int
+                return int.from_bytes(value[:4].ljust(4, b"\0"), sys.byteorder, signed=True)
+            return value[:buflen]
         if buflen is None:
             return value
-        if not 0 < buflen <= 1024:
-            raise OSError("getsockopt buflen out of range")
         # As the kernel: the option's int, as many of its bytes as asked.
-        return value.to_bytes(4, sys.byteorder, signed=True)[:buflen]
+        return value.to_bytes(4, sys.byteorder, signed=True)[:buflen]  # type: ignore[union-attr]
 
-    def setsockopt(self, level: int, option: int, value: Any, *rest: Any) -> None:
+    def setsockopt(self, level: int, option: int, value: Any, *optlen: int) -> None:
         key = (level, option)
         if key == _SNDBUF:
             self._sndbuf = max(2 * int(value), _SNDBUF_MIN)
-        elif key == _RCVBUF:
+            return
+        if key == _RCVBUF:
             self._rcvbuf = max(2 * int(value), _RCVBUF_MIN)
-        elif key in _FLAGS:
-            if self._flags is None:
-                self._flags = {}
-            self._flags[key] = 1 if int(value) else 0
+            return
+        if key in _FIXED:
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available")  # read-only, as Linux
+        kept: Union[int, bytes]
+        if optlen:  # (level, option, None, optlen): as many zero bytes
+            if value is not None:
+                raise TypeError("setsockopt() takes None and an option length, or a value")
+            kept = bytes(optlen[0])
+        elif isinstance(value, int):
+            kept = (1 if value else 0) if key in _FLAGS else value
         else:
-            raise OSError(errno.ENOPROTOOPT, "Protocol not available on a socketless link")
+            kept = bytes(value)
+        if self._options is None:
+            self._options = {}
+        self._options[key] = kept
 
     def get_inheritable(self) -> bool:
         return False

@@ -10,9 +10,14 @@ from typing import Iterator, Tuple
 import pytest
 
 import friendsock
+
+# Linux's (Python names it from 3.12 on).
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 from friendsock._core._link import ChannelState
 from friendsock._core._registry import ListenerEntry, registry
+from friendsock._core._stats import Fallback
 from friendsock._handshake import (
+    ConnectAttempt,
     ListenerHandle,
     abandon_connect,
     adopt_accepted,
@@ -100,3 +105,62 @@ def test_no_connect_registers_with_a_listener_already_gone(listener):
     after = friendsock.stats()
     assert after.links_made == before.links_made
     assert after.pending == before.pending
+
+
+@pytest.mark.parametrize("local_host", ["127.0.0.2", "0.0.0.0"])
+def test_a_users_socket_bound_without_a_port_gets_one_before_connect(listener, local_host):
+    """Bound with IP_BIND_ADDRESS_NO_PORT (trio's ``local_address=``): its
+    address stays (a wildcard one becomes the destination IP, as for an
+    unbound socket), a port comes now so the 4-tuple is known before
+    connect(), and the option stays as set."""
+    listen_sock, entry = listener
+    with socket.socket() as sock:
+        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((local_host, 0))
+        assert sock.getsockname()[1] == 0
+        attempt = ConnectAttempt(listen_sock.getsockname())
+        attempt.sock = sock
+        attempt.bind_users_socket()
+        assert attempt.entry is entry
+        host, port = sock.getsockname()
+        assert host == ("127.0.0.1" if local_host == "0.0.0.0" else local_host) and port != 0
+        assert sock.getsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT) == 1
+
+
+@pytest.fixture
+def wildcard_entry() -> Iterator[Tuple[int, ListenerEntry]]:
+    """A listener entry on 0.0.0.0 and a port (nothing listens: the
+    registry's view is all the steps look at)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        entry = ListenerEntry(("0.0.0.0", port), v6only=False, exclusive=True,
+                              owner=object(), handle=ListenerHandle(holder, None))
+        registry.add_listener(entry)
+        try:
+            yield port, entry
+        finally:
+            registry.remove_listener(entry)
+
+
+@pytest.mark.parametrize("how", ["local_infos", "bound_by_its_user"])
+def test_a_socket_with_its_own_address_pairs_only_with_a_destination_of_ours(wildcard_entry, how):
+    """A wildcard listener on the port matches any destination IP: a
+    socket bound to an address of its own proves nothing of where it
+    connects (an unbound one does, by binding the destination IP), so the
+    destination itself must be ours, or the connect leaves this host."""
+    port, entry = wildcard_entry
+    for destination, ours in (("127.0.0.1", True), ("192.0.2.1", False)):  # TEST-NET-1
+        with socket.socket() as sock:
+            attempt = ConnectAttempt((destination, port))
+            assert attempt.entry is entry
+            attempt.sock = sock
+            if how == "local_infos":
+                attempt.bind(socket.AF_INET, [(socket.AF_INET, socket.SOCK_STREAM, 0, "",
+                                               ("127.0.0.2", 0))])
+            else:
+                sock.bind(("127.0.0.2", 0))
+                attempt.bind_users_socket()
+            assert (attempt.entry is entry) is ours
+            if not ours:
+                assert attempt.fallback is Fallback.NOT_LOCAL

@@ -10,6 +10,7 @@ import asyncio
 import gc
 import os
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -54,6 +55,17 @@ async def test_a_socketless_end_has_no_descriptor_and_plausible_addresses(friend
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        # Any other option a program sets is kept and read back as set.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x10)
+        assert sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == 0x10
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, struct.pack("i", 7))
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 7
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 4) == struct.pack("i", 7)
+        with pytest.raises(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_TYPE, 1)  # read-only
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM
 
 
 async def test_many_links_use_no_descriptors_and_leave_nothing_behind(friends):

@@ -44,6 +44,9 @@ from trio_support import (  # noqa: F401 (nothing_left_behind: an autouse fixtur
 
 pytest_plugins = ["pytester"]
 
+# Linux's (Python names it from 3.12 on; trio's own value).
+IP_BIND_ADDRESS_NO_PORT = getattr(trio.socket, "IP_BIND_ADDRESS_NO_PORT", 24)
+
 
 @pytest.fixture
 def installed(friends: bool) -> Iterator[bool]:
@@ -356,6 +359,85 @@ async def test_friend_sockets_refuse_what_would_bypass_the_link(installed):
         with pytest.raises(OSError) as info:
             await client.connect(listening.getsockname())
         assert info.value.errno == 106  # EISCONN
+
+
+@pytest.mark.trio
+async def test_a_socket_made_in_a_with_block_closes_its_end_on_leaving_it(installed):
+    """``with trio.socket.socket() as s: await s.connect(...)``: leaving the
+    block closes the socket, so its peer sees EOF (``with`` took __exit__
+    before the connect made the socket a friend)."""
+    listening = trio.socket.socket()
+    await listening.bind((LOCALHOST, 0))
+    listening.listen()
+    with listening, trio.fail_after(TIMEOUT):
+        with trio.socket.socket() as client:
+            await client.connect(listening.getsockname())
+            server, _ = await listening.accept()
+            assert fst.is_friend(client) is fst.is_friend(server) is installed
+            await client.send(b"last words")
+        assert client.fileno() == -1
+        with server:
+            got = b""
+            while data := await server.recv(100):
+                got += data
+            assert got == b"last words"
+
+
+@pytest.mark.trio
+async def test_a_connect_cancelled_while_resolving_closes_the_socket(installed):
+    """As trio's own connect: cancelled anywhere in it (here in the name's
+    look-up), the socket is closed."""
+    listening = trio.socket.socket()
+    await listening.bind((LOCALHOST, 0))
+    listening.listen()
+    with listening:
+        client = trio.socket.socket()
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await client.connect(("localhost", listening.getsockname()[1]))
+        assert scope.cancelled_caught
+        assert client.fileno() == -1
+
+
+@pytest.mark.trio
+async def test_accept_on_a_listener_closed_underfoot_is_a_checkpoint(installed):
+    """trio's rule: every socket call that can block is a checkpoint, even
+    one that fails at once."""
+    listening = trio.socket.socket()
+    await listening.bind((LOCALHOST, 0))
+    listening.listen()
+    listener = trio.SocketListener(listening)
+    listening.close()
+    with trio.testing.assert_checkpoints():
+        with pytest.raises(trio.ClosedResourceError):
+            await listener.accept()
+    with trio.testing.assert_checkpoints():
+        with pytest.raises(OSError):
+            await listening.accept()
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("local_address", ["127.0.0.2", "0.0.0.0"])
+async def test_open_tcp_stream_keeps_its_local_address(installed, local_address):
+    """trio binds ``local_address=`` with IP_BIND_ADDRESS_NO_PORT (the port
+    comes at connect()): the connection keeps that address, its two ends
+    agree on each other's, and bytes flow both ways."""
+    listeners = await trio.open_tcp_listeners(0, host=LOCALHOST)
+    async with listeners[0] as listener:
+        port = listener.socket.getsockname()[1]
+        with trio.fail_after(TIMEOUT):
+            async with await trio.open_tcp_stream(LOCALHOST, port, local_address=local_address) \
+                    as client, await listener.accept() as server:
+                assert fst.is_friend(client.socket) is fst.is_friend(server.socket) is installed
+                sockname = client.socket.getsockname()
+                assert sockname[0] == (LOCALHOST if local_address == "0.0.0.0" else local_address)
+                assert sockname == server.socket.getpeername() and sockname[1] != 0
+                if client.socket.fileno() != -1:  # (a socketless end has no such option)
+                    assert client.socket.getsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT)
+                await client.send_all(b"ping")
+                assert await receive_exactly(server, 4) == b"ping"
+                await server.send_all(b"pong")
+                assert await receive_exactly(client, 4) == b"pong"
 
 
 @pytest.mark.trio

@@ -50,6 +50,7 @@ from .._handshake import (
     Entry,
     Pending,
     adopt_accepted,
+    bound_by_user,
     call_on_claim,
     claim_accepted,
     confirmed,
@@ -404,14 +405,11 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
     if attempt.entry is None:
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return False
+    if bound_by_user(sock) is None:
+        return False  # closed: the native connect says so
     descriptor = Descriptor(sock)
     attempt.sock = descriptor  # type: ignore[assignment]
-    try:
-        unbound = sock.getsockname()[1] == 0
-    except OSError:
-        return False  # closed: the native connect says so
-    if unbound:
-        attempt.bind(sock.family, None)  # to the destination IP, to pair
+    attempt.bind_users_socket()
     entry = attempt.entry
     if entry is None:  # not an address of ours
         counters.fallback(attempt.fallback, resolved)

@@ -32,7 +32,7 @@ import trio
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._handshake import ConnectAttempt, Entry, forget_listener, register_listener
+from .._handshake import ConnectAttempt, Entry, bound_by_user, forget_listener, register_listener
 from .._imports import when_imported
 from .._socketless import socketless_connect, socketless_entry
 from . import _pairing
@@ -132,6 +132,15 @@ def _socket_close(self: Any) -> None:
     _native(_SocketType, "close")(self)
 
 
+def _socket_exit(self: Any, *exc_info: Any) -> None:
+    # ``with sock:`` looks up __exit__ as it enters, before a connect in
+    # the block makes the socket a friend: trio's own would close only the
+    # real socket underneath, and the link's end would stay open.
+    if type(self) is FriendTrioSocket:
+        return self.__exit__(*exc_info)
+    return _native(_SocketType, "__exit__")(self, *exc_info)  # type: ignore[no-any-return]
+
+
 def _from_stdlib_socket(sock: socket.socket) -> Any:
     trio_sock = _pairing._trio_from_stdlib_socket(sock)
     if _is_tcp(sock):
@@ -187,21 +196,28 @@ async def _socket_connect(self: Any, address: Any) -> None:
     sock = self._sock
     if native_calls.get() or not is_enabled() or not _is_tcp(sock):
         return await native(self, address)
+    try:
+        await _pair_socket(self, sock, address, native)
+    except trio.Cancelled:
+        # As trio's own: a connect cut short leaves the socket in no state
+        # to use, so it is closed.
+        self._sock.close()
+        raise
+
+
+async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any) -> None:
     resolved = await self._resolve_address_nocp(address, local=False)
     if not registry.has_port(resolved[1]):
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return await native(self, resolved)
     attempt = ConnectAttempt(resolved)
-    if attempt.entry is None:
+    bound = bound_by_user(sock)
+    if attempt.entry is None or bound is None:  # None: closed, the native connect says so
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return await native(self, resolved)
     attempt.sock = sock
-    try:
-        unbound = sock.getsockname()[1] == 0
-    except OSError:
-        unbound = False  # closed: the native connect says so
     token = trio.lowlevel.current_trio_token()
-    if socketless_entry(attempt.entry, not unbound):
+    if socketless_entry(attempt.entry, bound):
         await trio.lowlevel.checkpoint_if_cancelled()
         made = socketless_connect(attempt.entry, resolved, threaded=attempt.entry.owner is not token)
         # The socket object stays the caller's; its descriptor goes.
@@ -211,8 +227,7 @@ async def _socket_connect(self: Any, address: Any) -> None:
         become_friend(self, made.link.client, client.sockname, client.peername, run_state())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return
-    if unbound:
-        attempt.bind(sock.family, None)  # to the destination IP, to pair
+    attempt.bind_users_socket()
     if attempt.entry is None:  # not an address of ours
         counters.fallback(attempt.fallback, resolved)
         return await native(self, resolved)
@@ -258,6 +273,7 @@ def _patches() -> List[Tuple[Any, str, Any]]:
         (trio.socket, "from_stdlib_socket", _from_stdlib_socket),
         (_SocketType, "listen", _socket_listen),
         (_SocketType, "close", _socket_close),
+        (_SocketType, "__exit__", _socket_exit),
         (_SocketType, "connect", _socket_connect),
         (_SocketType, "accept", _socket_accept),
     ]

@@ -175,6 +175,12 @@ async def accept_connection(listen_sock: socket.socket, entry: Optional[Entry],
             else:
                 await backlog.wait_readable(listen_sock)
             parked = True
+        except OSError:
+            # A failed accept is a checkpoint too, as trio's own (closed
+            # underfoot: EBADF after the checkpoint).
+            if not parked:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            raise
     if entry is not None:
         make_room(entry)
     if not parked:
@@ -444,11 +450,10 @@ async def _connected(sock: socket.socket, address: Any, err: int) -> None:
     if err == errno.EINPROGRESS:
         await trio.lowlevel.wait_writable(sock)
         err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if not err:
-            return
+    else:  # done or failed at once: a checkpoint all the same, as trio's
+        await trio.lowlevel.cancel_shielded_checkpoint()
     if err:  # worded as trio words it
         raise OSError(err, f"Error connecting to {address}: {os.strerror(err)}")
-    await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 def _start_client(pending: Pending, sock: socket.socket) -> FriendStream:
