@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import contextvars
 import errno
+import gc
 import socket
 import ssl
 from typing import AsyncIterator, List, Tuple
@@ -427,6 +428,36 @@ def test_class_patch_with_a_coroutine_driven_by_hand(factory, klass):
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(main())
+    finally:
+        uninstall_class(klass)
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["friend", "tcp"])
+@pytest.mark.parametrize("factory, klass", [(asyncio.new_event_loop, asyncio.BaseEventLoop),
+                                            (uvloop.new_event_loop, uvloop.Loop)], ids=["asyncio", "uvloop"])
+def test_a_refused_connect_leaves_no_reference_cycle(factory, klass, installed):
+    """As the loop's own connect (anyio's suite checks it): once caught, the
+    error of a refused connect is held by nothing else, not by a patched
+    method's frame through the future that carried it (a cycle that keeps
+    every frame's locals alive until a collection)."""
+    async def main():
+        with socket.socket() as holder:  # a port nobody listens on
+            holder.bind(("127.0.0.1", 0))
+            port = holder.getsockname()[1]
+            error = None
+            try:
+                await asyncio.get_running_loop().create_connection(asyncio.Protocol, "127.0.0.1", port)
+            except ConnectionRefusedError as exc:
+                error = exc
+            assert error is not None
+            await asyncio.sleep(0)  # the loop's handle that woke us holds the future till then
+            return gc.get_referrers(error)
+
+    if installed:
+        install_class(klass)
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            assert runner.run(main()) == []
     finally:
         uninstall_class(klass)
 

@@ -73,6 +73,9 @@ def in_class_wrapper(coro: Coroutine[Any, Any, Any], loop: Any, klass: type) -> 
             raise
         except BaseException as exc:
             sent, error = None, exc
+        # Nor the future it passed on: done with an error, it holds that
+        # error, whose traceback holds this frame.
+        yielded = None
 
 
 def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
