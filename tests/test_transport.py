@@ -308,6 +308,49 @@ async def test_echo_byte_exact(friends, size):
         assert client.events == expected
 
 
+@pytest.mark.parametrize("size", [0, 100_003, 3 * MiB])
+async def test_loop_sendfile(friends, size, tmp_path):
+    """``loop.sendfile(transport, file)`` (aiohttp's FileResponse): the
+    file's bytes from the offset on, in order, the protocol back in place
+    and its writing state kept; where the loop has no sendfile for its own
+    transports (uvloop), the friend path refuses it alike."""
+    payload = random.Random(size).randbytes(size)
+    path = tmp_path / "payload"
+    path.write_bytes(payload)
+    loop = asyncio.get_running_loop()
+    async with connected_pair(friends, server_protocol=EchoUntilEof) as (transport, client, _):
+        with open(path, "rb") as file:
+            try:
+                sent = await wait(loop.sendfile(transport, file, offset=1 if size else 0))
+            except NotImplementedError:
+                assert isinstance(loop, uvloop.Loop)
+                return
+            assert sent == max(size - 1, 0)
+            assert file.tell() == size
+        assert transport.get_protocol() is client and transport.is_reading()
+        transport.write(b"and after")
+        transport.write_eof()
+        assert await wait(client.lost) is None
+        assert client.data == payload[1:] + b"and after"
+
+
+async def test_a_transport_method_replaced_on_one_instance(friends):
+    """Test code patches one transport's method (``mock.patch.object``), as
+    it can on asyncio's own socket transport."""
+    async with connected_pair(friends) as (transport, client, server):
+        if isinstance(asyncio.get_running_loop(), uvloop.Loop) and not friends:
+            with pytest.raises(AttributeError):  # a C type: uvloop's own refuses it
+                transport.write = print
+            return
+        written = []
+        transport.write = written.append
+        transport.write(b"not sent")
+        assert written == [b"not sent"]
+        del transport.write
+        transport.write(b"sent")
+        assert await wait(server.wait_bytes(4)) == b"sent"
+
+
 # -- half-close ---------------------------------------------------------------
 
 

@@ -25,6 +25,8 @@ import os
 import socket
 import warnings
 from asyncio import format_helpers
+from asyncio.constants import _SendfileMode
+from asyncio.transports import _FlowControlMixin
 from functools import partial
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Tuple
@@ -66,15 +68,21 @@ def set_nodelay(loop: asyncio.AbstractEventLoop, sock: Any) -> None:
         pass
 
 
-class FriendTransport(asyncio.Transport):
-    """One end of a friend link, as an ``asyncio.Transport``."""
+class FriendTransport(_FlowControlMixin):
+    """One end of a friend link, as an ``asyncio.Transport``.
+
+    Of asyncio's flow-control base (as its socket transports) it keeps only
+    the class: its own flow control is below; the stdlib loop's
+    ``sendfile()`` (and others' code) checks for that class."""
 
     # TLS runs over a friend link as over TCP: the stdlib loop's start_tls()
     # refuses transports that do not declare this.
     _start_tls_compatible = True
+    # sendfile() as on a socket transport the loop cannot sendfile(2) to:
+    # the file read and written, with this transport's flow control.
+    _sendfile_compatible = _SendfileMode.FALLBACK
 
     __slots__ = (
-        "_loop",
         "_end",
         "_out",
         "_in",
@@ -87,9 +95,6 @@ class FriendTransport(asyncio.Transport):
         "_eof_delivered",
         "_conn_lost",
         "_paused_reading",
-        "_protocol_paused",
-        "_high_water",
-        "_low_water",
         "_drains",
         "_drain_now",
         "_state",
@@ -97,6 +102,9 @@ class FriendTransport(asyncio.Transport):
         "_sockname",
         "_peername",
         "_socket",
+        # As asyncio's socket transports: test code may replace a method on
+        # one transport (mock.patch.object).
+        "__dict__",
         "__weakref__",
     )
 
@@ -112,8 +120,9 @@ class FriendTransport(asyncio.Transport):
         state: Optional[LoopState] = None,
     ) -> None:
         # Not asyncio's per-transport extra dict: what get_extra_info
-        # answers is in slots (thousands of idle links weigh less).
-        super().__init__(_NO_EXTRA)
+        # answers is in slots (thousands of idle links weigh less). Nor the
+        # flow-control base's __init__: every field it sets is set here.
+        self._extra = _NO_EXTRA
         self._sock = sock
         self._sockname = shared_host(sockname)
         self._peername = shared_host(peername)
