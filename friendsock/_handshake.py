@@ -285,16 +285,17 @@ def _bind_port_now(sock: socket.socket, host: str) -> None:
     its user asked for the port at connect() (``IP_BIND_ADDRESS_NO_PORT``,
     which also lets this second bind() happen); the option stays as its
     user set it."""
+    option = _IP_BIND_ADDRESS_NO_PORT
     no_port = 0
-    if _IP_BIND_ADDRESS_NO_PORT is not None:
-        no_port = sock.getsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT)
+    if option is not None:
+        no_port = sock.getsockopt(socket.IPPROTO_IP, option)
         if no_port:
-            sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 0)
+            sock.setsockopt(socket.IPPROTO_IP, option, 0)
     try:
         sock.bind((host, 0))
     finally:
         if no_port:
-            sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, no_port)
+            sock.setsockopt(socket.IPPROTO_IP, option, no_port)  # type: ignore[arg-type]
 
 
 def is_local_address(host: str) -> bool:

@@ -7,7 +7,9 @@ Process-wide, in the manner of gevent's ``monkey.patch_socket()``: the
 and the stdlib's own ``accept()`` look the class up in the module when
 called, so they (and what is built on them: ``http.client``, ``urllib``,
 urllib3/requests, ``socketserver``, ``http.server``) make friend-capable
-sockets without being patched themselves.
+sockets without being patched themselves. ``ssl.SSLContext.wrap_socket``
+is patched too: a friend socket's TLS runs over its link
+(:mod:`friendsock._blocking._tls`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Optional
 
 from . import _socket as _blocking_socket
 from ._socket import FriendBlockingSocket, FriendCapableSocket
+from ._tls import patch_ssl, unpatch_ssl
 
 _lock = threading.Lock()
 _saved: Optional[Any] = None  # what socket.socket was before patch_socket()
@@ -36,6 +39,7 @@ def patch_socket() -> None:
             return
         _saved = socket.socket
         socket.socket = FriendCapableSocket  # type: ignore[misc]
+        patch_ssl()
         _blocking_socket.patched = True
 
 
@@ -43,12 +47,14 @@ def unpatch_socket() -> None:
     """Undo :func:`patch_socket`: ``socket.socket`` is the class it was.
     Sockets made meanwhile connect and listen natively from now on;
     listeners registered meanwhile pair until they close, and friend
-    sockets stay friends until closed."""
+    sockets stay friends until closed (TLS on one is for before this:
+    ``wrap_socket`` is the stdlib's again)."""
     global _saved
     with _lock:
         if not _blocking_socket.patched:
             return
         _blocking_socket.patched = False
+        unpatch_ssl()
         if socket.socket is FriendCapableSocket:  # not replaced since by someone else
             socket.socket = _saved  # type: ignore[misc]
         _saved = None

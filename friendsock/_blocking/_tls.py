@@ -1,0 +1,292 @@
+"""TLS on a paired blocking socket: ``SSLContext.wrap_socket`` of a friend
+socket (``http.client``'s and urllib3's HTTPS, a TLS ``socketserver``).
+
+The stdlib's ``SSLSocket`` hands OpenSSL its socket's descriptor, and a
+friend socket's bytes do not go through any descriptor. So a friend socket
+is wrapped in a :class:`FriendSSLSocket` instead: an ``ssl.SSLSocket`` (what
+callers check for) whose TLS object is an ``ssl.SSLObject`` over memory
+BIOs, fed from the friend socket and flushed to it, blocking as the socket's
+timeout says (:class:`LinkTLS`). Every ``SSLSocket`` method that goes
+through its TLS object works unchanged; what would reach a descriptor
+goes to the friend socket instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import ssl
+from typing import Any, Callable, Optional, TypeVar
+
+from ._socket import FriendBlockingSocket, OriginalSocket
+
+_T = TypeVar("_T")
+# Raw bytes read from the link at a time (as asyncio's SSL reads).
+_READ_SIZE = 256 * 1024
+
+
+class LinkTLS:
+    """What ``SSLSocket`` keeps as ``_sslobj`` (the C TLS object of a real
+    socket): the same calls, run over an ``ssl.SSLObject`` whose records
+    move through the friend socket ``raw``."""
+
+    __slots__ = ("_obj", "_incoming", "_outgoing", "_raw", "_owner", "_unsent")
+
+    def __init__(self, context: ssl.SSLContext, raw: FriendBlockingSocket, owner: "FriendSSLSocket",
+                 server_side: bool, server_hostname: Optional[str], session: Any) -> None:
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._obj = context.wrap_bio(self._incoming, self._outgoing, server_side=server_side,
+                                     server_hostname=server_hostname, session=session)
+        self._raw = raw
+        self._owner = owner
+        self._unsent = b""  # records a non-blocking socket could not send yet
+
+    def _run(self, step: Callable[..., _T], *args: Any) -> _T:
+        """``step`` on the TLS object, as often as it takes: what it writes is
+        sent, what it waits for received (blocking as ``raw``'s timeout
+        says; non-blocking, SSLWantReadError/SSLWantWriteError as a real
+        TLS socket raises)."""
+        while True:
+            try:
+                result = step(*args)
+            except ssl.SSLWantReadError:
+                self._flush()
+                self._fill()
+                continue
+            self._flush()
+            return result
+
+    def _flush(self) -> None:
+        data = self._unsent + self._outgoing.read()
+        self._unsent = b""
+        if not data:
+            return
+        if self._raw.gettimeout() != 0.0:
+            self._raw.sendall(data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self._raw.send(view):]
+            except BlockingIOError:
+                # Kept, sent at the next call: the TLS object took these bytes already.
+                self._unsent = view.tobytes()
+                raise ssl.SSLWantWriteError(ssl.SSL_ERROR_WANT_WRITE,
+                                            "The operation did not complete (write)") from None
+
+    def _fill(self) -> None:
+        try:
+            data = self._raw.recv(_READ_SIZE)
+        except BlockingIOError:
+            raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ,
+                                       "The operation did not complete (read)") from None
+        if data:
+            self._incoming.write(data)
+        else:
+            self._incoming.write_eof()
+
+    # -- the C object's calls that move records ----------------------------------
+    def do_handshake(self) -> None:
+        self._run(self._obj.do_handshake)
+
+    def read(self, len: int = 1024, buffer: Any = None) -> Any:
+        if buffer is None:
+            return self._run(self._obj.read, len)
+        return self._run(self._obj.read, len, buffer)
+
+    def write(self, data: Any) -> int:
+        return self._run(self._obj.write, data)
+
+    def shutdown(self) -> "FriendSSLSocket":
+        """The TLS close (``SSLSocket.unwrap``): the socket, plain from here
+        on, is returned; bytes past the peer's close_notify stay readable."""
+        self._run(self._obj.unwrap)
+        self._owner._plain_leftover = self._incoming.read()
+        return self._owner
+
+    # -- the rest, as the C object answers ---------------------------------------
+    def pending(self) -> int:
+        return self._obj.pending()
+
+    def getpeercert(self, binary_form: bool = False) -> Any:
+        return self._obj.getpeercert(binary_form)
+
+    def __getattr__(self, name: str) -> Any:
+        # cipher, shared_ciphers, version, selected_alpn_protocol,
+        # compression, get_channel_binding, session, session_reused, ...
+        return getattr(self._obj, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in LinkTLS.__slots__:
+            object.__setattr__(self, name, value)
+        else:  # session, as SSLSocket.session's setter sets it
+            setattr(self._obj, name, value)
+
+
+class FriendSSLSocket(ssl.SSLSocket):
+    """``ssl.SSLSocket`` over a paired blocking socket (see the module doc).
+    Its own descriptor is a duplicate of the friend socket's TCP one (for
+    what ``socket.socket`` asks of a descriptor); its bytes, its readiness
+    (``fileno()``), its options, timeout, shutdown and close are the friend
+    socket's."""
+
+    _raw: FriendBlockingSocket
+    _plain_leftover: bytes
+    # The stdlib's, undeclared in its stubs.
+    _closed: bool
+    _checkClosed: Callable[[], None]
+
+    @classmethod
+    def _create(cls, sock: Any, server_side: bool = False, do_handshake_on_connect: bool = True,
+                suppress_ragged_eofs: bool = True, server_hostname: Optional[str] = None,
+                context: Optional[ssl.SSLContext] = None, session: Any = None) -> "FriendSSLSocket":
+        assert context is not None
+        # The checks of SSLSocket._create, in its words.
+        if server_side:
+            if server_hostname:
+                raise ValueError("server_hostname can only be specified in server mode")
+            if session is not None:
+                raise ValueError("session can only be specified in client mode")
+        if context.check_hostname and not server_hostname:
+            raise ValueError("check_hostname requires server_hostname")
+        fd = os.dup(sock._descriptor.fileno())
+        self: Any  # what SSLSocket._create sets, undeclared there
+        try:
+            self = cls.__new__(cls, family=sock.family, type=sock.type,  # type: ignore[call-arg]
+                               proto=sock.proto, fileno=fd)
+            OriginalSocket.__init__(self, sock.family, sock.type, sock.proto, fd)  # type: ignore[misc]
+        except BaseException:
+            os.close(fd)
+            raise
+        self._raw = sock
+        self._plain_leftover = b""
+        self._context = context
+        self._session = session
+        self._closed = False
+        self._sslobj = None
+        self.server_side = server_side
+        self.server_hostname = context._encode_hostname(server_hostname)  # type: ignore[attr-defined]
+        self.do_handshake_on_connect = do_handshake_on_connect
+        self.suppress_ragged_eofs = suppress_ragged_eofs
+        self._connected = True  # a friend socket is connected
+        try:
+            self._sslobj = LinkTLS(context, sock, self, server_side, self.server_hostname, session)
+            if do_handshake_on_connect:
+                if sock.gettimeout() == 0.0:
+                    raise ValueError("do_handshake_on_connect should not be specified for "
+                                     "non-blocking sockets")
+                self.do_handshake()
+        except BaseException:
+            self.close()
+            raise
+        return self  # type: ignore[no-any-return]
+
+    # -- what is the friend socket's -------------------------------------------
+    def fileno(self) -> int:
+        return -1 if self._closed else self._raw.fileno()
+
+    def gettimeout(self) -> Optional[float]:
+        return self._raw.gettimeout()
+
+    def settimeout(self, value: Optional[float]) -> None:
+        self._raw.settimeout(value)
+
+    def setblocking(self, flag: bool) -> None:
+        self._raw.setblocking(flag)
+
+    def getsockopt(self, *args: Any) -> Any:
+        return self._raw.getsockopt(*args)
+
+    def setsockopt(self, *args: Any) -> None:
+        self._raw.setsockopt(*args)
+
+    def getpeername(self) -> Any:
+        return self._raw.getpeername()
+
+    def getsockname(self) -> Any:
+        return self._raw.getsockname()
+
+    def detach(self) -> int:
+        raise OSError(errno.EOPNOTSUPP, "detach() is not supported on a friend socket: its "
+                                        "bytes do not go through the descriptor")
+
+    def shutdown(self, how: int) -> None:
+        self._checkClosed()
+        self._sslobj = None
+        self._raw.shutdown(how)
+
+    def _real_close(self) -> None:  # type: ignore[override]
+        self._sslobj = None
+        try:
+            self._raw.close()
+        finally:
+            super()._real_close()  # type: ignore[misc]
+
+    # -- once unwrapped: plain bytes, through the friend socket ---------------------
+    def _take_leftover(self, size: int) -> bytes:
+        data, self._plain_leftover = self._plain_leftover[:size], self._plain_leftover[size:]
+        return data
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        if self._sslobj is not None:
+            return super().recv(buflen, flags)
+        self._checkClosed()
+        if self._plain_leftover and not flags:
+            return self._take_leftover(buflen)
+        return self._raw.recv(buflen, flags)
+
+    def recv_into(self, buffer: Any, nbytes: Optional[int] = None, flags: int = 0) -> int:
+        if self._sslobj is not None:
+            return super().recv_into(buffer, nbytes, flags)  # type: ignore[arg-type]
+        self._checkClosed()
+        if self._plain_leftover and not flags:
+            view = memoryview(buffer).cast("B")
+            data = self._take_leftover(min(nbytes or len(view), len(view)))
+            view[:len(data)] = data
+            return len(data)
+        return self._raw.recv_into(buffer, nbytes or 0, flags)
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        if self._sslobj is not None:
+            return super().send(data, flags)
+        self._checkClosed()
+        return self._raw.send(data, flags)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if self._sslobj is not None:
+            return super().sendall(data, flags)
+        self._checkClosed()
+        return self._raw.sendall(data, flags)
+
+    def sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
+        return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
+
+
+_native_wrap_socket = ssl.SSLContext.wrap_socket
+
+
+def _wrap_socket(self: ssl.SSLContext, sock: socket.socket, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+    if type(sock) is FriendBlockingSocket:
+        return wrap_friend(self, sock, *args, **kwargs)
+    return _native_wrap_socket(self, sock, *args, **kwargs)
+
+
+def wrap_friend(context: ssl.SSLContext, sock: FriendBlockingSocket, server_side: bool = False,
+                do_handshake_on_connect: bool = True, suppress_ragged_eofs: bool = True,
+                server_hostname: Optional[str] = None, session: Any = None) -> FriendSSLSocket:
+    """``context.wrap_socket(sock, ...)`` for a friend socket."""
+    return FriendSSLSocket._create(sock=sock, server_side=server_side,
+                                   do_handshake_on_connect=do_handshake_on_connect,
+                                   suppress_ragged_eofs=suppress_ragged_eofs,
+                                   server_hostname=server_hostname, context=context,
+                                   session=session)
+
+
+def patch_ssl() -> None:
+    ssl.SSLContext.wrap_socket = _wrap_socket  # type: ignore[method-assign]
+
+
+def unpatch_ssl() -> None:
+    ssl.SSLContext.wrap_socket = _native_wrap_socket  # type: ignore[method-assign]

@@ -1,0 +1,217 @@
+"""TLS on blocking sockets (``SSLContext.wrap_socket``) under
+``friendsock.patch_socket()``: both ends blocking, and a blocking client of
+an asyncio TLS server on another thread (``http.client``'s HTTPS).
+
+Each test runs on the friend path (patched: the sockets pair, TLS runs over
+the link) and on real TCP (the stdlib's sockets, the reference); both must
+agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import random
+import socket
+import ssl
+from typing import Iterator, Tuple
+
+import pytest
+import trustme
+
+import friendsock
+from friendsock._blocking._tls import FriendSSLSocket
+from support import tls_contexts
+from test_blocking import (  # noqa: F401 (fixtures)
+    LOCALHOST,
+    MiB,
+    TIMEOUT,
+    ServerLoop,
+    blocking_pair,
+    patched,
+    receive_until_eof,
+    run_thread,
+    server_loop,
+)
+
+
+@pytest.fixture(scope="module")
+def contexts() -> Tuple[ssl.SSLContext, ssl.SSLContext]:
+    return tls_contexts(trustme.CA())
+
+
+@pytest.fixture
+def tls_pair(patched, contexts) -> Iterator[Tuple[ssl.SSLSocket, ssl.SSLSocket]]:  # noqa: F811
+    """(client, server) TLS sockets over a blocking pair, the handshake done
+    (the server's in a thread)."""
+    server_context, client_context = contexts
+    with blocking_pair(patched) as (client, server):
+        join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
+        tls_client = client_context.wrap_socket(client, server_hostname="localhost")
+        tls_server = join()
+        with tls_client, tls_server:
+            for sock in (tls_client, tls_server):
+                assert isinstance(sock, ssl.SSLSocket)
+                assert (type(sock) is FriendSSLSocket) is patched
+            yield tls_client, tls_server
+
+
+def test_tls_between_blocking_sockets_keeps_the_tls_socket_contract(patched, tls_pair):  # noqa: F811
+    client, server = tls_pair
+    assert client.version() == server.version() and client.version().startswith("TLS")
+    assert client.cipher() == server.cipher()
+    assert client.getpeercert()["subjectAltName"]
+    assert client.getpeername() == server.getsockname()
+    assert client.getsockname() == server.getpeername()
+    assert client.gettimeout() == TIMEOUT
+    client.sendall(b"hello")
+    assert server.recv(5) == b"hello"
+    server.sendall(b"line one\nline two\n")
+    with client.makefile("rb") as lines:
+        assert lines.readline() == b"line one\n"
+        assert lines.readline() == b"line two\n"
+    buffer = bytearray(10)
+    server.sendall(b"into")
+    assert client.recv_into(buffer) == 4 and buffer[:4] == b"into"
+    assert client.pending() == 0
+    with pytest.raises(ValueError):
+        client.recv(10, socket.MSG_PEEK)  # as the stdlib's: no flags on a TLS socket
+
+
+@pytest.mark.parametrize("size", [0, 1, 100_003, 3 * MiB])
+def test_tls_bytes_arrive_whole_and_in_order(patched, tls_pair, size):  # noqa: F811
+    client, server = tls_pair
+    payload = random.Random(size).randbytes(size)
+
+    def send() -> None:
+        client.sendall(payload)
+        client.shutdown(socket.SHUT_WR)  # as the stdlib's: no close_notify, the raw EOF
+
+    join = run_thread(send)
+    assert receive_until_eof(server) == payload  # a ragged EOF reads as b"" (suppressed)
+    join()
+
+
+def test_tls_read_timeout_and_close(patched, tls_pair):  # noqa: F811
+    client, server = tls_pair
+    client.settimeout(0.05)
+    with pytest.raises(TimeoutError):
+        client.recv(10)
+    client.settimeout(TIMEOUT)
+    server.sendall(b"still there")
+    assert client.recv(100) == b"still there"
+    server.close()
+    assert client.recv(100) == b""
+
+
+def test_unwrap_goes_back_to_plain_bytes(patched, tls_pair):  # noqa: F811
+    """STARTTLS's end: both sides unwrap (close_notify each way), then plain
+    bytes on the same connection."""
+    client, server = tls_pair
+    client.sendall(b"secret")
+    assert server.recv(6) == b"secret"
+    join = run_thread(server.unwrap)
+    plain_client = client.unwrap()
+    plain_server = join()
+    assert plain_client.version() is None
+    plain_client.sendall(b"in the clear")
+    assert plain_server.recv(100) == b"in the clear"
+
+
+def test_starttls_on_a_blocking_connection(patched, contexts):  # noqa: F811
+    """Plain bytes, then TLS on the same connection, then plain EOF."""
+    server_context, client_context = contexts
+    with blocking_pair(patched) as (client, server):
+        client.sendall(b"STARTTLS\r\n")
+        assert server.recv(100) == b"STARTTLS\r\n"
+        join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
+        tls_client = client_context.wrap_socket(client, server_hostname="localhost")
+        tls_server = join()
+        with tls_client, tls_server:
+            tls_client.sendall(b"AUTH secret\r\n")
+            assert tls_server.recv(100) == b"AUTH secret\r\n"
+            tls_server.sendall(b"235 ok\r\n")
+            assert tls_client.recv(100) == b"235 ok\r\n"
+
+
+def test_a_wrong_certificate_fails_the_handshake_on_both_ends(patched, contexts):  # noqa: F811
+    server_context, _ = contexts
+    stranger = ssl.create_default_context()  # trusts nothing of ours
+    with blocking_pair(patched) as (client, server):
+        join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
+        with pytest.raises(ssl.SSLCertVerificationError):
+            stranger.wrap_socket(client, server_hostname="localhost")
+        with pytest.raises((ssl.SSLError, OSError)):
+            join()
+
+
+def test_http_client_https_to_an_asyncio_server_in_another_thread(patched, server_loop, contexts):  # noqa: F811
+    """``http.client.HTTPSConnection`` (what urllib and urllib3 build on) to
+    an asyncio TLS server on a loop of its own."""
+    server_context, client_context = contexts
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()).strip():
+            pass
+        body = b"x" * 100_000
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        writer.close()
+
+    async def start() -> asyncio.AbstractServer:
+        return await friendsock.start_server(handle, LOCALHOST, 0, ssl=server_context,
+                                             friends=patched)
+
+    server = server_loop.run(start())
+    try:
+        before = friendsock.stats().links_made
+        port = server.sockets[0].getsockname()[1]
+        connection = http.client.HTTPSConnection("localhost", port, timeout=TIMEOUT,
+                                                 context=client_context)
+        try:
+            connection.request("GET", "/")
+            response = connection.getresponse()
+            assert response.status == 200 and response.read() == b"x" * 100_000
+            assert (type(connection.sock) is FriendSSLSocket) is patched
+        finally:
+            connection.close()
+        assert friendsock.stats().links_made - before == (1 if patched else 0)
+    finally:
+        server_loop.loop.call_soon_threadsafe(server.close)
+
+
+def test_wrap_socket_is_the_stdlibs_again_after_unpatching():
+    native = ssl.SSLContext.wrap_socket
+    friendsock.patch_socket()
+    try:
+        assert ssl.SSLContext.wrap_socket is not native
+    finally:
+        friendsock.unpatch_socket()
+    assert ssl.SSLContext.wrap_socket is native
+
+
+def test_a_friend_socket_under_tls_leaves_no_descriptor_behind(patched, contexts):  # noqa: F811
+    """Its duplicate of the TCP descriptor goes with it, and a failed wrap
+    closes nothing that is not its own."""
+
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    server_context, client_context = contexts
+    before = open_descriptors()
+    with blocking_pair(patched) as (client, server):
+        join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
+        with client_context.wrap_socket(client, server_hostname="localhost"), join():
+            pass
+    assert open_descriptors() == before
+    with blocking_pair(patched) as (client, server):
+        server.close()  # no TLS there: the handshake fails
+        with pytest.raises((ssl.SSLError, OSError)):
+            client_context.wrap_socket(client, server_hostname="localhost")
+        a, b = socket.socketpair()  # takes any descriptor number just freed
+        with a, b:
+            client.close()
+            a.sendall(b"mine")
+            assert b.recv(4) == b"mine"
+    assert open_descriptors() == before
