@@ -4,8 +4,9 @@ away between a client's match and its registration."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from typing import Iterator, Tuple
+from typing import Any, Iterator, Tuple
 
 import pytest
 
@@ -26,19 +27,26 @@ from friendsock._handshake import (
 )
 
 
-@pytest.fixture
-def listener() -> Iterator[Tuple[socket.socket, ListenerEntry]]:
-    listen_sock = socket.socket()
-    listen_sock.bind(("127.0.0.1", 0))
-    listen_sock.listen(8)
-    entry = ListenerEntry(listen_sock.getsockname(), v6only=False, exclusive=True,
-                          owner=object(), handle=ListenerHandle(listen_sock, None))
+@contextlib.contextmanager
+def registered(address: Any, sock: socket.socket) -> Iterator[ListenerEntry]:
+    """An exclusive listener entry for ``address`` (its handle's socket
+    ``sock``), in the registry for the block."""
+    entry = ListenerEntry(address, v6only=False, exclusive=True,
+                          owner=object(), handle=ListenerHandle(sock, None))
     registry.add_listener(entry)
     try:
-        yield listen_sock, entry
+        yield entry
     finally:
         registry.remove_listener(entry)
-        listen_sock.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[Tuple[socket.socket, ListenerEntry]]:
+    with socket.socket() as listen_sock:
+        listen_sock.bind(("127.0.0.1", 0))
+        listen_sock.listen(8)
+        with registered(listen_sock.getsockname(), listen_sock) as entry:
+            yield listen_sock, entry
 
 
 def bound_client(listen_sock: socket.socket) -> Tuple[socket.socket, tuple]:
@@ -134,13 +142,8 @@ def wildcard_entry() -> Iterator[Tuple[int, ListenerEntry]]:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         port = holder.getsockname()[1]
-        entry = ListenerEntry(("0.0.0.0", port), v6only=False, exclusive=True,
-                              owner=object(), handle=ListenerHandle(holder, None))
-        registry.add_listener(entry)
-        try:
+        with registered(("0.0.0.0", port), holder) as entry:
             yield port, entry
-        finally:
-            registry.remove_listener(entry)
 
 
 @pytest.mark.parametrize("how", ["local_infos", "bound_by_its_user"])
