@@ -63,6 +63,49 @@ def as_dict(stats: FriendStats) -> Dict[str, Any]:
     }
 
 
+def from_dict(data: Mapping[str, Any]) -> FriendStats:
+    """The report :func:`as_dict` gave, back (from another process)."""
+    listeners = {
+        address: ListenerStats(address, entry["links_made"], types.MappingProxyType(dict(entry["fallbacks"])))
+        for address, entry in data["listeners"].items()
+    }
+    return FriendStats(
+        links_made=data["links_made"],
+        links_alive=data["links_alive"],
+        bytes_moved=data["bytes_moved"],
+        fallbacks=types.MappingProxyType(dict(data["fallbacks"])),
+        pending=data["pending"],
+        listeners=types.MappingProxyType(listeners),
+    )
+
+
+def combined(parts: Sequence[FriendStats]) -> FriendStats:
+    """Several processes' reports as one (pytest-xdist's workers): every
+    count summed, per listener too."""
+    made: Dict[str, int] = {}
+    fallbacks: Dict[str, Dict[str, int]] = {}
+    for part in parts:
+        for address, s in part.listeners.items():
+            made[address] = made.get(address, 0) + s.links_made
+            reasons = fallbacks.setdefault(address, {})
+            for reason, count in s.fallbacks.items():
+                reasons[reason] = reasons.get(reason, 0) + count
+    listeners = sorted((ListenerStats(address, made[address], types.MappingProxyType(fallbacks[address]))
+                        for address in made), key=lambda s: (-s.links_made, -s.fell_back, s.address))
+    totals: Dict[str, int] = {}
+    for part in parts:
+        for reason, count in part.fallbacks.items():
+            totals[reason] = totals.get(reason, 0) + count
+    return FriendStats(
+        links_made=sum(part.links_made for part in parts),
+        links_alive=sum(part.links_alive for part in parts),
+        bytes_moved=sum(part.bytes_moved for part in parts),
+        fallbacks=types.MappingProxyType(totals),
+        pending=sum(part.pending for part in parts),
+        listeners=types.MappingProxyType({s.address: s for s in listeners}),
+    )
+
+
 def _size(count: int) -> str:
     if count < 1024:
         return f"{count:,} bytes"

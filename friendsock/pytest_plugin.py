@@ -36,10 +36,14 @@ from ._asyncio._api import create_server, start_server
 from ._everywhere import install_everywhere
 from ._core._stats import FriendStats
 from ._core._switch import is_enabled, set_enabled
-from ._report import since, text_lines
+from ._report import as_dict, combined, from_dict, since, text_lines
 
 # The counters when a session-wide --friendsock session started.
 _SESSION_BASELINE = pytest.StashKey[FriendStats]()
+# Under pytest-xdist: what each worker counted (the controller's), and the
+# key of a worker's output it comes in.
+_WORKER_COUNTS = pytest.StashKey[List[FriendStats]]()
+_WORKER_OUTPUT = "friendsock_counts"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -113,15 +117,35 @@ def pytest_configure(config: pytest.Config) -> None:
             config.add_cleanup(unpatch_socket)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A pytest-xdist worker: its counts go to the controller, which reports.
+    config = session.config
+    output = getattr(config, "workeroutput", None)
+    baseline = config.stash.get(_SESSION_BASELINE, None)
+    if output is not None and baseline is not None:
+        from . import stats
+
+        output[_WORKER_OUTPUT] = as_dict(since(baseline, stats()))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    # pytest-xdist's controller: a worker is done, with its counts.
+    counts = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT)
+    if counts is not None:
+        node.config.stash.setdefault(_WORKER_COUNTS, []).append(from_dict(counts))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     baseline = config.stash.get(_SESSION_BASELINE, None)
     if baseline is None:
         return
     from . import stats
 
+    counts = combined([since(baseline, stats()), *config.stash.get(_WORKER_COUNTS, [])])
     terminalreporter.ensure_newline()
     terminalreporter.section("friendsock")
-    for line in text_lines(since(baseline, stats())):
+    for line in text_lines(counts):
         terminalreporter.write_line(line)
 
 

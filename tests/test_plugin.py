@@ -320,6 +320,21 @@ def test_option_pairs_with_zero_test_changes(pytester, mode, uvloop):
     result.assert_outcomes(passed=3)
 
 
+def test_the_summary_counts_every_xdist_worker(pytester):
+    """Under pytest-xdist the tests run in worker processes: the summary is
+    theirs, summed, the same as without xdist."""
+    make_project(pytester, mode="strict", uvloop=False)
+    summaries = []
+    for workers in ("0", "2"):
+        result = run(pytester, "--friendsock", "-n", workers)
+        result.assert_outcomes(passed=3)
+        lines = result.stdout.lines
+        start = next(i for i, line in enumerate(lines) if "friendsock" in line and "===" in line)
+        summaries.append([line for line in lines[start + 1:start + 4]])
+    assert summaries[0][0].startswith("links made:") and summaries[0][0] != "links made:  0"
+    assert summaries[1] == summaries[0]
+
+
 SOCKETLESS_TESTS = """
 import asyncio
 
