@@ -44,6 +44,8 @@ _SESSION_BASELINE = pytest.StashKey[FriendStats]()
 # key of a worker's output it comes in.
 _WORKER_COUNTS = pytest.StashKey[List[FriendStats]]()
 _WORKER_OUTPUT = "friendsock_counts"
+# The session patched the socket module (--friendsock-sockets).
+_SOCKETS_PATCHED = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -114,6 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         if not is_socket_patched():
             patch_socket()
+            config.stash[_SOCKETS_PATCHED] = True
             config.add_cleanup(unpatch_socket)
 
 
@@ -134,6 +137,15 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     counts = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT)
     if counts is not None:
         node.config.stash.setdefault(_WORKER_COUNTS, []).append(from_dict(counts))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # pytest-socket puts its saved socket.socket back after every test.
+    if item.config.stash.get(_SOCKETS_PATCHED, False):
+        from ._blocking._patch import patch_again_if_put_back
+
+        patch_again_if_put_back()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -335,6 +335,46 @@ def test_the_summary_counts_every_xdist_worker(pytester):
     assert summaries[1] == summaries[0]
 
 
+BLOCKING_SOCKET_TESTS = """
+import socket
+
+import pytest
+import friendsock
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_blocking_sockets_pair(n):
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=10)
+        server, _ = listener.accept()
+        with client, server:
+            assert friendsock.is_friend(client), "not a friend socket"
+"""
+
+BLOCKED_SOCKET_TESTS = """
+import socket
+
+import pytest
+import pytest_socket
+
+
+@pytest.mark.parametrize("n", range(2))
+def test_sockets_stay_blocked(n):
+    with pytest.raises(pytest_socket.SocketBlockedError):
+        socket.socket()
+"""
+
+
+def test_sockets_stay_patched_beside_pytest_socket(pytester):
+    """pytest-socket puts its saved socket.socket back after every test:
+    --friendsock-sockets patches again before the next; where pytest-socket
+    blocks sockets, they stay blocked."""
+    pytester.makepyfile(test_sockets=BLOCKING_SOCKET_TESTS)
+    run(pytester, "--friendsock-sockets").assert_outcomes(passed=3)
+    pytester.makepyfile(test_sockets=BLOCKED_SOCKET_TESTS)
+    run(pytester, "--friendsock-sockets", "--disable-socket").assert_outcomes(passed=2)
+
+
 SOCKETLESS_TESTS = """
 import asyncio
 

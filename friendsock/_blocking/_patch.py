@@ -14,12 +14,13 @@ is patched too: a friend socket's TLS runs over its link
 
 from __future__ import annotations
 
+import _socket
 import socket
 import threading
 from typing import Any, Optional
 
 from . import _socket as _blocking_socket
-from ._socket import FriendBlockingSocket, FriendCapableSocket
+from ._socket import FriendBlockingSocket, FriendCapableSocket, OriginalSocket
 from ._tls import patch_ssl, unpatch_ssl
 
 _lock = threading.Lock()
@@ -58,6 +59,19 @@ def unpatch_socket() -> None:
         if socket.socket is FriendCapableSocket:  # not replaced since by someone else
             socket.socket = _saved  # type: ignore[misc]
         _saved = None
+
+
+def patch_again_if_put_back() -> bool:
+    """While patched, ``socket.socket`` put back to the stdlib's class by
+    someone else (pytest-socket restores the class it saved after every
+    test) is patched again; not where they left a guard of their own on
+    the class's ``connect``. Whether it was."""
+    with _lock:
+        if not _blocking_socket.patched or socket.socket is not _saved or \
+                OriginalSocket.connect is not _socket.socket.connect:  # type: ignore[attr-defined]
+            return False
+        socket.socket = FriendCapableSocket  # type: ignore[misc]
+        return True
 
 
 def is_socket_patched() -> bool:
