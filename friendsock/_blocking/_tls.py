@@ -55,6 +55,14 @@ class LinkTLS:
                 self._flush()
                 self._fill()
                 continue
+            except ssl.SSLError:
+                # What the failure queued (an alert: "unknown ca") goes out
+                # first, as a real TLS socket's does.
+                try:
+                    self._flush()
+                except OSError:
+                    pass
+                raise
             self._flush()
             return result
 
@@ -185,7 +193,9 @@ class FriendSSLSocket(ssl.SSLSocket):
 
     # -- what is the friend socket's -------------------------------------------
     def fileno(self) -> int:
-        return -1 if self._closed else self._raw.fileno()
+        # Closed is its own descriptor closed: close() with a makefile()
+        # still open leaves the socket usable, as the stdlib's.
+        return -1 if OriginalSocket.fileno(self) == -1 else self._raw.fileno()
 
     def gettimeout(self) -> Optional[float]:
         return self._raw.gettimeout()
