@@ -13,6 +13,7 @@ goes to the friend socket instead.
 
 from __future__ import annotations
 
+import _socket
 import errno
 import os
 import socket
@@ -195,7 +196,7 @@ class FriendSSLSocket(ssl.SSLSocket):
     def fileno(self) -> int:
         # Closed is its own descriptor closed: close() with a makefile()
         # still open leaves the socket usable, as the stdlib's.
-        return -1 if OriginalSocket.fileno(self) == -1 else self._raw.fileno()
+        return -1 if _socket.socket.fileno(self) == -1 else self._raw.fileno()
 
     def gettimeout(self) -> Optional[float]:
         return self._raw.gettimeout()
