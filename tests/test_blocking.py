@@ -471,17 +471,39 @@ def test_buffer_sizes_feed_the_accounting(patched):
         assert 0 < queued < 1 * MiB
 
 
+def test_dup_shares_the_connection_till_the_last_close(patched):
+    """As the kernel's dup(): both objects read and write the one
+    connection, each with its own timeout; it closes with the last."""
+    with blocking_pair(patched) as (client, server):
+        twin = client.dup()
+        assert type(twin) is type(client) and friendsock.is_friend(twin) is patched
+        assert twin.getpeername() == client.getpeername()
+        assert twin.gettimeout() == client.gettimeout()
+        twin.settimeout(0.05)
+        assert client.gettimeout() == TIMEOUT
+        twin.sendall(b"one ")
+        client.sendall(b"two ")
+        assert server.recv(100) == b"one two "
+        client.close()
+        assert client.fileno() == -1
+        with pytest.raises(TimeoutError):
+            twin.recv(10)
+        server.sendall(b"to the twin")
+        assert twin.recv(100) == b"to the twin"
+        twin.sendall(b"three")
+        twin.close()
+        assert receive_until_eof(server) == b"three"
+
+
 def test_descriptor_calls(patched):
-    """dup/detach/fromfd: the real socket's on TCP; a clear error on a
-    friend socket (its bytes do not go through a descriptor)."""
+    """detach/fromfd: the real socket's on TCP; a clear error on a friend
+    socket (its bytes do not go through a descriptor)."""
     with blocking_pair(patched) as (client, server):
         if not patched:
-            with client.dup() as copy:
-                assert copy.getpeername() == client.getpeername()
             with socket.fromfd(client.fileno(), socket.AF_INET, socket.SOCK_STREAM) as copy:
                 assert copy.getpeername() == client.getpeername()
             return
-        for call in (client.dup, client.detach,
+        for call in (client.detach,
                      lambda: socket.fromfd(client.fileno(), socket.AF_INET, socket.SOCK_STREAM)):
             with pytest.raises(OSError) as caught:
                 call()

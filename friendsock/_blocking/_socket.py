@@ -137,7 +137,11 @@ class Descriptor:
         return sock
 
     def take_over(self, sock: socket.socket) -> None:
-        """The user closed ``sock``: keep its descriptor until the link is done."""
+        """The user closed ``sock``: keep its descriptor until the link is
+        done (or, one kept already from a duplicate of it, close it)."""
+        if self._own is not None:
+            _ss.close(sock)
+            return
         fd = _ss.detach(sock)
         if fd >= 0:
             self._own = OriginalSocket(sock.family, sock.type, sock.proto, fileno=fd)
@@ -519,6 +523,26 @@ def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peerna
     friend._options.sync_buffer_sizes()
 
 
+class _Handles:
+    """How many socket objects share one friend end (dup())."""
+
+    __slots__ = ("_count", "_lock")
+
+    def __init__(self) -> None:
+        self._count = 1
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def remove(self) -> bool:
+        """One closed: whether others are left."""
+        with self._lock:
+            self._count -= 1
+            return self._count > 0
+
+
 class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     """A blocking socket (connected or accepted) whose bytes move through a
     friend link. Not made directly: ``connect()`` and ``accept()`` turn a
@@ -577,7 +601,20 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             raise _bad_fd()
 
     def dup(self) -> socket.socket:
-        raise _unsupported("dup()")
+        """Another socket object on this connection, as the kernel's dup():
+        its bytes are this one's link, and the connection closes with the
+        last of them."""
+        self._check_open()
+        fd = _socket.dup(_ss.fileno(self))  # for what stays a descriptor's (addresses, options)
+        twin: FriendBlockingSocket = _new_capable(self.family, self.type, self.proto, fd)  # type: ignore[assignment]
+        twin.__class__ = FriendBlockingSocket
+        handles = self.__dict__.get("_handles")
+        if handles is None:
+            handles = self._handles = _Handles()
+        handles.add()
+        twin.__dict__.update(self.__dict__)
+        twin.settimeout(self.gettimeout())
+        return twin
 
     def detach(self) -> int:
         raise _unsupported("detach()")
@@ -879,8 +916,13 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
 
     def _close_friend(self) -> None:
         """Close the friend end (EOF, or a reset over unread bytes); the link
-        releases the TCP descriptor once both ends are done."""
+        releases the TCP descriptor once both ends are done. Of a socket
+        duplicated (dup()), only the last one's close does."""
         self._friend_closed = True
+        handles = self.__dict__.get("_handles")
+        if handles is not None and handles.remove():
+            self._descriptor.take_over(self)  # the connection stays the others'
+            return
         self._in.notify_readable = None
         self._out.notify_writable = None
         self._descriptor.take_over(self)
