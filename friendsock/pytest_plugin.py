@@ -139,13 +139,24 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         node.config.stash.setdefault(_WORKER_COUNTS, []).append(from_dict(counts))
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    # pytest-socket puts its saved socket.socket back after every test.
-    if item.config.stash.get(_SOCKETS_PATCHED, False):
+def _patch_sockets_again(config: pytest.Config) -> None:
+    # pytest-socket puts its saved socket.socket back after every test (and
+    # at a test's setup, for its enable_socket marker).
+    if config.stash.get(_SOCKETS_PATCHED, False):
         from ._blocking._patch import patch_again_if_put_back
 
         patch_again_if_put_back()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the test's fixtures run (they may connect).
+    _patch_sockets_again(item.config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    # After pytest-socket's own teardown: the next test's fixtures pair too.
+    _patch_sockets_again(item.config)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

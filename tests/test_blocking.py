@@ -528,6 +528,47 @@ def test_sockets_that_cannot_pair_stay_real(patched):
                 assert server.recv(10) == b"tcp"
 
 
+def _report_sockname(sock: socket.socket, conn: Any) -> None:
+    """In a spawned child: what it got."""
+    conn.send(sock.getsockname())
+    sock.close()
+
+
+def sockname_in_a_child(sock: socket.socket) -> Any:
+    """``sock`` handed to a spawned child process, which says its address."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_report_sockname, args=(sock, sender))
+    child.start()
+    try:
+        assert receiver.poll(TIMEOUT)
+        return receiver.recv()
+    finally:
+        child.join(TIMEOUT)
+        assert child.exitcode == 0
+        receiver.close()
+        sender.close()
+
+
+def test_sockets_pass_to_a_spawned_process(patched):
+    """multiprocessing hands a socket to its child by descriptor (uvicorn's
+    --workers and --reload hand over their listeners so): a socket made
+    while patched goes as the stdlib's; a paired one, whose descriptor is
+    not the connection, is refused with a clear error."""
+    from multiprocessing.reduction import ForkingPickler
+
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        assert sockname_in_a_child(listener) == listener.getsockname()
+    with blocking_pair(patched) as (client, _):
+        if patched:
+            with pytest.raises(TypeError, match="friend socket"):
+                ForkingPickler.dumps(client)
+        else:
+            assert sockname_in_a_child(client) == client.getsockname()
+
+
 def test_patch_and_unpatch():
     before = socket.socket()
     try:

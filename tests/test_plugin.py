@@ -342,13 +342,19 @@ import pytest
 import friendsock
 
 
-@pytest.mark.parametrize("n", range(3))
-def test_blocking_sockets_pair(n):
+@pytest.fixture
+def connection():
+    # Made by a fixture, as test suites do: before the test body runs.
     with socket.create_server(("127.0.0.1", 0)) as listener:
         client = socket.create_connection(listener.getsockname(), timeout=10)
         server, _ = listener.accept()
         with client, server:
-            assert friendsock.is_friend(client), "not a friend socket"
+            yield client
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_blocking_sockets_pair(n, connection):
+    assert friendsock.is_friend(connection), "not a friend socket"
 """
 
 BLOCKED_SOCKET_TESTS = """

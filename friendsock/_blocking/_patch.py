@@ -17,14 +17,35 @@ from __future__ import annotations
 import _socket
 import socket
 import threading
+from types import ModuleType
 from typing import Any, Optional
 
+from .._imports import when_imported
 from . import _socket as _blocking_socket
 from ._socket import FriendBlockingSocket, FriendCapableSocket, OriginalSocket
 from ._tls import patch_ssl, unpatch_ssl
 
 _lock = threading.Lock()
 _saved: Optional[Any] = None  # what socket.socket was before patch_socket()
+
+
+def _refuse_friend_socket(sock: FriendBlockingSocket) -> Any:
+    raise TypeError(f"cannot pass {sock!r} to another process: a friend socket's bytes "
+                    f"do not go through its descriptor")
+
+
+def _teach_multiprocessing(reduction: ModuleType) -> None:
+    """multiprocessing hands sockets to its child processes by descriptor
+    (uvicorn's --workers and --reload do), with a reducer registered for
+    the exact class ``socket.socket`` was when it was imported: the
+    stdlib's and the patched class both get it; a paired socket, whose
+    descriptor is not the connection, a clear error."""
+    reduce_socket = getattr(reduction, "_reduce_socket", None)
+    if reduce_socket is None:  # pragma: no cover - not on this platform
+        return
+    reduction.register(OriginalSocket, reduce_socket)
+    reduction.register(FriendCapableSocket, reduce_socket)
+    reduction.register(FriendBlockingSocket, _refuse_friend_socket)
 
 
 def patch_socket() -> None:
@@ -42,6 +63,8 @@ def patch_socket() -> None:
         socket.socket = FriendCapableSocket  # type: ignore[misc]
         patch_ssl()
         _blocking_socket.patched = True
+    # Kept after unpatch_socket(): the sockets made meanwhile stay this class.
+    when_imported("multiprocessing.reduction", _teach_multiprocessing)
 
 
 def unpatch_socket() -> None:
