@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import hashlib
 import os
 import random
@@ -18,6 +19,7 @@ import select
 import selectors
 import socket
 import threading
+import warnings
 from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
@@ -567,6 +569,25 @@ def test_sockets_pass_to_a_spawned_process(patched):
                 ForkingPickler.dumps(client)
         else:
             assert sockname_in_a_child(client) == client.getsockname()
+
+
+def test_an_unclosed_socket_warns_as_the_stdlibs(patched):
+    """The finalizer's ResourceWarning names the socket as the stdlib's
+    does ("unclosed <socket.socket"), paired or not, so a project's warning
+    filters match alike."""
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=TIMEOUT)
+        lone = socket.socket()
+        server, _ = listener.accept()
+        with server:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                del client, lone
+                gc.collect()
+    # (Of sockets only: a collection may find what an earlier test left.)
+    messages = [str(w.message) for w in caught
+                if issubclass(w.category, ResourceWarning) and str(w.message).startswith("unclosed <")]
+    assert len(messages) == 2 and all(m.startswith("unclosed <socket.socket ") for m in messages), messages
 
 
 def test_patch_and_unpatch():

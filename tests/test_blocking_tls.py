@@ -10,11 +10,13 @@ agree.
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.client
 import os
 import random
 import socket
 import ssl
+import warnings
 from typing import Iterator, Tuple
 
 import pytest
@@ -226,3 +228,21 @@ def test_a_friend_socket_under_tls_leaves_no_descriptor_behind(patched, contexts
             a.sendall(b"mine")
             assert b.recv(4) == b"mine"
     assert open_descriptors() == before
+
+
+def test_an_unclosed_tls_socket_warns_as_the_stdlibs_once(patched, contexts):  # noqa: F811
+    """One ResourceWarning, naming it as the stdlib does ("unclosed
+    <ssl.SSLSocket"), so a project's warning filters match alike."""
+    server_context, client_context = contexts
+    with blocking_pair(patched) as (client, server):
+        join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
+        tls = client_context.wrap_socket(client, server_hostname="localhost")
+        with join():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                del tls
+                gc.collect()
+    # (Of sockets only: a collection may find what an earlier test left.)
+    messages = [str(w.message) for w in caught
+                if issubclass(w.category, ResourceWarning) and str(w.message).startswith("unclosed <")]
+    assert len(messages) == 1 and messages[0].startswith("unclosed <ssl.SSLSocket"), messages

@@ -181,6 +181,14 @@ class Descriptor:
             _ss.close(sock)
 
 
+def named_as(text: str, name: str) -> str:
+    """A socket's repr (``<module.Class fd=...>``) under the stdlib class
+    ``name`` it stands in for: a warning filter on "unclosed <socket.socket"
+    (the finalizer's ResourceWarning says the repr) matches as without
+    friendsock."""
+    return f"<{name}{text[text.index(' '):]}"
+
+
 class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignore[misc,valid-type]
     """``socket.socket`` while patched (see the module doc). No
     ``__slots__``: a paired one becomes a :class:`FriendBlockingSocket`,
@@ -191,6 +199,9 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
         if fileno is not None and readiness_inodes:
             _refuse_readiness_descriptor(fileno)
         OriginalSocket.__init__(self, family, type, proto, fileno)
+
+    def __repr__(self) -> str:
+        return named_as(OriginalSocket.__repr__(self), "socket.socket")  # type: ignore[call-arg]
 
     # -- connecting -------------------------------------------------------
     def connect(self, address: Any) -> None:
@@ -560,8 +571,11 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
 
     def __del__(self) -> None:
         # Collected unclosed: warn and close, as a real socket's finalizer.
+        # Under a TLS socket it is that one's (which warns for itself), as
+        # the stdlib's SSLSocket takes over the socket it wraps.
         if not self.__dict__.get("_friend_closed", True):
-            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self)
+            if not self.__dict__.get("_under_tls", False):
+                warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self)
             self._close_friend()
 
     # -- what stays a socket's -------------------------------------------------
@@ -589,8 +603,8 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         # descriptor: show the TCP descriptor's until there is one.
         ready = self._signals.ready
         fd = -1 if self._friend_closed else ready.fd if ready is not None else self._descriptor.fileno()
-        closed = " [closed]" if self._friend_closed else ""
-        text = (f"<{type(self).__module__}.{type(self).__qualname__}{closed} fd={fd}, "
+        state = " [closed]" if self._friend_closed else " [friend]"
+        text = (f"<socket.socket{state} fd={fd}, "
                 f"family={self.family!s}, type={self.type!s}, proto={self.proto}")
         if not self._friend_closed:
             text += f", laddr={self._sockname}, raddr={self._peername}"

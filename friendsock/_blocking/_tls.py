@@ -20,7 +20,7 @@ import socket
 import ssl
 from typing import Any, Callable, Optional, TypeVar
 
-from ._socket import FriendBlockingSocket, OriginalSocket
+from ._socket import FriendBlockingSocket, OriginalSocket, named_as
 
 _T = TypeVar("_T")
 # Raw bytes read from the link at a time (as asyncio's SSL reads).
@@ -170,6 +170,7 @@ class FriendSSLSocket(ssl.SSLSocket):
             os.close(fd)
             raise
         self._raw = sock
+        sock._under_tls = True  # type: ignore[attr-defined]
         self._plain_leftover = b""
         self._context = context
         self._session = session
@@ -191,6 +192,9 @@ class FriendSSLSocket(ssl.SSLSocket):
             self.close()
             raise
         return self  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return named_as(super().__repr__(), "ssl.SSLSocket [friend]")
 
     # -- what is the friend socket's -------------------------------------------
     def fileno(self) -> int:

@@ -53,6 +53,8 @@ class TrioEnd:
     _closed: bool
     _reader: Optional[trio.lowlevel.Task]
     _writer: Optional[trio.lowlevel.Task]
+    _sockname: Any  # its address and its friend's, as the socket's
+    _peername: Any
 
     def _init_end(self, end: LinkEnd, state: RunState) -> None:
         self._end = end
@@ -146,14 +148,17 @@ class TrioEnd:
         self._unhook()
         self._end.reset(keep=self._out.rcvbuf)
 
-    def _warn_unclosed(self, what: str, warn: Any = warnings.warn) -> None:
+    def _warn_unclosed(self, warn: Any = warnings.warn) -> None:
         """Collected open: warn, and close as a socket collected unclosed
         (what was queued still goes). The collector may run on any thread,
-        even inside a channel's lock: the run does the closing."""
+        even inside a channel's lock: the run does the closing. The warning
+        names the socket as the stdlib's finalizer does on the TCP path
+        ("unclosed <socket.socket ..."), so warning filters match alike."""
         state = getattr(self, "_state", None)  # None: never hooked in
         if state is None or self._closed or state.pid != os.getpid():
             return
-        warn(f"unclosed {what} {self!r}", ResourceWarning, source=self)
+        warn(f"unclosed <socket.socket [friend] laddr={self._sockname!r}, raddr={self._peername!r}>",
+             ResourceWarning, source=self)
         self._closed = True
         state.streams.pop(id(self), None)
         end = self._end

@@ -87,7 +87,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
                 f"queued={self._out.queued}>")
 
     def __del__(self) -> None:
-        self._warn_unclosed("friend socket")
+        self._warn_unclosed()
 
     # -- what stays the real socket's ---------------------------------------
     def fileno(self) -> int:

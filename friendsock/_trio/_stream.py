@@ -102,7 +102,7 @@ class FriendStream(TrioEnd, trio.abc.HalfCloseableStream):
                 f"queued={self._out.queued} write_bufsize={self._out.write_buffer_size()}>")
 
     def __del__(self) -> None:
-        self._warn_unclosed("friend stream")
+        self._warn_unclosed()
 
     # -- receiving ---------------------------------------------------------
     async def receive_some(self, max_bytes: Optional[int] = None) -> bytes:
