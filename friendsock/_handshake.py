@@ -10,12 +10,14 @@ end is in :class:`ListenerHandle` and :class:`ClientEnd`.
 
 from __future__ import annotations
 
+import collections
 import errno
 import os
 import socket
 import struct
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Optional, Tuple
 
 from ._core._addresses import flow_key, is_ipv4, is_unspecified, shared_host
@@ -173,6 +175,8 @@ def register_listener(listen_sock: socket.socket, state: object, *, owner: objec
     """Register the listening socket ``listen_sock`` for pairing: it accepts
     on the scheduler ``owner``, whose adapter state is ``state``.
     ``exclusive``: the socket is this process's alone (see ListenerEntry)."""
+    if _collected:
+        forget_collected()
     v6only = False
     if listen_sock.family == socket.AF_INET6:
         v6only = bool(listen_sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
@@ -445,6 +449,8 @@ class ConnectAttempt:
     __slots__ = ("address", "entry", "only_one", "fallback", "sock", "pending", "fresh")
 
     def __init__(self, address: Any) -> None:
+        if _collected:
+            forget_collected()
         self.address = address
         entry: Optional[Entry]
         entry, self.only_one = registry.match_listener(address)
@@ -702,6 +708,29 @@ def adopt_accepted(conn: socket.socket, pending: Pending) -> None:
     client_sock = pending.handle.sock
     pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock)
     pending.link.establish()
+
+
+# Listeners whose socket was collected unclosed, to forget at the pairing
+# steps' next use: never in the collection itself, which may run on any
+# thread, inside any lock of the registry's or a link's (a collection
+# triggered while one is held would wait on it for ever).
+_collected: "collections.deque[ListenerEntry]" = collections.deque()
+
+
+def forget_when_collected(listen_sock: Any, entry: ListenerEntry) -> None:
+    """Forget ``entry`` once its listening socket (a user's, held weakly)
+    is collected; the callback takes no lock."""
+    weakref.finalize(listen_sock, _collected.append, entry)
+
+
+def forget_collected() -> None:
+    """Forget the listeners collected since the last call (see above)."""
+    while _collected:
+        try:
+            entry = _collected.popleft()
+        except IndexError:  # another thread took the last one
+            return
+        forget_listener(entry)
 
 
 def forget_listener(entry: ListenerEntry) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 from typing import Any, Iterator, Tuple
 
 import pytest
@@ -167,3 +169,37 @@ def test_a_socket_with_its_own_address_pairs_only_with_a_destination_of_ours(wil
             assert (attempt.entry is entry) is ours
             if not ours:
                 assert attempt.fallback is Fallback.NOT_LOCAL
+
+
+COLLECTED_UNDER_THE_LOCK = """
+import gc, socket, warnings
+import friendsock
+from friendsock._core._registry import registry
+
+warnings.simplefilter("ignore", ResourceWarning)  # the listener is left unclosed on purpose
+friendsock.patch_socket()
+gc.disable()
+listener = socket.create_server(("127.0.0.1", 0))
+port = listener.getsockname()[1]
+assert registry.has_port(port)
+cycle = [listener]
+cycle.append(cycle)  # only a collection frees it
+del listener, cycle
+with registry._lock:  # any allocation under the lock may start a collection
+    gc.collect()
+with socket.create_server(("127.0.0.1", 0)):  # the next use forgets it
+    pass
+assert not registry.has_port(port)
+print("forgotten")
+"""
+
+
+def test_a_listener_collected_while_the_registry_is_locked_is_forgotten_later():
+    """A collection runs on whatever thread allocates, maybe one inside
+    the registry's lock: a collected listener's callback takes no lock
+    (it waited on that one for ever), and the listener is forgotten at the
+    next use. In a child process: a deadlock here would hold the lock of
+    every later test."""
+    result = subprocess.run([sys.executable, "-c", COLLECTED_UNDER_THE_LOCK],
+                            capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0 and result.stdout.strip() == "forgotten", result.stderr

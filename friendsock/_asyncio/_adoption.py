@@ -32,6 +32,7 @@ from .._handshake import (
     adopt_accepted,
     claim_accepted,
     forget_listener,
+    forget_when_collected,
     go_tcp,
     hold_ended,
     make_room,
@@ -155,7 +156,7 @@ def _shared_listener(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Op
     entry = register_listener(weakref.proxy(sock), state, owner=loop, exclusive=False)
     listener = _listeners[sock] = _SharedListener(entry)
     state.servers.add(listener)
-    weakref.finalize(sock, forget_listener, entry)
+    forget_when_collected(sock, entry)
     return entry
 
 

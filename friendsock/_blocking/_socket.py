@@ -55,6 +55,7 @@ from .._handshake import (
     claim_accepted,
     confirmed,
     forget_listener,
+    forget_when_collected,
     hold_ended,
     make_room,
     numeric_address_infos,
@@ -300,7 +301,7 @@ def _register_listener(sock: FriendCapableSocket) -> None:
     # registry must not keep its user's socket open.
     entry = register_listener(weakref.proxy(sock), None, owner=object(), exclusive=exclusive)
     sock.__dict__[_ENTRY] = entry
-    weakref.finalize(sock, forget_listener, entry)
+    forget_when_collected(sock, entry)
 
 
 def _forget_listener(sock: FriendCapableSocket) -> None:

@@ -32,7 +32,8 @@ import trio
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._handshake import ConnectAttempt, Entry, bound_by_user, forget_listener, register_listener
+from .._handshake import (ConnectAttempt, Entry, bound_by_user, forget_listener, forget_when_collected,
+                          register_listener)
 from .._imports import when_imported
 from .._socketless import socketless_connect, socketless_entry
 from . import _pairing
@@ -111,7 +112,7 @@ def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
     trio_sock.__dict__[_ENTRY] = entry
     trio_sock.__dict__[_BACKLOG] = SocketlessBacklog.serving(entry, state.token)
     state.listeners[id(trio_sock)] = entry
-    weakref.finalize(trio_sock, forget_listener, entry)
+    forget_when_collected(trio_sock, entry)
     return entry
 
 
