@@ -313,14 +313,18 @@ def is_local_address(host: str) -> bool:
     return True
 
 
-def bound_by_user(sock: socket.socket) -> Optional[bool]:
-    """Whether a socket made elsewhere is bound (an address or a port of its
-    own); None when it is closed."""
+def users_sockname(sock: socket.socket) -> Optional[Any]:
+    """The address of a socket made elsewhere; None when it is closed."""
     try:
-        host, port = sock.getsockname()[:2]
+        return sock.getsockname()
     except OSError:
         return None
-    return bool(port) or not is_unspecified(host)
+
+
+def is_bound(sockname: Any) -> bool:
+    """Whether a socket at ``sockname`` was bound by its user (an address or
+    a port of its own)."""
+    return bool(sockname[1]) or not is_unspecified(sockname[0])
 
 
 def start_connect(sock: socket.socket, address: Any) -> int:
@@ -490,17 +494,18 @@ class ConnectAttempt:
             except OSError:
                 self.entry, self.fallback = None, Fallback.NOT_LOCAL
 
-    def bind_users_socket(self) -> None:
-        """:meth:`bind` for a socket its user made, and may have bound:
-        unbound (or bound to the wildcard address, no port yet), to the
-        destination IP; bound to an address of its own with no port yet
-        (``IP_BIND_ADDRESS_NO_PORT``, as trio's ``local_address=`` binds), a
-        port on that address now; bound with a port, as it is. Either way
-        the 4-tuple is known before connect(). No pairing when the socket
-        cannot be bound or the destination is not an address of ours."""
+    def bind_users_socket(self, sockname: Any = None) -> None:
+        """:meth:`bind` for a socket its user made, and may have bound (its
+        address ``sockname``, if read already): unbound (or bound to the
+        wildcard address, no port yet), to the destination IP; bound to an
+        address of its own with no port yet (``IP_BIND_ADDRESS_NO_PORT``, as
+        trio's ``local_address=`` binds), a port on that address now; bound
+        with a port, as it is. Either way the 4-tuple is known before
+        connect(). No pairing when the socket cannot be bound or the
+        destination is not an address of ours."""
         sock = self._socket()
         try:
-            host, port = sock.getsockname()[:2]
+            host, port = (sockname or sock.getsockname())[:2]
             if not port:
                 if is_unspecified(host):
                     host = self.address[0]  # binding it proves it ours, as bind()'s

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import types
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ._core._stats import FriendStats, ListenerStats
 
@@ -82,28 +82,30 @@ def from_dict(data: Mapping[str, Any]) -> FriendStats:
 def combined(parts: Sequence[FriendStats]) -> FriendStats:
     """Several processes' reports as one (pytest-xdist's workers): every
     count summed, per listener too."""
-    made: Dict[str, int] = {}
-    fallbacks: Dict[str, Dict[str, int]] = {}
+    by_address: Dict[str, List[ListenerStats]] = {}
     for part in parts:
         for address, s in part.listeners.items():
-            made[address] = made.get(address, 0) + s.links_made
-            reasons = fallbacks.setdefault(address, {})
-            for reason, count in s.fallbacks.items():
-                reasons[reason] = reasons.get(reason, 0) + count
-    listeners = sorted((ListenerStats(address, made[address], types.MappingProxyType(fallbacks[address]))
-                        for address in made), key=lambda s: (-s.links_made, -s.fell_back, s.address))
-    totals: Dict[str, int] = {}
-    for part in parts:
-        for reason, count in part.fallbacks.items():
-            totals[reason] = totals.get(reason, 0) + count
+            by_address.setdefault(address, []).append(s)
+    listeners = sorted((ListenerStats(address, sum(s.links_made for s in group),
+                                      _summed(s.fallbacks for s in group))
+                        for address, group in by_address.items()),
+                       key=lambda s: (-s.links_made, -s.fell_back, s.address))
     return FriendStats(
         links_made=sum(part.links_made for part in parts),
         links_alive=sum(part.links_alive for part in parts),
         bytes_moved=sum(part.bytes_moved for part in parts),
-        fallbacks=types.MappingProxyType(totals),
+        fallbacks=_summed(part.fallbacks for part in parts),
         pending=sum(part.pending for part in parts),
         listeners=types.MappingProxyType({s.address: s for s in listeners}),
     )
+
+
+def _summed(counts: Iterable[Mapping[str, int]]) -> Mapping[str, int]:
+    total: Dict[str, int] = {}
+    for each in counts:
+        for reason, count in each.items():
+            total[reason] = total.get(reason, 0) + count
+    return types.MappingProxyType(total)
 
 
 def _size(count: int) -> str:

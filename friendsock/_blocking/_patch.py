@@ -84,17 +84,15 @@ def unpatch_socket() -> None:
         _saved = None
 
 
-def patch_again_if_put_back() -> bool:
+def patch_again_if_put_back() -> None:
     """While patched, ``socket.socket`` put back to the stdlib's class by
     someone else (pytest-socket restores the class it saved after every
     test) is patched again; not where they left a guard of their own on
-    the class's ``connect``. Whether it was."""
+    the class's ``connect``."""
     with _lock:
-        if not _blocking_socket.patched or socket.socket is not _saved or \
-                OriginalSocket.connect is not _socket.socket.connect:  # type: ignore[attr-defined]
-            return False
-        socket.socket = FriendCapableSocket  # type: ignore[misc]
-        return True
+        if _blocking_socket.patched and socket.socket is _saved and \
+                OriginalSocket.connect is _socket.socket.connect:  # type: ignore[attr-defined]
+            socket.socket = FriendCapableSocket  # type: ignore[misc]
 
 
 def is_socket_patched() -> bool:

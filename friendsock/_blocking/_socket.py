@@ -50,7 +50,6 @@ from .._handshake import (
     Entry,
     Pending,
     adopt_accepted,
-    bound_by_user,
     call_on_claim,
     claim_accepted,
     confirmed,
@@ -60,6 +59,7 @@ from .._handshake import (
     make_room,
     numeric_address_infos,
     register_listener,
+    users_sockname,
     wait_for_room,
 )
 from ._readiness import Readiness, Signals, leave, parker, readiness_inodes, sleep, wake
@@ -421,11 +421,12 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
     if attempt.entry is None:
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return False
-    if bound_by_user(sock) is None:
+    sockname = users_sockname(sock)
+    if sockname is None:
         return False  # closed: the native connect says so
     descriptor = Descriptor(sock)
     attempt.sock = descriptor  # type: ignore[assignment]
-    attempt.bind_users_socket()
+    attempt.bind_users_socket(sockname)
     entry = attempt.entry
     if entry is None:  # not an address of ours
         counters.fallback(attempt.fallback, resolved)

@@ -32,8 +32,8 @@ import trio
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._handshake import (ConnectAttempt, Entry, bound_by_user, forget_listener, forget_when_collected,
-                          register_listener)
+from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
+                          register_listener, users_sockname)
 from .._imports import when_imported
 from .._socketless import socketless_connect, socketless_entry
 from . import _pairing
@@ -212,13 +212,13 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return await native(self, resolved)
     attempt = ConnectAttempt(resolved)
-    bound = bound_by_user(sock)
-    if attempt.entry is None or bound is None:  # None: closed, the native connect says so
+    sockname = users_sockname(sock)
+    if attempt.entry is None or sockname is None:  # None: closed, the native connect says so
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return await native(self, resolved)
     attempt.sock = sock
     token = trio.lowlevel.current_trio_token()
-    if socketless_entry(attempt.entry, bound):
+    if socketless_entry(attempt.entry, is_bound(sockname)):
         await trio.lowlevel.checkpoint_if_cancelled()
         made = socketless_connect(attempt.entry, resolved, threaded=attempt.entry.owner is not token)
         # The socket object stays the caller's; its descriptor goes.
@@ -228,7 +228,7 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
         become_friend(self, made.link.client, client.sockname, client.peername, run_state())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return
-    attempt.bind_users_socket()
+    attempt.bind_users_socket(sockname)
     if attempt.entry is None:  # not an address of ours
         counters.fallback(attempt.fallback, resolved)
         return await native(self, resolved)
