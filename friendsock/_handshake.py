@@ -287,8 +287,8 @@ _IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
 def _bind_port_now(sock: socket.socket, host: str) -> None:
     """Bind a socket with no port yet to ``host`` and a port, now, even if
     its user asked for the port at connect() (``IP_BIND_ADDRESS_NO_PORT``,
-    which also lets this second bind() happen); the option stays as its
-    user set it."""
+    Linux's only way to bind without a port, which also lets this second
+    bind() happen); the option stays as its user set it."""
     option = _IP_BIND_ADDRESS_NO_PORT
     no_port = 0
     if option is not None:
@@ -510,8 +510,6 @@ class ConnectAttempt:
                 if is_unspecified(host):
                     host = self.address[0]  # binding it proves it ours, as bind()'s
                 _bind_port_now(sock, host)
-                if not sock.getsockname()[1]:
-                    raise OSError(errno.EINVAL, "no port before connect()")
         except OSError:
             self.entry, self.fallback = None, Fallback.NOT_LOCAL
             return
