@@ -498,21 +498,39 @@ def test_dup_shares_the_connection_till_the_last_close(patched):
 
 
 def test_descriptor_calls(patched):
-    """detach/fromfd: the real socket's on TCP; a clear error on a friend
-    socket (its bytes do not go through a descriptor)."""
+    """fromfd() of a socket's fileno() is another socket on its connection
+    (a duplicate, closed on its own), socket(fileno=...) one sharing its
+    descriptor, whose detach() gives that descriptor back; a friend
+    socket's own detach() is a clear error (its connection is in no
+    descriptor) and changes nothing."""
     with blocking_pair(patched) as (client, server):
-        if not patched:
-            with socket.fromfd(client.fileno(), socket.AF_INET, socket.SOCK_STREAM) as copy:
-                assert copy.getpeername() == client.getpeername()
-            return
-        for call in (client.detach,
-                     lambda: socket.fromfd(client.fileno(), socket.AF_INET, socket.SOCK_STREAM)):
+        with socket.fromfd(client.fileno(), socket.AF_INET, socket.SOCK_STREAM) as copy:
+            assert copy.getpeername() == client.getpeername()
+            assert friendsock.is_friend(copy) is patched
+            copy.sendall(b"from a copy, ")
+        client.sendall(b"from the original, ")
+        shared = socket.socket(fileno=client.fileno())
+        assert shared.fileno() == client.fileno()
+        assert shared.getsockname() == client.getsockname()
+        shared.sendall(b"from the sharer")
+        assert shared.detach() == client.fileno()
+        assert shared.fileno() == -1
+        expected = b"from a copy, from the original, from the sharer"
+        got = b""
+        while len(got) < len(expected):
+            got += server.recv(100)
+        assert got == expected
+        server.sendall(b"back")
+        assert client.recv(100) == b"back"
+        if patched:
             with pytest.raises(OSError) as caught:
-                call()
+                client.detach()
             assert caught.value.errno == errno.EOPNOTSUPP
             assert "friend socket" in str(caught.value)
         client.sendall(b"still works")
         assert server.recv(100) == b"still works"
+        client.close()
+        assert receive_until_eof(server) == b""
 
 
 def test_sockets_that_cannot_pair_stay_real(patched):
@@ -644,6 +662,108 @@ def test_fork_after_patching(patched, patient_confirm):  # noqa: F811
                 assert friendsock.is_friend(client) is friendsock.is_friend(server) is patched
                 client.sendall(b"after the fork")
                 assert server.recv(100) == b"after the fork"
+
+
+def _in_child(work: Callable[[], bool]) -> int:
+    """Fork; the child runs ``work`` and reports through its exit status
+    only (0: it returned True). The parent gets the child's pid."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            status = 0 if work() else 2
+        finally:
+            os._exit(status)
+    return pid
+
+
+def _exit_code(pid: int) -> int:
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_forked_child_serves_a_connection_accepted_before_the_fork(patched):
+    """A forking server (socketserver.ForkingMixIn): the child answers a
+    connection its parent accepted, the parent closes its copy. What was
+    sent before the fork, either way, arrives once and in order, the
+    client's reader asleep across the fork wakes to it, and EOF comes when
+    the child is done. A friend link goes on over TCP at the fork."""
+    request = b"request sent before the fork"
+    with blocking_pair(patched) as (client, server):
+        server.sendall(b"greeting, ")
+        client.sendall(request)
+        answer = run_thread(lambda: receive_until_eof(client))
+
+        def serve() -> bool:
+            got = b""
+            while len(got) < len(request):
+                got += server.recv(100)
+            server.sendall(b"answer from the child")
+            return got == request
+
+        pid = _in_child(serve)
+        server.close()
+        assert answer() == b"greeting, answer from the child"
+        assert _exit_code(pid) == 0
+        assert not friendsock.is_friend(client)
+
+
+def test_fork_keeps_the_number_a_polling_thread_holds(patched):
+    """A socket somebody polls, as test code and urllib3 do (select, then
+    recv), keeps its fileno() across the fork: a select() asleep on it
+    then wakes, and one made later on that number sees the connection."""
+    with blocking_pair(patched) as (client, server):
+        number = client.fileno()
+
+        def select_then_receive() -> bytes:
+            received = b""
+            while True:
+                assert select.select([number], [], [], TIMEOUT)[0] == [number]
+                chunk = client.recv(100)
+                if not chunk:
+                    return received
+                received += chunk
+
+        answer = run_thread(select_then_receive)
+        pid = _in_child(lambda: server.sendall(b"from the child") is None)
+        server.close()
+        assert _exit_code(pid) == 0
+        assert answer() == b"from the child"
+        assert client.fileno() == number
+        client.sendall(b"after the fork")  # the peer is gone: TCP takes it, then resets
+        poller = select.poll()
+        poller.register(number, select.POLLIN)
+        assert poller.poll(TIMEOUT * 1000)
+
+
+def test_a_link_left_to_the_parent_fails_in_the_child(patched):
+    """A link that cannot go on over TCP at a fork (here: duplicates of a
+    socket somebody polls, whose one readiness descriptor cannot be each
+    one's connection) stays the parent's: in the child its ends fail at
+    once, never wait; the parent goes on using it. Over TCP the child
+    shares the connection."""
+    with blocking_pair(patched) as (client, server):
+        twin = client.dup()
+        with twin:
+            select.select([client], [], [], 0)
+
+            def use_in_child() -> bool:
+                server.settimeout(TIMEOUT)
+                if not patched:
+                    server.sendall(b"from the child")
+                    return True
+                with pytest.raises(ConnectionResetError):
+                    server.recv(100)
+                with pytest.raises(OSError):
+                    server.sendall(b"from the child")
+                return True
+
+            assert _exit_code(_in_child(use_in_child)) == 0
+            if not patched:
+                assert client.recv(100) == b"from the child"
+            assert friendsock.is_friend(client) is friendsock.is_friend(twin) is patched
+            twin.sendall(b"the parent's still")
+            assert server.recv(100) == b"the parent's still"
 
 
 PLUGIN_TEST = '''

@@ -33,15 +33,16 @@ import socket
 import sys
 import threading
 import time
-from typing import List, Optional, Set
+import weakref
+from typing import Any, Callable, Dict, List, Optional
 
 _FILL = bytes(4096)  # enough to make a minimal AF_UNIX send buffer unwritable
 _TOKEN = b"r"
 
-# The inodes of live readiness descriptors: ``socket.fromfd`` of one (a
-# friend socket's fileno()) is refused rather than handing out a socket
-# that is not the connection.
-readiness_inodes: Set[int] = set()
+# The inodes of live readiness descriptors, and whose each is: a socket
+# made of one (``socket.fromfd(friend.fileno())``, ``socket.socket(fileno=
+# ...)``) is that friend socket's connection, not the descriptor.
+readiness_owners: Dict[int, Callable[[], Any]] = {}
 _inodes_lock = threading.Lock()
 
 
@@ -52,7 +53,7 @@ def _forked() -> None:
     # make their own (the inherited copies close as they are collected).
     global _inodes_lock, _per_thread
     _inodes_lock = threading.Lock()
-    readiness_inodes.clear()
+    readiness_owners.clear()
     _per_thread = threading.local()
 
 
@@ -60,12 +61,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
+def _nobody() -> None:
+    return None
+
+
 class Readiness:
     """One friend socket's readiness descriptor (see the module doc)."""
 
     __slots__ = ("user", "signal", "fd", "inode")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: Any = None) -> None:
         user, signal = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         user.setblocking(False)
         signal.setblocking(False)
@@ -77,7 +82,7 @@ class Readiness:
         self.fd = user.fileno()
         self.inode = os.fstat(self.fd).st_ino
         with _inodes_lock:
-            readiness_inodes.add(self.inode)
+            readiness_owners[self.inode] = weakref.ref(owner) if owner is not None else _nobody
 
     # -- readable: tokens in ``user`` ------------------------------------
     def set_readable(self) -> None:
@@ -114,11 +119,25 @@ class Readiness:
         except OSError:
             pass
 
+    def become(self, fd: int) -> int:
+        """The socket's connection went on over TCP (a fork): wake whoever
+        waits on this descriptor, and make its number a duplicate of ``fd``,
+        the connection's, for whoever holds the number (``fileno()`` was
+        asked: a ``select()`` to come). Returns the number, no longer ours."""
+        self.set_readable()
+        self.set_writable()
+        with _inodes_lock:
+            readiness_owners.pop(self.inode, None)
+        number = self.user.detach()
+        os.dup2(fd, number, inheritable=False)  # closes our end there
+        self.signal.close()
+        return number
+
     def close(self) -> None:
         """Closing ``signal`` first wakes a thread still polling ``user``
         (it finds the socket closed)."""
         with _inodes_lock:
-            readiness_inodes.discard(self.inode)
+            readiness_owners.pop(self.inode, None)
         self.signal.close()
         self.user.close()
 

@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import _handshake
 from .._core._errors import FriendError, LinkBrokenError
@@ -62,15 +62,17 @@ from .._handshake import (
     users_sockname,
     wait_for_room,
 )
-from ._readiness import Readiness, Signals, leave, parker, readiness_inodes, sleep, wake
+from ._readiness import Readiness, Signals, leave, parker, readiness_owners, sleep, wake
 
 _ss = _socket.socket  # the C methods, below every Python override
 OriginalSocket: type = socket.socket  # the stdlib class, as it was at import
 _INET = (socket.AF_INET, socket.AF_INET6)
 _OPEN = ChannelState.OPEN
+_ON_TCP = ChannelState.TCP
 _NOTHING = Seen.NOTHING
 _DATA = Seen.DATA
 _EOF = Seen.EOF
+_TCP = Seen.TCP
 _MAX_JOIN = 64 * 1024
 # Plain ints: the socket module's are IntFlag members, whose ``&`` and ``~``
 # run in Python (some microseconds a call).
@@ -79,7 +81,10 @@ _DONTWAIT = int(socket.MSG_DONTWAIT)
 _SUPPORTED_RECV_FLAGS = _PEEK | _DONTWAIT
 _SUPPORTED_SEND_FLAGS = _DONTWAIT | int(getattr(socket, "MSG_NOSIGNAL", 0))
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
-_watch_lock = threading.Lock()  # two threads asking fileno() at once make one descriptor
+# Held to make a readiness descriptor (two threads asking fileno() at once
+# make one), to turn a socket into a friend socket, and by a fork's hand-over
+# of links to TCP: each sees the other done or not begun.
+_ends_lock = threading.Lock()
 
 # Whether connect() and listen() pair: set by patch_socket(). Sockets made
 # while patched stay FriendCapableSockets after unpatch_socket(), plain again.
@@ -147,6 +152,13 @@ class Descriptor:
         if fd >= 0:
             self._own = OriginalSocket(sock.family, sock.type, sock.proto, fileno=fd)
 
+    def close_kept(self) -> None:
+        """Close the descriptor kept from a closed duplicate, if any (the
+        connection went on over TCP: the others hold their own)."""
+        own, self._own = self._own, None
+        if own is not None:
+            own.close()
+
     def fileno(self) -> int:
         try:
             return _ss.fileno(self._target())
@@ -197,8 +209,11 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
 
     def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
                  fileno: Optional[int] = None) -> None:
-        if fileno is not None and readiness_inodes:
-            _refuse_readiness_descriptor(fileno)
+        if fileno is not None and readiness_owners:
+            friend = _friend_of_readiness(fileno)
+            if friend is not None:
+                friend._share_with(self, fileno)
+                return
         OriginalSocket.__init__(self, family, type, proto, fileno)
 
     def __repr__(self) -> str:
@@ -271,16 +286,22 @@ def _new_capable(family: int, type: int, proto: int, fd: int) -> FriendCapableSo
     return sock
 
 
-def _refuse_readiness_descriptor(fileno: Any) -> None:
-    """``socket.fromfd(friend.fileno())`` would make a socket of the
-    readiness descriptor, not of the connection: refused, clearly."""
+def _friend_of_readiness(fileno: Any) -> Optional["FriendBlockingSocket"]:
+    """The open friend socket whose readiness descriptor ``fileno`` is (or
+    a duplicate of it is): a socket made of it is that friend socket's
+    connection. None: no readiness descriptor; one of no friend socket
+    (a connect's, for its claim) is refused, clearly."""
     try:
         inode = os.fstat(operator.index(fileno)).st_ino
     except (OSError, TypeError, ValueError):
-        return  # the socket constructor reports it
-    if inode in readiness_inodes:
-        raise _unsupported("a socket made from a friend socket's fileno() (fromfd, "
-                           "socket(fileno=...))")
+        return None  # the socket constructor reports it
+    owner = readiness_owners.get(inode)
+    if owner is None:
+        return None
+    friend = owner()
+    if friend is None or friend._friend_closed:
+        raise _unsupported("a socket made from this descriptor")
+    return friend  # type: ignore[no-any-return]
 
 
 def _may_pair(sock: socket.socket) -> bool:
@@ -432,16 +453,36 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
         counters.fallback(attempt.fallback, resolved)
         return False
     deadline = _deadline(sock)
-    while (err := attempt.start(_OWNER)) is None:
+    while (err := _start(sock, attempt)) is None:
         _room_made(entry, deadline)
     pending = attempt.pending
     if pending is None:  # the listener just went away: nothing connected yet
         return False
-    if err:
-        attempt.give_up(close=False)
-        if err in (errno.EAGAIN, errno.EINPROGRESS) and deadline is not None:
-            raise TimeoutError("timed out")
-        raise OSError(err, os.strerror(err))
+    try:
+        if err:
+            attempt.give_up(close=False)
+            if err in (errno.EAGAIN, errno.EINPROGRESS) and deadline is not None:
+                raise TimeoutError("timed out")
+            raise OSError(err, os.strerror(err))
+        return _finish_connect(sock, attempt, pending, descriptor)
+    finally:
+        _connecting.pop(pending.link.client, None)
+
+
+def _start(sock: FriendCapableSocket, attempt: ConnectAttempt) -> Optional[int]:
+    """``attempt.start()``; the link it makes is known as ``sock``'s before
+    a fork can see it (the server may accept and fork at once)."""
+    with _ends_lock:
+        err = attempt.start(_OWNER)
+        if attempt.pending is not None:
+            _connecting[attempt.pending.link.client] = sock
+    return err
+
+
+def _finish_connect(sock: FriendCapableSocket, attempt: ConnectAttempt, pending: Pending,
+                    descriptor: Descriptor) -> bool:
+    """The rest of :func:`connect_friend`, the link made: its client end is
+    ``sock``'s to be (a fork meanwhile hands it over with the link)."""
     if not attempt.optimistic:
         try:
             if not _confirm(pending, descriptor):
@@ -506,11 +547,22 @@ def _await_claim(pending: Pending, descriptor: Descriptor, readiness: Readiness)
 
 
 def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peername: Any,
-                  descriptor: Descriptor) -> None:
+                  descriptor: Descriptor) -> bool:
     """Turn ``sock`` (connected or accepted, the link established) into the
-    friend socket of ``end``."""
+    friend socket of ``end``; False, ``sock`` left as it is, when a fork
+    handed the link over to TCP meanwhile (``sock`` is its connection)."""
+    with _ends_lock:
+        if end.incoming.state is _ON_TCP:
+            return False
+        _make_friend(sock, end, sockname, peername, descriptor)
+    return True
+
+
+def _make_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peername: Any,
+                 descriptor: Descriptor) -> None:
     sock.__class__ = FriendBlockingSocket
     friend: FriendBlockingSocket = sock  # type: ignore[assignment]
+    _friend_sockets.add(friend)
     signals = Signals()
     friend.__dict__.update(
         _end=end, _in=end.incoming, _out=end.outgoing, _sockname=sockname, _peername=peername,
@@ -585,20 +637,22 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         if self._friend_closed:
             return -1
         ready = self._signals.ready
-        return (ready if ready is not None else self._watched()).fd
+        return ready.fd if ready is not None else self._watched()
 
-    def _watched(self) -> Readiness:
+    def _watched(self) -> int:
         """Somebody will poll this socket: make its readiness descriptor and
         keep it in step from now on (the hooks see it before we look, so
-        nothing that happens meanwhile is missed)."""
-        with _watch_lock:
+        nothing that happens meanwhile is missed). Its number."""
+        with _ends_lock:
             ready = self._signals.ready
             if ready is not None:  # another thread made it meanwhile
-                return ready
-            ready = self._signals.ready = Readiness()
-        self._drained()  # readable now if there is something to read
-        self._sync_writable()
-        return ready
+                return ready.fd
+            if self._in.state is _ON_TCP:  # handed over meanwhile
+                return _ss.fileno(self)  # type: ignore[no-any-return]
+            ready = self._signals.ready = Readiness(self)
+            self._drained()  # readable now if there is something to read
+            self._sync_writable()
+        return ready.fd
 
     def __repr__(self) -> str:
         # socket.__repr__ asks fileno(), which would make the readiness
@@ -621,19 +675,46 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         its bytes are this one's link, and the connection closes with the
         last of them."""
         self._check_open()
-        fd = _socket.dup(_ss.fileno(self))  # for what stays a descriptor's (addresses, options)
-        twin: FriendBlockingSocket = _new_capable(self.family, self.type, self.proto, fd)  # type: ignore[assignment]
+        twin: FriendBlockingSocket = FriendCapableSocket.__new__(FriendCapableSocket)  # type: ignore[assignment]
+        self._share_with(twin)
+        return twin
+
+    def _share_with(self, twin: socket.socket, fileno: Optional[int] = None) -> None:
+        """Make ``twin``, a socket object not yet set up, another handle on
+        this connection (:meth:`dup`). ``fileno``: the descriptor ``twin``
+        was made of (``socket.socket(fileno=...)``): this socket's own
+        readiness descriptor, which ``twin`` then shares (its ``detach()``
+        hands it back, still open), or a duplicate of it (``fromfd``),
+        which ``twin`` owns and so closes."""
+        self._check_open()
+        # For what stays a descriptor's (addresses, options).
+        fd = _socket.dup(_ss.fileno(self))
+        OriginalSocket.__init__(twin, self.family, self.type, self.proto, fd)  # type: ignore[misc]
         twin.__class__ = FriendBlockingSocket
+        _friend_sockets.add(twin)  # type: ignore[arg-type]
         handles = self.__dict__.get("_handles")
         if handles is None:
             handles = self._handles = _Handles()
         handles.add()
         twin.__dict__.update(self.__dict__)
+        twin.__dict__.pop("_shared_fd", None)
+        if fileno is not None:
+            if fileno == self._signals.ready.fd:  # type: ignore[union-attr]
+                twin._shared_fd = fileno  # type: ignore[attr-defined]
+            else:
+                os.close(fileno)
         twin.settimeout(self.gettimeout())
-        return twin
 
     def detach(self) -> int:
-        raise _unsupported("detach()")
+        """Only a socket made of another's ``fileno()`` detaches: it gives
+        that descriptor back, still the other's, and leaves the connection
+        to the others. A friend socket's own has no connection in it."""
+        fd = self.__dict__.get("_shared_fd")
+        if fd is None:
+            raise _unsupported("detach()")
+        if not self._friend_closed:
+            self._close_friend()
+        return fd  # type: ignore[no-any-return]
 
     def listen(self, *args: Any) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
@@ -748,6 +829,8 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             return data
         if seen is _EOF:
             return b""
+        if seen is _TCP:
+            return _ss.recv(self, bufsize, flags)  # type: ignore[no-any-return]
         raise self._end.read_error().as_os_error()
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
@@ -778,6 +861,8 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             return copied
         if seen is _EOF:
             return 0
+        if seen is _TCP:
+            return _ss.recv_into(self, view)  # type: ignore[no-any-return]
         raise self._end.read_error().as_os_error()
 
     def recvfrom(self, bufsize: int, flags: int = 0) -> Tuple[bytes, None]:
@@ -881,6 +966,8 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         while True:
             self._check_open()
             sent = self._send_some(data) if data else 0
+            if sent < 0:
+                return _ss.send(self, data, flags)  # type: ignore[no-any-return]
             if sent or not data:
                 return sent
             deadline = self._wait_writable(timeout, deadline)
@@ -908,7 +995,11 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
                 continue
             size = total - offset if room <= 0 else min(room, total - offset)
             chunk = data if size == total and type(data) is bytes else view[offset:offset + size].tobytes()
-            offset += self._send_some(chunk)
+            sent = self._send_some(chunk)
+            if sent < 0:
+                _ss.sendall(self, view[offset:])
+                return
+            offset += sent
 
     def sendto(self, data: Any, *args: Any) -> int:
         # A connected stream socket ignores the address, as Linux's TCP does.
@@ -935,6 +1026,9 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         releases the TCP descriptor once both ends are done. Of a socket
         duplicated (dup()), only the last one's close does."""
         self._friend_closed = True
+        if self._in.state is _ON_TCP:  # handed over as this close began
+            _ss.close(self)
+            return
         handles = self.__dict__.get("_handles")
         if handles is not None and handles.remove():
             self._descriptor.take_over(self)  # the connection stays the others'
@@ -944,6 +1038,121 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         self._descriptor.take_over(self)
         self._end.close()
         self._signals.close()
+
+
+# -- fork(): links between threads go on over TCP --------------------------------
+
+# Every friend socket (duplicates too): a fork hands their links over.
+_friend_sockets: "weakref.WeakSet[FriendBlockingSocket]" = weakref.WeakSet()
+# Client ends whose socket's connect() is finishing (waiting for the claim,
+# say): a fork hands their links over too, and the connect returns TCP.
+_connecting: "weakref.WeakValueDictionary[LinkEnd, FriendCapableSocket]" = weakref.WeakValueDictionary()
+# What a direction may hold to be handed over: the real connection carried
+# nothing yet, so its receive buffer takes this much at once.
+_HAND_OVER_LIMIT = 64 * 1024
+_HAND_OVER_WAIT = 5.0
+
+
+def _send_on_tcp(sock: socket.socket, data: bytes, eof: bool) -> None:
+    """What an end had queued, then its EOF, onto its real socket (under
+    the link's locks: waits for room only within _HAND_OVER_WAIT)."""
+    view = memoryview(data)
+    deadline = time.monotonic() + _HAND_OVER_WAIT
+    while view:
+        try:
+            view = view[_ss.send(sock, view, _DONTWAIT):]
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            select.select([], [_ss.fileno(sock)], [], left)
+    if eof:
+        _ss.shutdown(sock, socket.SHUT_WR)
+
+
+class HandedOverSocket(FriendCapableSocket):
+    """A friend socket whose link went on over TCP (a fork): the real
+    socket. A call begun as a friend socket's, on another thread, finishes
+    with the friend socket's helpers, which find the link handed over."""
+
+
+for _name in ("_check_open", "_wait_deadline", "_drained", "_readable", "_flags_timeout",
+              "_sync_writable", "_send_some", "_wait_writable", "_push_whole", "_send_all",
+              "_shutdown_end", "_close_friend", "_watched"):
+    setattr(HandedOverSocket, _name, getattr(FriendBlockingSocket, _name))
+
+
+def _now_tcp(sock: FriendBlockingSocket) -> None:
+    """``sock``'s link went on over TCP: from now on it is its real socket.
+    One somebody polls keeps its ``fileno()``: that number becomes its
+    connection's descriptor."""
+    sock.__class__ = HandedOverSocket
+    signals = sock._signals
+    ready, signals.ready = signals.ready, None
+    if ready is not None:
+        timeout = sock.gettimeout()
+        number = ready.become(_ss.fileno(sock))
+        real = _ss.detach(sock)
+        _ss.__init__(sock, sock.family, sock.type, sock.proto, number)
+        os.close(real)
+        _ss.settimeout(sock, timeout)
+    signals.close()
+    if sock._read_shut:
+        try:
+            _ss.shutdown(sock, socket.SHUT_RD)
+        except OSError:
+            pass
+    sock._descriptor.close_kept()
+
+
+def _hand_over_before_fork() -> None:
+    """Before ``fork()``: each link whose two ends are blocking sockets of
+    this process goes on over TCP, as the kernel's connection it rides on,
+    so the child may use either end as its own (a forking server's accepted
+    connection) and the parent the other. A link with an end on an event
+    loop, more than _HAND_OVER_LIMIT bytes queued one way, or duplicates
+    (dup()) of a socket somebody polls (their one readiness descriptor
+    cannot be each one's connection) stays a friend link: the parent's; in
+    the child its ends fail (:func:`_cut_off_in_child`)."""
+    with _ends_lock:  # no socket turns friend, nor gets a readiness descriptor, meanwhile
+        ends: Dict[LinkEnd, List[FriendBlockingSocket]] = {}
+        for sock in list(_friend_sockets):
+            if type(sock) is FriendBlockingSocket and not sock._friend_closed:
+                ends.setdefault(sock._end, []).append(sock)
+        for end in list(_connecting.keys()):  # nothing written yet: nothing to send
+            ends.setdefault(end, [])
+        for end, handles in ends.items():
+            link = end.link
+            peers = ends.get(link.server) if end is link.client else None
+            if peers is None or any(len(same) > 1 and same[0]._signals.ready is not None
+                                    for same in (handles, peers)):
+                continue
+            sockets = {link.client: handles, link.server: peers}
+
+            def send(end: LinkEnd, data: bytes, eof: bool, sockets: Any = sockets) -> None:
+                if sockets[end]:
+                    _send_on_tcp(sockets[end][0], data, eof)
+
+            if link.hand_over(send, _HAND_OVER_LIMIT):
+                for sock in handles + peers:
+                    _now_tcp(sock)
+
+
+def _cut_off_in_child() -> None:
+    """In a forked child: the friend sockets still on a link (not handed
+    over) have their friend in the parent. Their reads and writes fail
+    (ECONNRESET) rather than wait for bytes that cannot come; their
+    sleepers' wake-ups are the parent's, not theirs."""
+    for sock in list(_friend_sockets):
+        if type(sock) is FriendBlockingSocket:
+            sock._end.link.forked_away()
+            signals = sock._signals
+            signals.readers, signals.writers, signals.ready = [], [], None
+    _connecting.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_hand_over_before_fork, after_in_child=_cut_off_in_child)
 
 
 def patchable_class() -> Callable[..., socket.socket]:

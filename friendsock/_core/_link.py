@@ -49,6 +49,7 @@ class ChannelState(enum.Enum):
     OPEN = "open"  # the writer may write
     EOF = "eof"  # the writer shut down; the reader gets EOF after the bytes
     RESET = "reset"  # the reader gets a reset after the bytes kept
+    TCP = "tcp"  # the connection went on over TCP (Link.hand_over): ends use their sockets
 
     # Members are singletons compared by identity: hashed by identity too, in
     # C (Enum's own __hash__ is a Python call, and every move looks one up).
@@ -62,14 +63,16 @@ class Seen(enum.Enum):
     NOTHING = "nothing"  # open and empty: wait to be notified
     EOF = "eof"  # every byte was read, then the writer's EOF
     RESET = "reset"  # every byte kept was read, then the reset
+    TCP = "tcp"  # the connection went on over TCP: read the socket
 
 
 # The only moves a channel makes: EOF may still turn into a reset (a close
 # with unread bytes after write_eof), nothing leaves RESET.
 _TRANSITIONS = {
-    ChannelState.OPEN: frozenset({ChannelState.EOF, ChannelState.RESET}),
-    ChannelState.EOF: frozenset({ChannelState.RESET}),
+    ChannelState.OPEN: frozenset({ChannelState.EOF, ChannelState.RESET, ChannelState.TCP}),
+    ChannelState.EOF: frozenset({ChannelState.RESET, ChannelState.TCP}),
     ChannelState.RESET: frozenset(),
+    ChannelState.TCP: frozenset(),
 }
 
 
@@ -237,6 +240,8 @@ class Channel:
             return Seen.DATA
         if state is ChannelState.OPEN:
             return Seen.NOTHING
+        if state is ChannelState.TCP:
+            return Seen.TCP
         if state is ChannelState.RESET and not self.reset_after_fin:
             return Seen.RESET
         return Seen.EOF
@@ -363,6 +368,19 @@ class Channel:
     def capacity_changed(self) -> None:
         """A buffer size changed: wake a writer whose threshold now holds."""
         self._consumed(0)
+
+    def hand_over(self) -> Tuple[bytes, bool]:
+        """The connection goes on over TCP (:meth:`Link.hand_over`, which
+        holds the lock): the bytes still queued, which the writer's socket
+        sends before anything else, and whether its EOF follows them."""
+        data = Channel.peek(self, self.queued)
+        eof = self.state is ChannelState.EOF
+        self._queue = _NO_QUEUE  # type: ignore[assignment]
+        self._head_offset = 0
+        self.queued = 0
+        self._writer_wake_at = None
+        self._move(ChannelState.TCP)
+        return data, eof
 
     # -- internals --------------------------------------------------------
     def _consumed(self, size: int) -> None:
@@ -597,11 +615,14 @@ class LinkEnd:
     def send_some(self, data: bytes) -> int:
         """A socket's ``send()``: queue what fits in ``sndbuf + friend rcvbuf``
         now, and return how many bytes that is (0: no room, wait for
-        ``wake_writer_at(-1)``). Raises :class:`LinkBrokenError` as the
-        kernel's send fails: EPIPE after our own shutdown, the friend's
-        reset (see :meth:`send_refused`)."""
+        ``wake_writer_at(-1)``; -1: the connection went on over TCP, send
+        there). Raises :class:`LinkBrokenError` as the kernel's send fails:
+        EPIPE after our own shutdown, the friend's reset (see
+        :meth:`send_refused`)."""
         out = self.outgoing
         if out.state is not ChannelState.OPEN:
+            if out.state is ChannelState.TCP:
+                return -1
             if out.state is ChannelState.RESET or self.incoming.state is ChannelState.RESET:
                 raise self.send_error()
             raise LinkBrokenError(errno.EPIPE)
@@ -747,6 +768,67 @@ class Link:
     @property
     def done(self) -> bool:
         return self._open_ends == 0
+
+    def hand_over(self, send: Callable[[LinkEnd, bytes, bool], None], limit: int) -> bool:
+        """Go on over TCP: the real connection under the link, which carried
+        no payload, carries everything from now on (the process forks, and
+        a child may use either end: its copy of the link would be nobody's).
+        For each end, ``send(end, data, eof)`` puts what it had queued, and
+        its EOF, on its socket: called with the channels locked, so nothing
+        written meanwhile overtakes it; it must not block nor touch the link.
+        Then every reader finds :attr:`Seen.TCP` and every writer a
+        ``send_some()`` of -1, and each is woken to find it. The link is done
+        without releasing anything: the sockets are their owners' again.
+
+        Returns False, nothing changed, when an end is closed, a direction
+        was reset or holds more than ``limit`` bytes (the socket might not
+        take them at once)."""
+        channels = (self.client.outgoing, self.server.outgoing)
+        locks = [lock for lock in (self._lock, *(getattr(c, "_lock", None) for c in channels))
+                 if lock is not None]
+        for lock in locks:
+            lock.acquire()
+        try:
+            if self.client.closed or self.server.closed or any(
+                    c.state not in (ChannelState.OPEN, ChannelState.EOF) or c.reader_closed
+                    or c.queued > limit for c in channels):
+                return False
+            for end in (self.client, self.server):
+                data, eof = end.outgoing.hand_over()
+                send(end, data, eof)
+            self.client.closed = self.server.closed = True  # a close() from now on is the socket's
+            self._open_ends = 0
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+        if self.established:
+            live_links.discard(self)
+            counters.shard().done += 1
+        for channel in channels:
+            for hook in (channel.notify_readable, channel.notify_writable):
+                if hook is not None:
+                    hook()
+        return True
+
+    def forked_away(self) -> None:
+        """In a forked child, a link not handed over (:meth:`hand_over`): its
+        other end is the parent's, its copy here nobody's. Both directions
+        are reset, so this child's ends fail at once instead of waiting
+        forever; nothing is notified (whoever waits on them is the
+        parent's), and every lock is new (another thread may have held one
+        at the fork)."""
+        if self._lock is not None:
+            self._lock = threading.Lock()
+        for channel in (self.client.outgoing, self.server.outgoing):
+            if isinstance(channel, LockedChannel):
+                channel._lock = threading.Lock()
+            channel.notify_readable = channel.notify_writable = None
+            channel._queue = _NO_QUEUE  # type: ignore[assignment]
+            channel._head_offset = 0
+            channel.queued = 0
+            channel._writer_wake_at = None
+            channel.reset_after_fin = False
+            channel.state = ChannelState.RESET
 
     def _claim_close(self, end: LinkEnd) -> bool:
         lock = self._lock
