@@ -736,6 +736,30 @@ def test_fork_keeps_the_number_a_polling_thread_holds(patched):
         assert poller.poll(TIMEOUT * 1000)
 
 
+def test_forks_during_a_transfer_lose_and_reorder_nothing(patched):
+    """Forks while one thread streams random writes and another reads
+    them: whether a fork finds the link handed over or too full to be (it
+    stays a friend link then), every byte arrives once and in order."""
+    rng = random.Random(7)
+    data = rng.randbytes(2 * MiB)
+    with blocking_pair(patched) as (client, server):
+        def write() -> None:
+            view = memoryview(data)
+            offset = 0
+            while offset < len(view):
+                size = rng.choice([1, 1000, 16 * 1024, 70_000])
+                client.sendall(view[offset:offset + size])
+                offset += size
+            client.shutdown(socket.SHUT_WR)
+
+        received = run_thread(lambda: receive_until_eof(server))
+        written = run_thread(write)
+        for _ in range(10):
+            assert _exit_code(_in_child(lambda: True)) == 0
+        written()
+        assert hashlib.sha256(received()).digest() == hashlib.sha256(data).digest()
+
+
 def test_a_link_left_to_the_parent_fails_in_the_child(patched):
     """A link that cannot go on over TCP at a fork (here: duplicates of a
     socket somebody polls, whose one readiness descriptor cannot be each
