@@ -15,6 +15,8 @@ from ._core._errors import LinkBrokenError
 from ._core._link import LinkEnd
 
 _BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
+_C_INT_MAX = 2 ** 31 - 1
+_C_INT_MIN = -2 ** 31
 
 
 _sizes: Dict[int, int] = {}
@@ -153,6 +155,9 @@ class PairedSocketCalls:
 
     def getpeername(self) -> Any:
         self._check_open()
+        error = self._end.peername_error()
+        if error is not None:
+            raise error.as_os_error()
         return self._peername
 
     def getsockopt(self, *args: Any) -> Any:
@@ -169,6 +174,8 @@ class PairedSocketCalls:
         SHUT_RD and SHUT_RDWR, as on Linux. Returns whether the writing side
         was shut."""
         self._check_open()
+        if not _C_INT_MIN <= how <= _C_INT_MAX:  # as the C call converts it
+            raise OverflowError("Python int too large to convert to C int")
         if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
             raise OSError(errno.EINVAL, "Invalid argument")
         if how != socket.SHUT_RD:

@@ -18,6 +18,7 @@ import random
 import select
 import selectors
 import socket
+import struct
 import threading
 import warnings
 from typing import Any, Callable, Iterator, List, Tuple
@@ -330,6 +331,44 @@ def test_close_with_unread_bytes_resets_the_peer(patched):
             for _ in range(2):
                 if client.recv(100) == b"":
                     break
+
+
+def test_an_abortive_close_resets_the_peer(patched):
+    """SO_LINGER {on, 0}: close() resets: the peer reads what had reached
+    it, then ConnectionResetError; getpeername() is ENOTCONN from the
+    reset on, and shutdown() of a number no C int holds is OverflowError."""
+    with blocking_pair(patched) as (client, server):
+        client.sendall(b"before the reset")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        assert server.recv(100) == b"before the reset"
+        with pytest.raises(OSError) as caught:
+            server.getpeername()
+        assert caught.value.errno == errno.ENOTCONN
+        with pytest.raises(ConnectionResetError):
+            server.recv(100)
+        for how in (1 << 40, -(1 << 40)):
+            with pytest.raises(OverflowError):
+                server.shutdown(how)
+
+
+def test_sendfile_through_the_descriptor_gives_up_cleanly(patched, tmp_path):
+    """socket.sendfile()'s os.sendfile() path (the stdlib tries it first):
+    on a friend socket it gives up before sending anything, and the send()
+    path the stdlib falls back to sends all, once."""
+    data = random.Random(3).randbytes(100_000)
+    path = tmp_path / "file"
+    path.write_bytes(data)
+    with blocking_pair(patched) as (client, server):
+        with open(path, "rb") as file:
+            try:
+                sent = client._sendfile_use_sendfile(file)  # type: ignore[attr-defined]
+            except socket._GiveupOnSendfile:  # type: ignore[attr-defined]
+                assert patched
+                sent = client._sendfile_use_send(file)  # type: ignore[attr-defined]
+        client.shutdown(socket.SHUT_WR)
+        assert sent == len(data)
+        assert receive_until_eof(server) == data
 
 
 def test_close_after_reading_everything_gives_eof(patched):

@@ -148,6 +148,26 @@ def test_starttls_on_a_blocking_connection(patched, contexts):  # noqa: F811
             assert tls_client.recv(100) == b"235 ok\r\n"
 
 
+def test_wrapping_takes_the_socket_over(patched, contexts):  # noqa: F811
+    """As the stdlib's wrap_socket() detaches what it wraps: the plain
+    socket is done (closing it changes nothing), the TLS socket has its
+    timeout, in gettimeout() and the ``timeout`` attribute alike."""
+    server_context, client_context = contexts
+    with blocking_pair(patched, timeout=7.0) as (client, server):
+        join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
+        tls_client = client_context.wrap_socket(client, server_hostname="localhost")
+        tls_server = join()
+        assert client.fileno() == -1 and server.fileno() == -1
+        client.close()
+        server.close()
+        with tls_client, tls_server:
+            assert tls_client.timeout == tls_client.gettimeout() == 7.0
+            tls_client.settimeout(3.0)
+            assert tls_client.timeout == tls_client.gettimeout() == 3.0
+            tls_client.sendall(b"after the plain sockets closed")
+            assert tls_server.recv(100) == b"after the plain sockets closed"
+
+
 def test_a_wrong_certificate_fails_the_handshake_on_both_ends(patched, contexts):  # noqa: F811
     server_context, _ = contexts
     stranger = ssl.create_default_context()  # trusts nothing of ours

@@ -12,6 +12,7 @@ import errno
 import gc
 import socket
 import ssl
+import sys
 from typing import AsyncIterator, List, Tuple
 
 import pytest
@@ -486,6 +487,43 @@ async def test_create_connection_sock_cancelled_a_turn_later(installed):
             # The echo handler ends at EOF and closes its side.
             await asyncio.wait_for(writers[0].wait_closed(), 10)
             assert sock.fileno() == -1  # closed with the transport
+
+# The abandoned connect leaves the loop's own transport unclosed (on either
+# path): its ResourceWarning is the stdlib's, collected here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("installed", [True, False], ids=["friend", "tcp"])
+def test_a_pending_connect_closed_outside_its_context_raises_nothing(installed):
+    """A create_connection(sock=, ssl=) coroutine left pending (its loop
+    stopped, a server that never answers the handshake), then closed from
+    another context, as the garbage collector may: nothing raises. (The
+    stdlib loop only: uvloop cannot close a loop whose transport is still
+    handshaking.)"""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    loop = asyncio.new_event_loop()
+    task = coro = None
+    try:
+        with friendsock.installed(loop) if installed else contextlib.nullcontext(), \
+                socket.create_server(("127.0.0.1", 0)) as silent, \
+                socket.create_connection(silent.getsockname()) as sock:
+            coro = loop.create_connection(asyncio.Protocol, sock=sock, ssl=context, server_hostname="")
+            task = loop.create_task(coro)
+            for _ in range(3):
+                loop.run_until_complete(asyncio.sleep(0))
+            assert not task.done()
+            unraisable: List[BaseException] = []
+            hook, sys.unraisablehook = sys.unraisablehook, lambda u: unraisable.append(u.exc_value)
+            try:
+                contextvars.Context().run(coro.close)
+            finally:
+                sys.unraisablehook = hook
+            assert unraisable == []
+    finally:
+        loop.close()
+        del task, coro
+        gc.collect()
+
 
 # -- keyword arguments friendsock does not handle keep their meaning ------------
 

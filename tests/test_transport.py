@@ -6,9 +6,11 @@ accounting is ours (``sndbuf + friend rcvbuf``)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import socket
+import weakref
 from typing import List, Optional
 
 import pytest
@@ -165,6 +167,36 @@ async def test_callback_order(friends, how, side):
         else:
             assert ender.events == ["made", "data", "lost"]
         assert other.events == ["made", "data", "eof", "lost"]
+
+
+async def test_a_closed_transports_protocol_goes_without_the_garbage_collector(friends):
+    """As with the loop's own: once connection_lost has run, dropping the
+    transport frees its protocol (and what that holds: a TLS context, say)
+    at once, the cycle collector not needed."""
+    loop = asyncio.get_running_loop()
+    lost = loop.create_future()
+
+    class Client(asyncio.Protocol):
+        def connection_lost(self, exc: Optional[BaseException]) -> None:
+            lost.set_result(exc)
+
+    server = await friendsock.create_server(asyncio.Protocol, "127.0.0.1", 0, friends=friends)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        transport, protocol = await friendsock.create_connection(Client, "127.0.0.1", port,
+                                                                 friends=friends)
+        protocol_ref = weakref.ref(protocol)
+        gc.disable()
+        try:
+            transport.close()
+            del transport, protocol
+            await wait(lost)
+            await asyncio.sleep(0)  # the turn that ran connection_lost is over
+            assert protocol_ref() is None
+        finally:
+            gc.enable()
+    finally:
+        server.close()
 
 
 class RaisingRecorder(Recorder):

@@ -116,7 +116,12 @@ def loop_own_connects() -> Iterator[None]:
     try:
         yield
     finally:
-        _own_connects.reset(token)
+        try:
+            _own_connects.reset(token)
+        except ValueError:
+            # The connect's coroutine closed outside its task's context (by
+            # the garbage collector, say): that context is gone with it.
+            pass
 
 
 def in_loop_own_connect() -> bool:

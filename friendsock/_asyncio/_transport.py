@@ -68,6 +68,10 @@ def set_nodelay(loop: asyncio.AbstractEventLoop, sock: Any) -> None:
         pass
 
 
+def _no_drain() -> None:
+    """A closed transport's drain: nothing to deliver."""
+
+
 class FriendTransport(_FlowControlMixin):
     """One end of a friend link, as an ``asyncio.Transport``.
 
@@ -590,6 +594,10 @@ class FriendTransport(_FlowControlMixin):
         finally:
             self._end.close()
             self._unhook()
+            # A transport dropped after connection_lost goes at once, as the
+            # loop's own, with its protocol (and what that holds): the bound
+            # drain was a reference cycle.
+            self._drain_now = _no_drain
             server = self._server
             if server is not None:
                 self._server = None
@@ -611,5 +619,6 @@ class FriendTransport(_FlowControlMixin):
         self._conn_lost += 1
         self._server = None
         self._unhook()
+        self._drain_now = _no_drain
         self._end.reset(keep=self._out.rcvbuf)
 

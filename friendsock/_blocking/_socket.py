@@ -32,6 +32,7 @@ import operator
 import os
 import select
 import socket
+import struct
 import threading
 import time
 import warnings
@@ -74,6 +75,7 @@ _DATA = Seen.DATA
 _EOF = Seen.EOF
 _TCP = Seen.TCP
 _MAX_JOIN = 64 * 1024
+_LINGER = struct.Struct("ii")  # struct linger
 # Plain ints: the socket module's are IntFlag members, whose ``&`` and ``~``
 # run in Python (some microseconds a call).
 _PEEK = int(socket.MSG_PEEK)
@@ -745,6 +747,18 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         # os.sendfile() would write to the readiness descriptor: send() instead.
         return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
 
+    def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
+        raise socket._GiveupOnSendfile(  # type: ignore[attr-defined]
+            "os.sendfile() does not reach a friend socket's connection")
+
+    def setsockopt(self, *args: Any) -> None:
+        PairedSocketCalls.setsockopt(self, *args)
+        if args[0] == socket.SOL_SOCKET and args[1] == socket.SO_LINGER:
+            # Read back as the kernel keeps it: a close then is abortive.
+            onoff, linger = _LINGER.unpack(self._options.getsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size))
+            self._abortive_close = bool(onoff) and linger == 0
+
     # -- waiting ---------------------------------------------------------------
     @staticmethod
     def _wait_deadline(timeout: Optional[float], deadline: Optional[float]) -> Optional[float]:
@@ -1036,7 +1050,10 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         self._in.notify_readable = None
         self._out.notify_writable = None
         self._descriptor.take_over(self)
-        self._end.close()
+        if self.__dict__.get("_abortive_close"):  # SO_LINGER {1, 0}: a reset
+            self._end.reset(keep=self._out.rcvbuf)
+        else:
+            self._end.close()
         self._signals.close()
 
 

@@ -169,8 +169,13 @@ class FriendSSLSocket(ssl.SSLSocket):
         except BaseException:
             os.close(fd)
             raise
-        self._raw = sock
+        # As the stdlib's detaches the socket it wraps: closing that one
+        # afterwards leaves the connection to the TLS socket.
+        raw: FriendBlockingSocket = sock.dup()  # type: ignore[assignment]
+        sock._close_friend()
+        sock = self._raw = raw
         sock._under_tls = True  # type: ignore[attr-defined]
+        _socket.socket.settimeout(self, sock.gettimeout())  # its ``timeout`` attribute
         self._plain_leftover = b""
         self._context = context
         self._session = session
@@ -207,9 +212,11 @@ class FriendSSLSocket(ssl.SSLSocket):
 
     def settimeout(self, value: Optional[float]) -> None:
         self._raw.settimeout(value)
+        _socket.socket.settimeout(self, value)
 
     def setblocking(self, flag: bool) -> None:
         self._raw.setblocking(flag)
+        _socket.socket.setblocking(self, flag)
 
     def getsockopt(self, *args: Any) -> Any:
         return self._raw.getsockopt(*args)

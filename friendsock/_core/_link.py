@@ -639,6 +639,14 @@ class LinkEnd:
             raise self.send_error() from None
         return len(data)
 
+    def peername_error(self) -> Optional[LinkBrokenError]:
+        """What ``getpeername()`` fails with: ENOTCONN once the friend's
+        reset came (it closes the kernel's socket, even with bytes left to
+        read); None while connected."""
+        if self.incoming.state is ChannelState.RESET:
+            return LinkBrokenError(errno.ENOTCONN)
+        return None
+
     @staticmethod
     def read_error() -> LinkBrokenError:
         """What a read fails with once the reset is all that is left."""
