@@ -736,14 +736,19 @@ def forget_collected() -> None:
         forget_listener(entry)
 
 
-def forget_listener(entry: ListenerEntry) -> None:
+def forget_listener(entry: ListenerEntry,
+                    go_on_over_tcp: Optional[Callable[[Link], bool]] = None) -> None:
     """Stop pairing with ``entry``. The kernel resets what still waits in a
     closing backlog. A confirmed connect (not established) watches its own
     socket instead: a listener shared with another process stays open
-    there, and the connect goes on over TCP."""
+    there, and the connect goes on over TCP. ``go_on_over_tcp``: the
+    listener stays open, in other hands (an event loop took it over), and
+    accepts its backlog there: each established connect waiting in it is
+    offered to this (True: its link went on over TCP) before it is reset."""
     for orphan in registry.remove_listener(entry):
-        if orphan.link.established:
-            orphan.link.server.reset()
+        link = orphan.link
+        if link.established and not (go_on_over_tcp is not None and go_on_over_tcp(link)):
+            link.server.reset()
     handle = entry.handle
     close = handle.socketless_close
     # Dropped: a connect that outlives its listener (withdrawn, kept with

@@ -185,6 +185,36 @@ async def _sock_connect(port: int) -> socket.socket:
     return sock
 
 
+def test_a_listener_handed_to_an_event_loop_keeps_its_backlog(patched, server_loop):
+    """A blocking listener handed to a loop (start_server(sock=) makes it
+    non-blocking): a client that connected, and wrote, while it was still
+    blocking is served by the loop, its bytes first, as over TCP."""
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
+            assert friendsock.is_friend(client) is patched
+            client.sendall(b"written before the loop took over\n")
+
+            async def echo_one_line(reader: asyncio.StreamReader,
+                                    writer: asyncio.StreamWriter) -> None:
+                writer.write(await reader.readline())
+                writer.close()
+                await writer.wait_closed()
+
+            async def start() -> asyncio.AbstractServer:
+                return await asyncio.start_server(echo_one_line, sock=listener)
+
+            async def stop(server: asyncio.AbstractServer) -> None:
+                server.close()
+                await server.wait_closed()
+
+            server = server_loop.run(start())
+            try:
+                assert receive_until_eof(client) == b"written before the loop took over\n"
+                assert not friendsock.is_friend(client)
+            finally:
+                server_loop.run(stop(server))  # before the listener's with-block closes it
+
+
 @pytest.mark.parametrize("listener_timeout", [TIMEOUT, 0.05])
 @pytest.mark.parametrize("client_sends", [True, False])
 def test_an_accept_held_for_a_handover_that_never_comes_is_tcp(patched, server_loop, client_sends,

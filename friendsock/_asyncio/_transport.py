@@ -68,7 +68,7 @@ def set_nodelay(loop: asyncio.AbstractEventLoop, sock: Any) -> None:
         pass
 
 
-def _no_drain() -> None:
+def _no_drain(receive: Optional[Callable[[bytes], None]] = None) -> None:
     """A closed transport's drain: nothing to deliver."""
 
 

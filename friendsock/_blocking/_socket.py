@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import _handshake
 from .._core._errors import FriendError, LinkBrokenError
-from .._core._link import ChannelState, LinkEnd, Seen
+from .._core._link import ChannelState, Link, LinkEnd, Seen
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
@@ -264,16 +264,16 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
     def setblocking(self, flag: bool) -> None:
         _ss.setblocking(self, flag)
         if not flag and _ENTRY in self.__dict__:
-            _forget_listener(self)
+            _forget_listener(self, handed_on=True)
 
     def settimeout(self, value: Optional[float]) -> None:
         _ss.settimeout(self, value)
         if value == 0 and _ENTRY in self.__dict__:
-            _forget_listener(self)
+            _forget_listener(self, handed_on=True)
 
     def detach(self) -> int:
         if _ENTRY in self.__dict__:
-            _forget_listener(self)
+            _forget_listener(self, handed_on=True)
         return OriginalSocket.detach(self)
 
     def _real_close(self, _ss: Any = _ss) -> None:
@@ -327,10 +327,20 @@ def _register_listener(sock: FriendCapableSocket) -> None:
     forget_when_collected(sock, entry)
 
 
-def _forget_listener(sock: FriendCapableSocket) -> None:
+def _forget_listener(sock: FriendCapableSocket, handed_on: bool = False) -> None:
+    """``sock`` stops pairing: closed, or ``handed_on`` (to an event loop,
+    which accepts natively): connects waiting in its backlog from blocking
+    sockets then go on over TCP, where the new owner's accept finds them
+    (their friend ends elsewhere are reset, as by a closing listener)."""
     entry = sock.__dict__.pop(_ENTRY, None)
-    if entry is not None:
+    if entry is None:
+        return
+    if not handed_on:
         forget_listener(entry)
+        return
+    with _ends_lock:
+        ends = _ends_of_sockets()
+        forget_listener(entry, lambda link: _hand_over(link, ends, unaccepted=True))
 
 
 def _claim(sock: FriendCapableSocket, address: Any, entry: Entry,
@@ -1122,6 +1132,42 @@ def _now_tcp(sock: FriendBlockingSocket) -> None:
     sock._descriptor.close_kept()
 
 
+def _ends_of_sockets() -> Dict[LinkEnd, List[FriendBlockingSocket]]:
+    """Each link end of a blocking socket, with its open friend sockets (none
+    yet: a connect finishing, which has written nothing). Under _ends_lock."""
+    ends: Dict[LinkEnd, List[FriendBlockingSocket]] = {}
+    for sock in list(_friend_sockets):
+        if type(sock) is FriendBlockingSocket and not sock._friend_closed:
+            ends.setdefault(sock._end, []).append(sock)
+    for end in list(_connecting.keys()):
+        ends.setdefault(end, [])
+    return ends
+
+
+def _hand_over(link: Link, ends: Dict[LinkEnd, List[FriendBlockingSocket]],
+               unaccepted: bool = False) -> bool:
+    """Hand ``link`` over to TCP (:meth:`Link.hand_over`) if its ends are
+    blocking sockets' (``ends``; its server end not accepted yet, with
+    ``unaccepted``), and their sockets become their real ones. Under
+    _ends_lock. False: a friend link it stays."""
+    client = ends.get(link.client)
+    server = [] if unaccepted else ends.get(link.server)
+    if client is None or server is None or any(
+            len(same) > 1 and same[0]._signals.ready is not None for same in (client, server)):
+        return False  # an end elsewhere, or one readiness descriptor for duplicates
+    sockets = {link.client: client, link.server: server}
+
+    def send(end: LinkEnd, data: bytes, eof: bool) -> None:
+        if sockets[end]:
+            _send_on_tcp(sockets[end][0], data, eof)
+
+    if not link.hand_over(send, _HAND_OVER_LIMIT):
+        return False
+    for sock in client + server:
+        _now_tcp(sock)
+    return True
+
+
 def _hand_over_before_fork() -> None:
     """Before ``fork()``: each link whose two ends are blocking sockets of
     this process goes on over TCP, as the kernel's connection it rides on,
@@ -1132,27 +1178,10 @@ def _hand_over_before_fork() -> None:
     cannot be each one's connection) stays a friend link: the parent's; in
     the child its ends fail (:func:`_cut_off_in_child`)."""
     with _ends_lock:  # no socket turns friend, nor gets a readiness descriptor, meanwhile
-        ends: Dict[LinkEnd, List[FriendBlockingSocket]] = {}
-        for sock in list(_friend_sockets):
-            if type(sock) is FriendBlockingSocket and not sock._friend_closed:
-                ends.setdefault(sock._end, []).append(sock)
-        for end in list(_connecting.keys()):  # nothing written yet: nothing to send
-            ends.setdefault(end, [])
-        for end, handles in ends.items():
-            link = end.link
-            peers = ends.get(link.server) if end is link.client else None
-            if peers is None or any(len(same) > 1 and same[0]._signals.ready is not None
-                                    for same in (handles, peers)):
-                continue
-            sockets = {link.client: handles, link.server: peers}
-
-            def send(end: LinkEnd, data: bytes, eof: bool, sockets: Any = sockets) -> None:
-                if sockets[end]:
-                    _send_on_tcp(sockets[end][0], data, eof)
-
-            if link.hand_over(send, _HAND_OVER_LIMIT):
-                for sock in handles + peers:
-                    _now_tcp(sock)
+        ends = _ends_of_sockets()
+        for end in list(ends):
+            if end is end.link.client:
+                _hand_over(end.link, ends)
 
 
 def _cut_off_in_child() -> None:
