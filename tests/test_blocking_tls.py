@@ -14,6 +14,7 @@ import gc
 import http.client
 import os
 import random
+import select
 import socket
 import ssl
 import warnings
@@ -168,6 +169,37 @@ def test_wrapping_takes_the_socket_over(patched, contexts):  # noqa: F811
             assert tls_server.recv(100) == b"after the plain sockets closed"
 
 
+def test_select_sees_each_tls_record_till_the_close(patched, tls_pair):  # noqa: F811
+    """A TLS socket takes one record at a time off the connection, as
+    OpenSSL reads a socket: the records still to come keep it readable for
+    select() (a select-driven server sees them, then the close_notify)."""
+    client, server = tls_pair
+    records = [bytes([65 + i]) * 1000 for i in range(8)]
+    for record in records:
+        client.sendall(record)
+    unwrapped = run_thread(client.unwrap)
+    for record in records:
+        assert select.select([server], [], [], TIMEOUT)[0] == [server]
+        assert server.recv(1000) == record
+    assert select.select([server], [], [], TIMEOUT)[0] == [server]
+    server.unwrap()
+    unwrapped()
+
+
+def test_plain_bytes_to_a_tls_server_reset_the_client(patched, contexts):  # noqa: F811
+    """A TLS server that fails the handshake on plain HTTP closes over the
+    bytes it did not read: the client sees a reset, as over TCP."""
+    server_context, _ = contexts
+    with blocking_pair(patched) as (client, server):
+        client.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n" + b"X-Pad: x\r\n" * 50 + b"\r\n")
+        with pytest.raises(ssl.SSLError):
+            server_context.wrap_socket(server, server_side=True)
+        server.close()
+        with pytest.raises(ConnectionResetError):
+            while client.recv(100):
+                pass
+
+
 def test_a_wrong_certificate_fails_the_handshake_on_both_ends(patched, contexts):  # noqa: F811
     server_context, _ = contexts
     stranger = ssl.create_default_context()  # trusts nothing of ours
@@ -265,4 +297,4 @@ def test_an_unclosed_tls_socket_warns_as_the_stdlibs_once(patched, contexts):  #
     # (Of sockets only: a collection may find what an earlier test left.)
     messages = [str(w.message) for w in caught
                 if issubclass(w.category, ResourceWarning) and str(w.message).startswith("unclosed <")]
-    assert len(messages) == 1 and messages[0].startswith("unclosed <ssl.SSLSocket"), messages
+    assert len(messages) == 1 and messages[0].startswith("unclosed <ssl.SSLSocket fd="), messages

@@ -955,7 +955,7 @@ async def test_unclosed_friend_stream_warns_and_closes_as_a_collected_socket(unr
                 gc.collect()
             messages = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
             # Named as the stdlib's finalizer names a socket: filters match alike.
-            assert messages and messages[0].startswith("unclosed <socket.socket "), caught
+            assert messages and messages[0].startswith("unclosed <socket.socket fd="), caught
             with trio.fail_after(TIMEOUT):
                 assert await server.receive_some() == b"last words"
                 if unread:
@@ -1019,7 +1019,7 @@ async def test_a_stream_collected_on_another_thread_closes_through_its_run():
                         gc.enable()
             messages = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
             # Named as the stdlib's finalizer names a socket: filters match alike.
-            assert messages and messages[0].startswith("unclosed <socket.socket "), caught
+            assert messages and messages[0].startswith("unclosed <socket.socket fd="), caught
             assert received == [b"last words"]
 
 

@@ -196,12 +196,13 @@ class Descriptor:
             _ss.close(sock)
 
 
-def named_as(text: str, name: str) -> str:
+def named_as(text: str, name: str, friend: bool = False) -> str:
     """A socket's repr (``<module.Class fd=...>``) under the stdlib class
-    ``name`` it stands in for: a warning filter on "unclosed <socket.socket"
-    (the finalizer's ResourceWarning says the repr) matches as without
-    friendsock."""
-    return f"<{name}{text[text.index(' '):]}"
+    ``name`` it stands in for, a paired one's marked at the end: a warning
+    filter on "unclosed <socket.socket fd=" (the finalizer's ResourceWarning
+    says the repr) matches as without friendsock."""
+    text = f"<{name}{text[text.index(' '):]}"
+    return f"{text[:-1]} [friend]>" if friend else text
 
 
 class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignore[misc,valid-type]
@@ -671,11 +672,11 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         # descriptor: show the TCP descriptor's until there is one.
         ready = self._signals.ready
         fd = -1 if self._friend_closed else ready.fd if ready is not None else self._descriptor.fileno()
-        state = " [closed]" if self._friend_closed else " [friend]"
+        state = " [closed]" if self._friend_closed else ""
         text = (f"<socket.socket{state} fd={fd}, "
                 f"family={self.family!s}, type={self.type!s}, proto={self.proto}")
         if not self._friend_closed:
-            text += f", laddr={self._sockname}, raddr={self._peername}"
+            text += f", laddr={self._sockname}, raddr={self._peername} [friend]"
         return text + ">"
 
     def _check_open(self) -> None:

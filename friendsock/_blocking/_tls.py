@@ -23,8 +23,7 @@ from typing import Any, Callable, Optional, TypeVar
 from ._socket import FriendBlockingSocket, OriginalSocket, named_as
 
 _T = TypeVar("_T")
-# Raw bytes read from the link at a time (as asyncio's SSL reads).
-_READ_SIZE = 256 * 1024
+_RECORD_HEADER = 5  # content type, version, length (two bytes)
 
 
 class LinkTLS:
@@ -32,7 +31,8 @@ class LinkTLS:
     socket): the same calls, run over an ``ssl.SSLObject`` whose records
     move through the friend socket ``raw``."""
 
-    __slots__ = ("_obj", "_incoming", "_outgoing", "_raw", "_owner", "_unsent")
+    __slots__ = ("_obj", "_incoming", "_outgoing", "_raw", "_owner", "_unsent", "_header",
+                 "_record_left")
 
     def __init__(self, context: ssl.SSLContext, raw: FriendBlockingSocket, owner: "FriendSSLSocket",
                  server_side: bool, server_hostname: Optional[str], session: Any) -> None:
@@ -43,6 +43,10 @@ class LinkTLS:
         self._raw = raw
         self._owner = owner
         self._unsent = b""  # records a non-blocking socket could not send yet
+        # Where the incoming stream is: the next record's header so far, or
+        # the bytes left of the current record's body.
+        self._header = b""
+        self._record_left = 0
 
     def _run(self, step: Callable[..., _T], *args: Any) -> _T:
         """``step`` on the TLS object, as often as it takes: what it writes is
@@ -86,15 +90,29 @@ class LinkTLS:
                                             "The operation did not complete (write)") from None
 
     def _fill(self) -> None:
+        """Take from the link what the TLS object waits for, no more: the
+        rest of a record's header, or of its body, as OpenSSL reads a
+        socket. What is left stays in the link, where select() sees it,
+        and a close over it resets, as over TCP."""
+        left = self._record_left
         try:
-            data = self._raw.recv(_READ_SIZE)
+            data = self._raw.recv(left if left else _RECORD_HEADER - len(self._header))
         except BlockingIOError:
             raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ,
                                        "The operation did not complete (read)") from None
-        if data:
-            self._incoming.write(data)
-        else:
+        if not data:
             self._incoming.write_eof()
+            return
+        self._incoming.write(data)
+        if left:
+            self._record_left = left - len(data)
+            return
+        header = self._header + data
+        if len(header) < _RECORD_HEADER:
+            self._header = header
+            return
+        self._header = b""
+        self._record_left = int.from_bytes(header[3:5], "big")
 
     # -- the C object's calls that move records ----------------------------------
     def do_handshake(self) -> None:
@@ -199,7 +217,7 @@ class FriendSSLSocket(ssl.SSLSocket):
         return self  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
-        return named_as(super().__repr__(), "ssl.SSLSocket [friend]")
+        return named_as(super().__repr__(), "ssl.SSLSocket", friend=not self._closed)
 
     # -- what is the friend socket's -------------------------------------------
     def fileno(self) -> int:

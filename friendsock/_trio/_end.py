@@ -157,7 +157,8 @@ class TrioEnd:
         state = getattr(self, "_state", None)  # None: never hooked in
         if state is None or self._closed or state.pid != os.getpid():
             return
-        warn(f"unclosed <socket.socket [friend] laddr={self._sockname!r}, raddr={self._peername!r}>",
+        warn(f"unclosed <socket.socket fd=-1, laddr={self._sockname!r}, "
+             f"raddr={self._peername!r} [friend]>",
              ResourceWarning, source=self)
         self._closed = True
         state.streams.pop(id(self), None)
