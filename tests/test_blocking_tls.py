@@ -10,6 +10,7 @@ agree.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import http.client
 import os
@@ -18,7 +19,7 @@ import select
 import socket
 import ssl
 import warnings
-from typing import Iterator, Tuple
+from typing import Any, Iterator, Tuple
 
 import pytest
 import trustme
@@ -198,6 +199,69 @@ def test_plain_bytes_to_a_tls_server_reset_the_client(patched, contexts):  # noq
         with pytest.raises(ConnectionResetError):
             while client.recv(100):
                 pass
+
+
+def _pyopenssl_client(sock: socket.socket) -> Any:
+    from OpenSSL import SSL
+
+    context = SSL.Context(SSL.TLS_CLIENT_METHOD)
+    context.set_verify(SSL.VERIFY_NONE)
+    connection = SSL.Connection(context, sock)
+    connection.set_connect_state()
+    connection.set_tlsext_host_name(b"localhost")
+    return connection
+
+
+def test_pyopenssl_on_a_paired_socket(patched, contexts):  # noqa: F811
+    """pyOpenSSL's SSL.Connection does its I/O on the descriptor: given a
+    friend socket, the connection goes on over TCP first, and the TLS
+    session runs as over TCP (urllib3's pyOpenSSL injection, cheroot's
+    pyOpenSSL adapter)."""
+    server_context, _ = contexts
+    with blocking_pair(patched) as (client, server):
+        join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
+        client.settimeout(None)  # pyOpenSSL's blocking calls want a blocking descriptor
+        connection = _pyopenssl_client(client)
+        connection.do_handshake()
+        with join() as tls_server:
+            assert not friendsock.is_friend(client)
+            connection.sendall(b"over pyOpenSSL")
+            assert tls_server.recv(100) == b"over pyOpenSSL"
+            tls_server.sendall(b"and back")
+            assert connection.recv(100) == b"and back"
+
+
+def test_pyopenssl_on_a_link_to_an_event_loop_fails_clearly(patched, server_loop):  # noqa: F811
+    """A friend socket whose friend is an event loop's end cannot hand its
+    connection to TCP: SSL.Connection fails at once (EOPNOTSUPP), where
+    its I/O on the descriptor would wait forever; over TCP it is made."""
+    async def read_to_eof(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+        await writer.wait_closed()
+
+    async def start() -> asyncio.AbstractServer:
+        return await friendsock.start_server(read_to_eof, "127.0.0.1", 0, friends=patched)
+
+    async def stop(server: asyncio.AbstractServer) -> None:
+        server.close()
+        await server.wait_closed()
+
+    server = server_loop.run(start())
+    try:
+        with socket.create_connection(server.sockets[0].getsockname(), timeout=10) as client:
+            assert friendsock.is_friend(client) is patched
+            if patched:
+                with pytest.raises(OSError) as caught:
+                    _pyopenssl_client(client)
+                assert caught.value.errno == errno.EOPNOTSUPP
+                client.sendall(b"still a friend socket")  # and it still works
+            else:
+                _pyopenssl_client(client)
+            client.shutdown(socket.SHUT_WR)
+            assert client.recv(10) == b""  # the handler read to EOF, and closed
+    finally:
+        server_loop.run(stop(server))
 
 
 def test_a_wrong_certificate_fails_the_handshake_on_both_ends(patched, contexts):  # noqa: F811

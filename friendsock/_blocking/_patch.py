@@ -9,7 +9,9 @@ called, so they (and what is built on them: ``http.client``, ``urllib``,
 urllib3/requests, ``socketserver``, ``http.server``) make friend-capable
 sockets without being patched themselves. ``ssl.SSLContext.wrap_socket``
 is patched too: a friend socket's TLS runs over its link
-(:mod:`friendsock._blocking._tls`).
+(:mod:`friendsock._blocking._tls`); pyOpenSSL's ``SSL.Connection``, which
+does its I/O on the descriptor, gets a friend socket's connection handed
+over to TCP first.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Optional
 
 from .._imports import when_imported
 from . import _socket as _blocking_socket
-from ._socket import FriendBlockingSocket, FriendCapableSocket, OriginalSocket
+from ._socket import FriendBlockingSocket, FriendCapableSocket, OriginalSocket, go_on_over_tcp
 from ._tls import patch_ssl, unpatch_ssl
 
 _lock = threading.Lock()
@@ -48,6 +50,24 @@ def _teach_multiprocessing(reduction: ModuleType) -> None:
     reduction.register(FriendBlockingSocket, _refuse_friend_socket)
 
 
+def _teach_pyopenssl(module: ModuleType) -> None:
+    """pyOpenSSL's ``SSL.Connection`` does its I/O on the socket's
+    descriptor, in C: given a friend socket, its connection first goes on
+    over TCP (or the constructor fails clearly, when it cannot)."""
+    connection = getattr(module, "Connection", None)
+    if connection is None or getattr(connection.__init__, "_friendsock_native", None) is not None:
+        return
+    native = connection.__init__
+
+    def __init__(self: Any, context: Any, socket: Any = None) -> None:
+        if type(socket) is FriendBlockingSocket:
+            go_on_over_tcp(socket, "pyOpenSSL's SSL.Connection (its I/O is on the descriptor)")
+        native(self, context, socket)
+
+    __init__._friendsock_native = native  # type: ignore[attr-defined]
+    connection.__init__ = __init__
+
+
 def patch_socket() -> None:
     """From now on, ``socket.socket`` (and so ``socket.create_connection``
     and ``socket.create_server``) of this process makes friend-capable
@@ -65,6 +85,7 @@ def patch_socket() -> None:
         _blocking_socket.patched = True
     # Kept after unpatch_socket(): the sockets made meanwhile stay this class.
     when_imported("multiprocessing.reduction", _teach_multiprocessing)
+    when_imported("OpenSSL.SSL", _teach_pyopenssl)
 
 
 def unpatch_socket() -> None:

@@ -1169,6 +1169,18 @@ def _hand_over(link: Link, ends: Dict[LinkEnd, List[FriendBlockingSocket]],
     return True
 
 
+def go_on_over_tcp(sock: FriendBlockingSocket, what: str) -> None:
+    """``sock``'s connection goes on over TCP now: ``what`` is to do its own
+    I/O on the descriptor (C code: pyOpenSSL's ``SSL.Connection``).
+    OSError (EOPNOTSUPP) when the link cannot be handed over (its friend is
+    an event loop's end, say): better than I/O that waits forever."""
+    with _ends_lock:
+        if type(sock) is not FriendBlockingSocket or sock._friend_closed:
+            return  # handed over already (a fork), or closed: the descriptor's own
+        if not _hand_over(sock._end.link, _ends_of_sockets()):
+            raise _unsupported(what)
+
+
 def _hand_over_before_fork() -> None:
     """Before ``fork()``: each link whose two ends are blocking sockets of
     this process goes on over TCP, as the kernel's connection it rides on,
