@@ -401,6 +401,28 @@ def test_sendfile_through_the_descriptor_gives_up_cleanly(patched, tmp_path):
         assert receive_until_eof(server) == data
 
 
+def test_sendmsg_gathers_and_recvmsg_scatters(patched):
+    """sendmsg/recvmsg/recvmsg_into on a TCP connection: gather and scatter,
+    no ancillary data, no address; bad arguments are the C call's
+    TypeError, and send nothing."""
+    with blocking_pair(patched) as (client, server):
+        assert client.sendmsg([b"ab", bytearray(b"cd"), memoryview(b"ef")]) == 6
+        for bad in ([object()], b"not in an iterable"):
+            with pytest.raises(TypeError):
+                client.sendmsg(bad)
+        for ancdata in ([object()], [(0, 0)], [(0, 0, b"data", 42)], [(0, 0, object())]):
+            with pytest.raises(TypeError):
+                client.sendmsg([b"x"], ancdata)
+        with pytest.raises(TypeError):
+            client.sendmsg([b"x"], [], 0, object())
+        assert server.recvmsg(2) == (b"ab", [], 0, None)
+        first, second = bytearray(1), bytearray(10)
+        assert server.recvmsg_into([first, second]) == (4, [], 0, None)
+        assert (bytes(first), bytes(second[:3])) == (b"c", b"def")
+        with pytest.raises(ValueError):
+            server.recvmsg(-1)
+
+
 def test_close_after_reading_everything_gives_eof(patched):
     with blocking_pair(patched) as (client, server):
         client.sendall(b"read")

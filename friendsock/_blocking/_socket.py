@@ -307,6 +307,11 @@ def _friend_of_readiness(fileno: Any) -> Optional["FriendBlockingSocket"]:
     return friend  # type: ignore[no-any-return]
 
 
+def _check_ancillary_size(ancbufsize: Any) -> None:
+    if operator.index(ancbufsize) < 0:
+        raise ValueError("negative buffer size in recvmsg()")
+
+
 def _may_pair(sock: socket.socket) -> bool:
     """A blocking (or timeout) TCP socket, with pairing switched on."""
     return sock.family in _INET and _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and \
@@ -897,11 +902,28 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Tuple[int, None]:
         return self.recv_into(buffer, nbytes, flags), None
 
-    def recvmsg(self, *args: Any) -> Any:
-        raise _unsupported("recvmsg()")
+    # recvmsg/sendmsg: on a TCP connection, scatter/gather reads and writes;
+    # no ancillary data comes (TCP ignores what sendmsg gives).
+    def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> Tuple[bytes, list, int, None]:
+        bufsize = operator.index(bufsize)
+        if bufsize < 0:
+            raise ValueError("negative buffer size in recvmsg()")
+        _check_ancillary_size(ancbufsize)
+        return self.recv(bufsize, flags), [], 0, None
 
-    def recvmsg_into(self, *args: Any) -> Any:
-        raise _unsupported("recvmsg_into()")
+    def recvmsg_into(self, buffers: Any, ancbufsize: int = 0, flags: int = 0) -> Tuple[int, list, int, None]:
+        views = [memoryview(buffer).cast("B") for buffer in buffers]
+        if any(view.readonly for view in views):
+            raise TypeError("recvmsg_into() argument 1 must be an iterable of single-segment "
+                            "read-write buffers")
+        _check_ancillary_size(ancbufsize)
+        data = self.recv(sum(len(view) for view in views), flags)
+        offset = 0
+        for view in views:
+            piece = data[offset:offset + len(view)]
+            view[:len(piece)] = piece
+            offset += len(piece)
+        return len(data), [], 0, None
 
     def _flags_timeout(self, flags: int, supported: int) -> Optional[float]:
         """The timeout a call with ``flags`` waits for. MSG_DONTWAIT makes a
@@ -1032,8 +1054,15 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             raise TypeError(f"sendto() takes 2 or 3 arguments ({len(args) + 1} given)")
         return self.send(data, args[0] if len(args) == 2 else 0)
 
-    def sendmsg(self, *args: Any) -> int:
-        raise _unsupported("sendmsg()")
+    def sendmsg(self, buffers: Any, ancdata: Any = (), flags: int = 0, address: Any = None) -> int:
+        data = b"".join(memoryview(buffer).cast("B") for buffer in buffers)
+        for item in ancdata:  # checked as the C call does; TCP ignores them
+            if not isinstance(item, tuple) or len(item) != 3:
+                raise TypeError("sendmsg() ancillary data items must be (level, type, data) tuples")
+            operator.index(item[0]), operator.index(item[1]), memoryview(item[2])
+        if address is not None and not isinstance(address, tuple):
+            raise TypeError(f"sendmsg() address must be a tuple, not {type(address).__name__}")
+        return self.send(data, flags)  # a connected stream socket ignores the address
 
     # -- shutting down and closing ------------------------------------------------
     def shutdown(self, how: int) -> None:
