@@ -18,6 +18,7 @@ import random
 import select
 import socket
 import ssl
+import struct
 import warnings
 from typing import Any, Iterator, Tuple
 
@@ -262,6 +263,18 @@ def test_pyopenssl_on_a_link_to_an_event_loop_fails_clearly(patched, server_loop
             assert client.recv(10) == b""  # the handler read to EOF, and closed
     finally:
         server_loop.run(stop(server))
+
+
+def test_data_then_a_reset_before_the_handshake_is_refused(patched, contexts):  # noqa: F811
+    """As the stdlib's wrap_socket checks: a peer that sent bytes and reset
+    before any TLS makes the wrap fail (the bytes must not pass for TLS)."""
+    _, client_context = contexts
+    with blocking_pair(patched) as (client, server):
+        server.sendall(b"before the handshake")
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        server.close()
+        with pytest.raises(ssl.SSLError, match="Closed before TLS handshake with data"):
+            client_context.wrap_socket(client, server_hostname="localhost")
 
 
 def test_a_wrong_certificate_fails_the_handshake_on_both_ends(patched, contexts):  # noqa: F811

@@ -152,6 +152,33 @@ class LinkTLS:
             setattr(self._obj, name, value)
 
 
+def _still_connected(sock: FriendBlockingSocket) -> bool:
+    """SSLSocket._create's check, in its words: a connection the peer
+    reset before the handshake is not connected, and one whose data is
+    still unread is refused, so that data cannot pass for TLS."""
+    try:
+        sock.getpeername()
+        return True
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        data = sock.recv(1)
+    except OSError:
+        data = b""
+    finally:
+        sock.settimeout(timeout)
+    if data:
+        reason = "Closed before TLS handshake with data in recv buffer."
+        error = ssl.SSLError(errno.ENOTCONN, reason)
+        error.reason = reason  # type: ignore[misc]
+        error.library = None  # type: ignore[assignment]
+        raise error
+    return False
+
+
 class FriendSSLSocket(ssl.SSLSocket):
     """``ssl.SSLSocket`` over a paired blocking socket (see the module doc).
     Its own descriptor is a duplicate of the friend socket's TCP one (for
@@ -203,14 +230,16 @@ class FriendSSLSocket(ssl.SSLSocket):
         self.server_hostname = context._encode_hostname(server_hostname)  # type: ignore[attr-defined]
         self.do_handshake_on_connect = do_handshake_on_connect
         self.suppress_ragged_eofs = suppress_ragged_eofs
-        self._connected = True  # a friend socket is connected
         try:
-            self._sslobj = LinkTLS(context, sock, self, server_side, self.server_hostname, session)
-            if do_handshake_on_connect:
-                if sock.gettimeout() == 0.0:
-                    raise ValueError("do_handshake_on_connect should not be specified for "
-                                     "non-blocking sockets")
-                self.do_handshake()
+            self._connected = _still_connected(sock)
+            if self._connected:
+                self._sslobj = LinkTLS(context, sock, self, server_side, self.server_hostname,
+                                       session)
+                if do_handshake_on_connect:
+                    if sock.gettimeout() == 0.0:
+                        raise ValueError("do_handshake_on_connect should not be specified for "
+                                         "non-blocking sockets")
+                    self.do_handshake()
         except BaseException:
             self.close()
             raise
