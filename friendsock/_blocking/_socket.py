@@ -1218,12 +1218,30 @@ def _hand_over_before_fork() -> None:
     loop, more than _HAND_OVER_LIMIT bytes queued one way, or duplicates
     (dup()) of a socket somebody polls (their one readiness descriptor
     cannot be each one's connection) stays a friend link: the parent's; in
-    the child its ends fail (:func:`_cut_off_in_child`)."""
-    with _ends_lock:  # no socket turns friend, nor gets a readiness descriptor, meanwhile
+    the child its ends fail (:func:`_cut_off_in_child`). _ends_lock is held
+    through the fork: no socket turns friend, nor gets a readiness
+    descriptor, between the hand-over and the fork."""
+    global _held_for_fork
+    _ends_lock.acquire()
+    try:
         ends = _ends_of_sockets()
         for end in list(ends):
             if end is end.link.client:
                 _hand_over(end.link, ends)
+    except BaseException:
+        _ends_lock.release()
+        raise
+    _held_for_fork = True
+
+
+_held_for_fork = False  # by _hand_over_before_fork (a failed one printed its error and let go)
+
+
+def _forked_parent() -> None:
+    global _held_for_fork
+    if _held_for_fork:
+        _held_for_fork = False
+        _ends_lock.release()
 
 
 def _cut_off_in_child() -> None:
@@ -1231,6 +1249,9 @@ def _cut_off_in_child() -> None:
     over) have their friend in the parent. Their reads and writes fail
     (ECONNRESET) rather than wait for bytes that cannot come; their
     sleepers' wake-ups are the parent's, not theirs."""
+    global _ends_lock, _held_for_fork
+    _ends_lock = threading.Lock()  # the parent's, held through the fork
+    _held_for_fork = False
     for sock in list(_friend_sockets):
         if type(sock) is FriendBlockingSocket:
             sock._end.link.forked_away()
@@ -1240,7 +1261,8 @@ def _cut_off_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_hand_over_before_fork, after_in_child=_cut_off_in_child)
+    os.register_at_fork(before=_hand_over_before_fork, after_in_parent=_forked_parent,
+                        after_in_child=_cut_off_in_child)
 
 
 def patchable_class() -> Callable[..., socket.socket]:
