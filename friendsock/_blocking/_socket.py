@@ -309,7 +309,7 @@ def _friend_of_readiness(fileno: Any) -> Optional["FriendBlockingSocket"]:
 
 def _check_ancillary_size(ancbufsize: Any) -> None:
     if operator.index(ancbufsize) < 0:
-        raise ValueError("negative buffer size in recvmsg()")
+        raise ValueError("invalid ancillary data buffer length")  # the C call's words
 
 
 def _may_pair(sock: socket.socket) -> bool:
