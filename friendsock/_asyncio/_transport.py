@@ -594,19 +594,19 @@ class FriendTransport(_FlowControlMixin):
         finally:
             self._end.close()
             self._unhook()
-            # A transport dropped after connection_lost goes at once, as the
-            # loop's own, with its protocol (and what that holds): the bound
-            # drain was a reference cycle.
-            self._drain_now = _no_drain
             server = self._server
             if server is not None:
                 self._server = None
                 server._detach()
 
     def _unhook(self) -> None:
+        """Done with the link. A transport dropped from then on goes at
+        once, as the loop's own, with its protocol (and what that holds):
+        the bound drain was a reference cycle."""
         self._end.describe = self._end.owner = None
         self._in.notify_readable = None
         self._out.notify_writable = None
+        self._drain_now = _no_drain
 
     def _loop_gone(self) -> None:
         """Our loop closed with this end open (called on whatever thread
@@ -619,6 +619,5 @@ class FriendTransport(_FlowControlMixin):
         self._conn_lost += 1
         self._server = None
         self._unhook()
-        self._drain_now = _no_drain
         self._end.reset(keep=self._out.rcvbuf)
 

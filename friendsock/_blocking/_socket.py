@@ -1115,6 +1115,7 @@ def _send_on_tcp(sock: socket.socket, data: bytes, eof: bool) -> None:
     the link's locks: waits for room only within _HAND_OVER_WAIT)."""
     view = memoryview(data)
     deadline = time.monotonic() + _HAND_OVER_WAIT
+    poller = None
     while view:
         try:
             view = view[_ss.send(sock, view, _DONTWAIT):]
@@ -1122,7 +1123,10 @@ def _send_on_tcp(sock: socket.socket, data: bytes, eof: bool) -> None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise
-            select.select([], [_ss.fileno(sock)], [], left)
+            if poller is None:  # poll, not select: any descriptor number
+                poller = select.poll()
+                poller.register(_ss.fileno(sock), select.POLLOUT)
+            poller.poll(int(left * 1000) + 1)
     if eof:
         _ss.shutdown(sock, socket.SHUT_WR)
 
