@@ -59,7 +59,9 @@ def tls_pair(patched, contexts) -> Iterator[Tuple[ssl.SSLSocket, ssl.SSLSocket]]
             for sock in (tls_client, tls_server):
                 assert isinstance(sock, ssl.SSLSocket)
                 assert (type(sock) is FriendSSLSocket) is patched
+                assert friendsock.is_friend(sock) is patched
             yield tls_client, tls_server
+        assert not friendsock.is_friend(tls_client)  # closed
 
 
 def test_tls_between_blocking_sockets_keeps_the_tls_socket_contract(patched, tls_pair):  # noqa: F811
@@ -169,6 +171,71 @@ def test_wrapping_takes_the_socket_over(patched, contexts):  # noqa: F811
             assert tls_client.timeout == tls_client.gettimeout() == 3.0
             tls_client.sendall(b"after the plain sockets closed")
             assert tls_server.recv(100) == b"after the plain sockets closed"
+
+
+def _send_all_non_blocking(sock: ssl.SSLSocket, data: bytes, received: bytearray,
+                           reader: ssl.SSLSocket) -> int:
+    """``data`` through the non-blocking ``sock`` as an event loop sends
+    it: on SSLWantWriteError the same bytes again (OpenSSL's contract),
+    once ``reader`` (same thread) has taken what it can. The number of
+    SSLWantWriteErrors."""
+    view = memoryview(data)
+    cut_short = 0
+    while view:
+        try:
+            view = view[sock.send(view[:256 * 1024]):]
+        except ssl.SSLWantWriteError:
+            cut_short += 1
+            _read_what_waits(reader, received)
+    return cut_short
+
+
+def _read_what_waits(sock: ssl.SSLSocket, received: bytearray) -> None:
+    select.select([sock], [], [], TIMEOUT)
+    while True:
+        try:
+            data = sock.recv(MiB)
+        except ssl.SSLWantReadError:
+            return
+        assert data
+        received += data
+
+
+def test_a_non_blocking_write_cut_short_is_sent_once(patched, tls_pair):  # noqa: F811
+    """A non-blocking TLS send() the socket cannot take whole raises
+    SSLWantWriteError; its retry with the same bytes sends them once:
+    what arrives is what was sent, nothing twice."""
+    client, server = tls_pair
+    client.setblocking(False)
+    server.setblocking(False)
+    payload = random.Random(7).randbytes(4 * MiB)
+    received = bytearray()
+    assert _send_all_non_blocking(client, payload, received, server) > 0
+    while len(received) < len(payload):
+        _read_what_waits(server, received)
+    assert received == payload
+
+
+def test_a_read_is_not_held_up_by_a_write_cut_short(patched, tls_pair):  # noqa: F811
+    """While a non-blocking write waits for room (SSLWantWriteError), the
+    same socket still reads what its peer sent, as OpenSSL's read does."""
+    client, server = tls_pair
+    server.sendall(b"hello")
+    client.setblocking(False)
+    payload = random.Random(8).randbytes(4 * MiB)
+    with pytest.raises(ssl.SSLWantWriteError):
+        view = memoryview(payload)
+        while True:
+            view = view[client.send(view[:256 * 1024]):]
+    select.select([client], [], [], TIMEOUT)
+    assert client.recv(100) == b"hello"
+    # The write cut short goes on, then the rest, once the peer reads.
+    server.setblocking(False)
+    received = bytearray()
+    _send_all_non_blocking(client, bytes(view), received, server)
+    while len(received) < len(payload):
+        _read_what_waits(server, received)
+    assert received == payload
 
 
 def test_select_sees_each_tls_record_till_the_close(patched, tls_pair):  # noqa: F811

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from .._imports import when_imported
 from . import _socket as _blocking_socket
 from ._socket import FriendBlockingSocket, FriendCapableSocket, OriginalSocket, go_on_over_tcp
-from ._tls import patch_ssl, unpatch_ssl
+from ._tls import FriendSSLSocket, patch_ssl, unpatch_ssl
 
 _lock = threading.Lock()
 _saved: Optional[Any] = None  # what socket.socket was before patch_socket()
@@ -122,5 +122,10 @@ def is_socket_patched() -> bool:
 
 
 def is_friend_socket(obj: Any) -> bool:
-    """Whether ``obj`` is a blocking socket that paired (and is not closed)."""
+    """Whether ``obj`` is a blocking socket that paired (and is not closed),
+    or a TLS socket over one."""
+    if type(obj) is FriendSSLSocket:
+        if obj._closed:
+            return False
+        obj = obj._raw
     return type(obj) is FriendBlockingSocket and not obj._friend_closed

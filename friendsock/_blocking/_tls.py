@@ -31,8 +31,8 @@ class LinkTLS:
     socket): the same calls, run over an ``ssl.SSLObject`` whose records
     move through the friend socket ``raw``."""
 
-    __slots__ = ("_obj", "_incoming", "_outgoing", "_raw", "_owner", "_unsent", "_header",
-                 "_record_left")
+    __slots__ = ("_obj", "_incoming", "_outgoing", "_raw", "_owner", "_unsent", "_cut_short",
+                 "_header", "_record_left")
 
     def __init__(self, context: ssl.SSLContext, raw: FriendBlockingSocket, owner: "FriendSSLSocket",
                  server_side: bool, server_hostname: Optional[str], session: Any) -> None:
@@ -43,35 +43,43 @@ class LinkTLS:
         self._raw = raw
         self._owner = owner
         self._unsent = b""  # records a non-blocking socket could not send yet
+        # A write whose records are not all sent (SSLWantWriteError): its
+        # count, returned once they are, by the retry OpenSSL asks for.
+        self._cut_short: Optional[int] = None
         # Where the incoming stream is: the next record's header so far, or
         # the bytes left of the current record's body.
         self._header = b""
         self._record_left = 0
 
-    def _run(self, step: Callable[..., _T], *args: Any) -> _T:
+    def _run(self, step: Callable[..., _T], *args: Any, must_send: bool = True) -> _T:
         """``step`` on the TLS object, as often as it takes: what it writes is
         sent, what it waits for received (blocking as ``raw``'s timeout
         says; non-blocking, SSLWantReadError/SSLWantWriteError as a real
-        TLS socket raises)."""
+        TLS socket raises). ``must_send=False``: records a non-blocking
+        socket cannot take now wait for a later call, and the step's result
+        is returned (a read's plaintext is not lost to a full link)."""
         while True:
             try:
                 result = step(*args)
             except ssl.SSLWantReadError:
-                self._flush()
+                self._flush(must_send)
                 self._fill()
                 continue
             except ssl.SSLError:
                 # What the failure queued (an alert: "unknown ca") goes out
                 # first, as a real TLS socket's does.
                 try:
-                    self._flush()
+                    self._flush(must_send=False)
                 except OSError:
                     pass
                 raise
-            self._flush()
+            self._flush(must_send)
             return result
 
-    def _flush(self) -> None:
+    def _flush(self, must_send: bool = True) -> None:
+        """Send the records not sent yet. Non-blocking, what the socket does
+        not take is kept (sent first at the next call): SSLWantWriteError
+        if ``must_send``."""
         data = self._unsent + self._outgoing.read()
         self._unsent = b""
         if not data:
@@ -84,10 +92,12 @@ class LinkTLS:
             try:
                 view = view[self._raw.send(view):]
             except BlockingIOError:
-                # Kept, sent at the next call: the TLS object took these bytes already.
+                # The TLS object took these bytes already: never made again.
                 self._unsent = view.tobytes()
-                raise ssl.SSLWantWriteError(ssl.SSL_ERROR_WANT_WRITE,
-                                            "The operation did not complete (write)") from None
+                if must_send:
+                    raise ssl.SSLWantWriteError(ssl.SSL_ERROR_WANT_WRITE,
+                                                "The operation did not complete (write)") from None
+                return
 
     def _fill(self) -> None:
         """Take from the link what the TLS object waits for, no more: the
@@ -119,12 +129,22 @@ class LinkTLS:
         self._run(self._obj.do_handshake)
 
     def read(self, len: int = 1024, buffer: Any = None) -> Any:
+        # As OpenSSL's SSL_read: records an earlier write left unsent do not
+        # hold a read up (the write's retry sends them).
         if buffer is None:
-            return self._run(self._obj.read, len)
-        return self._run(self._obj.read, len, buffer)
+            return self._run(self._obj.read, len, must_send=False)
+        return self._run(self._obj.read, len, buffer, must_send=False)
 
     def write(self, data: Any) -> int:
-        return self._run(self._obj.write, data)
+        """As OpenSSL's SSL_write on a non-blocking socket: records it cannot
+        send yet raise SSLWantWriteError, and the retry (with the same data,
+        as OpenSSL asks) sends them and returns the count, without
+        encrypting the data again."""
+        if self._cut_short is None:
+            self._cut_short = self._run(self._obj.write, data, must_send=False)
+        self._flush()
+        written, self._cut_short = self._cut_short, None
+        return written
 
     def shutdown(self) -> "FriendSSLSocket":
         """The TLS close (``SSLSocket.unwrap``): the socket, plain from here
