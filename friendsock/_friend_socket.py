@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import errno
 import socket
+import struct
+import types
+import weakref
 from typing import Any, Callable, Dict, Optional
 
 from ._core._errors import LinkBrokenError
 from ._core._link import LinkEnd
 
 _BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
+_LINGER = struct.Struct("ii")  # struct linger
 _C_INT_MAX = 2 ** 31 - 1
 _C_INT_MIN = -2 ** 31
 
@@ -77,7 +81,11 @@ class FriendSocket:
     ) -> None:
         self._sock = sock
         self._end = end
-        self._on_change = on_change  # the owner re-checks flow control
+        # The owner re-checks flow control. Its bound method is held weakly:
+        # the owner holds this object, and a cycle would leave a finished
+        # connection to the cyclic collector.
+        self._on_change: Any = (weakref.WeakMethod(on_change)
+                                if isinstance(on_change, types.MethodType) else on_change)
 
     family = property(lambda self: self._sock.family)
     type = property(lambda self: self._sock.type)
@@ -109,14 +117,23 @@ class FriendSocket:
 
     def setsockopt(self, *args: Any) -> None:
         self._sock.setsockopt(*args)
-        if args[0] == socket.SOL_SOCKET and args[1] in _BUFFER_OPTIONS:
-            self.sync_buffer_sizes()
+        if args[0] == socket.SOL_SOCKET:
+            if args[1] in _BUFFER_OPTIONS:
+                self.sync_buffer_sizes()
+            elif args[1] == socket.SO_LINGER:
+                # Read back as the kernel keeps it: {1, 0} makes a close abortive.
+                onoff, linger = _LINGER.unpack(self._sock.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size))
+                self._end.abortive = bool(onoff) and linger == 0
 
     def sync_buffer_sizes(self) -> None:
         """:func:`copy_buffer_sizes`, then tell the owner."""
         copy_buffer_sizes(self._sock, self._end)
-        if self._on_change is not None:
-            self._on_change()
+        on_change = self._on_change
+        if isinstance(on_change, weakref.WeakMethod):
+            on_change = on_change()
+        if on_change is not None:
+            on_change()
 
     def settimeout(self, value: Optional[float]) -> None:
         if value == 0:

@@ -98,6 +98,13 @@ class SocketRelease:
         self.first = first
         self.second = second
 
+    def accepted_and_connected(self) -> Optional[Tuple[socket.socket, socket.socket]]:
+        """(server's, client's) real socket of a link whose both ends are
+        this process's sockets (as :func:`adopt_accepted` gives them)."""
+        if self.second is None:
+            return None
+        return self.first, self.second
+
     def __call__(self) -> None:
         if self.second is None:
             release_sockets(self.pid, self.first)

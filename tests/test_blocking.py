@@ -28,7 +28,7 @@ import uvloop
 
 import friendsock
 from friendsock._blocking._socket import FriendBlockingSocket, OriginalSocket
-from support import patient_confirm  # noqa: F401 (a fixture)
+from support import cyclic_garbage_of_ours, patient_confirm  # noqa: F401 (a fixture)
 
 pytest_plugins = ["pytester"]
 
@@ -591,9 +591,7 @@ def test_dup_shares_the_connection_till_the_last_close(patched):
 def test_descriptor_calls(patched):
     """fromfd() of a socket's fileno() is another socket on its connection
     (a duplicate, closed on its own), socket(fileno=...) one sharing its
-    descriptor, whose detach() gives that descriptor back; a friend
-    socket's own detach() is a clear error (its connection is in no
-    descriptor) and changes nothing."""
+    descriptor, whose detach() gives that descriptor back."""
     with blocking_pair(patched) as (client, server):
         with socket.fromfd(client.fileno(), socket.AF_INET, socket.SOCK_STREAM) as copy:
             assert copy.getpeername() == client.getpeername()
@@ -613,15 +611,82 @@ def test_descriptor_calls(patched):
         assert got == expected
         server.sendall(b"back")
         assert client.recv(100) == b"back"
-        if patched:
-            with pytest.raises(OSError) as caught:
-                client.detach()
-            assert caught.value.errno == errno.EOPNOTSUPP
-            assert "friend socket" in str(caught.value)
         client.sendall(b"still works")
         assert server.recv(100) == b"still works"
         client.close()
         assert receive_until_eof(server) == b""
+
+
+@pytest.mark.parametrize("polled", [False, True], ids=["unpolled", "polled"])
+def test_a_detached_descriptor_carries_the_connection(patched, polled):
+    """detach() gives away the descriptor (the number fileno() showed) with
+    the connection in it: a socket made of it goes on where the detached
+    one stopped, in both directions, and closing it ends the connection."""
+    with blocking_pair(patched) as (client, server):
+        client.sendall(b"before, ")
+        server.sendall(b"unread by the detached, ")
+        shown = server.fileno() if polled else None
+        fd = server.detach()
+        assert shown is None or fd == shown
+        assert server.fileno() == -1
+        with pytest.raises(OSError):
+            server.recv(1)
+        server.close()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM, fileno=fd) as again:
+            again.settimeout(TIMEOUT)
+            client.sendall(b"after")
+            expected = b"before, after"
+            got = b""
+            while len(got) < len(expected):
+                got += again.recv(100)
+            assert got == expected
+            again.sendall(b"from the new socket")
+            expected = b"unread by the detached, from the new socket"
+            got = b""
+            while len(got) < len(expected):
+                got += client.recv(100)
+            assert got == expected
+        assert receive_until_eof(client) == b""
+
+
+def test_detach_after_the_peer_sent_and_closed(patched):
+    """The peer wrote and closed before the detach: a socket made of the
+    descriptor reads what it wrote, then EOF."""
+    with blocking_pair(patched) as (client, server):
+        client.sendall(b"last words")
+        client.close()
+        with socket.socket(fileno=server.detach()) as again:
+            again.settimeout(TIMEOUT)
+            assert receive_until_eof(again) == b"last words"
+
+
+def test_detaching_a_friend_of_an_event_loops_end_is_a_clear_error(patched, server_loop):
+    """An event loop's end cannot go on over TCP: detach() refuses
+    (EOPNOTSUPP) and changes nothing; over TCP it hands the descriptor out."""
+    async def start() -> asyncio.AbstractServer:
+        return await friendsock.start_server(_echo_lines, LOCALHOST, 0, friends=patched)
+
+    server = server_loop.run(start())
+    try:
+        with socket.create_connection(server.sockets[0].getsockname(), timeout=TIMEOUT) as client:
+            assert friendsock.is_friend(client) is patched
+            if patched:
+                with pytest.raises(OSError) as caught:
+                    client.detach()
+                assert caught.value.errno == errno.EOPNOTSUPP
+                assert "friend socket" in str(caught.value)
+                connection = client
+            else:
+                connection = socket.socket(fileno=client.detach())
+                assert client.fileno() == -1
+            with connection:
+                connection.settimeout(TIMEOUT)
+                connection.sendall(b"still works\n")
+                assert connection.recv(100) == b"still works\n"
+                connection.shutdown(socket.SHUT_WR)
+                assert connection.recv(100) == b""  # the server is done with it
+    finally:
+        server_loop.loop.call_soon_threadsafe(server.close)
 
 
 def test_sockets_that_cannot_pair_stay_real(patched):
@@ -701,6 +766,57 @@ def test_an_unclosed_socket_warns_as_the_stdlibs(patched):
                 and any(address in str(w.message) for address in ours)]
     # As the stdlib's: a filter such as "ignore:unclosed <socket.socket fd=" matches.
     assert len(messages) == 2 and all(m.startswith("unclosed <socket.socket fd=") for m in messages), messages
+
+
+def test_a_socket_collected_while_its_peer_sends_closes(patched):
+    """A collection can start inside the peer's send (any allocation starts
+    one): the collected socket's close must not wait for the send it
+    interrupted. The peer's sends finish and it then sees the connection
+    gone, as over TCP."""
+    with socket.create_server((LOCALHOST, 0)) as listener, \
+            socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
+        server, _ = listener.accept()
+
+        class Holder:
+            pass
+
+        holder = Holder()
+        holder.cycle, holder.sock = holder, server  # only a collection frees it
+        del server, holder
+
+        def send_while_collecting() -> None:
+            thresholds = gc.get_threshold()
+            gc.set_threshold(1, 1, 1)  # a collection at nearly every allocation
+            try:
+                for _ in range(100):
+                    client.sendall(b"x" * 100)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the close came first
+            finally:
+                gc.set_threshold(*thresholds)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            run_thread(send_while_collecting)()
+            gc.collect()
+        try:  # EOF, or a reset where bytes arrived before the close
+            while client.recv(MiB):
+                pass
+        except ConnectionResetError:
+            pass
+
+
+def test_a_finished_connection_leaves_no_cycle(patched):
+    """Used and closed on both ends, a connection is freed by its last
+    reference, as a socket is: nothing of it waits for the collector."""
+    with cyclic_garbage_of_ours() as garbage:
+        with blocking_pair(patched) as (client, server):
+            client.sendall(b"ping")
+            assert server.recv(4) == b"ping"
+            server.sendall(b"pong")
+            assert client.recv(4) == b"pong"
+        del client, server
+    assert garbage == []
 
 
 def test_patch_and_unpatch():
@@ -801,6 +917,22 @@ def test_a_forked_child_serves_a_connection_accepted_before_the_fork(patched):
         assert answer() == b"greeting, answer from the child"
         assert _exit_code(pid) == 0
         assert not friendsock.is_friend(client)
+
+
+def test_a_forked_child_reads_what_a_client_sent_before_closing(patched):
+    """The client sent its request and closed before the fork (a one-shot
+    client): the child still reads the request, then EOF."""
+    request = b"request, then the client's close"
+    with blocking_pair(patched) as (client, server):
+        client.sendall(request)
+        client.close()
+
+        def serve() -> bool:
+            return receive_until_eof(server) == request
+
+        pid = _in_child(serve)
+        server.close()
+        assert _exit_code(pid) == 0
 
 
 def test_fork_keeps_the_number_a_polling_thread_holds(patched):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 
 from friendsock._core._addresses import flow_key, normalize_endpoint
 from friendsock._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
+from friendsock._core._finalizing import close_when_safe
 from friendsock._core._link import Channel, ChannelState, Link, Seen
 from friendsock._core._registry import ListenerEntry, PendingConnect, PendingState, Registry
 from friendsock._core._stats import counters
@@ -149,6 +152,28 @@ def test_close_without_unread_bytes_sends_eof_after_the_data():
     channel = link.server.incoming
     assert channel.state is ChannelState.EOF
     assert channel.pull(1000) == b"x" * 100
+
+
+def test_hand_over_takes_an_end_closed_with_eof_and_refuses_a_reset():
+    """Going on over TCP: each end's queued bytes and EOF go to its socket,
+    a closed end's too; a direction reset (a close over unread bytes)
+    cannot be carried over."""
+    link = Link(100, 100, 100, 100, threaded=True)
+    link.establish()
+    link.client.outgoing.push(b"request")
+    link.client.close()
+    sent = []
+    assert link.hand_over(lambda end, data, eof: sent.append((end, data, eof)), limit=1000)
+    assert sent == [(link.client, b"request", True), (link.server, b"", False)]
+    assert link.server.incoming.state is ChannelState.TCP
+    assert link.server.outgoing.state is ChannelState.TCP
+
+    reset = Link(100, 100, 100, 100, threaded=True)
+    reset.establish()
+    reset.server.outgoing.push(b"unread by the client")
+    reset.client.close()
+    assert not reset.hand_over(lambda *args: sent.append(args), limit=1000)
+    assert len(sent) == 2
 
 
 def test_abort_keeps_what_fits_in_sndbuf_plus_friend_rcvbuf():
@@ -334,3 +359,36 @@ def test_a_forked_child_starts_with_an_empty_registry():
         assert registry.has_port(9100)
     finally:
         registry.remove_listener(entry)
+
+
+class _Finalized:
+    """Records the thread its finalizer's close ran on."""
+
+    def __init__(self, done: "threading.Event", ran_on: list) -> None:
+        self.done, self.ran_on = done, ran_on
+
+    def __del__(self) -> None:
+        done, ran_on = self.done, self.ran_on
+
+        def close() -> None:
+            ran_on.append(threading.get_ident())
+            done.set()
+
+        close_when_safe(close)
+
+
+def test_a_finalizers_close_runs_at_once_unless_a_collection_runs_it():
+    """Dropped by its last reference, an end closes on the spot; found by a
+    collection (which may have started inside a lock the close takes), on
+    a thread of its own, soon."""
+    done, ran_on = threading.Event(), []
+    _Finalized(done, ran_on)
+    assert done.is_set() and ran_on == [threading.get_ident()]
+
+    done, ran_on = threading.Event(), []
+    cyclic = _Finalized(done, ran_on)
+    cyclic.cycle = cyclic
+    del cyclic
+    gc.collect()
+    assert done.wait(10)
+    assert len(ran_on) == 1 and ran_on[0] != threading.get_ident()

@@ -10,6 +10,7 @@ import gc
 import os
 import random
 import socket
+import struct
 import weakref
 from typing import List, Optional
 
@@ -17,7 +18,7 @@ import pytest
 import uvloop
 
 import friendsock
-from support import Recorder, chunked, connected_pair
+from support import Recorder, chunked, connected_pair, cyclic_garbage_of_ours
 
 TIMEOUT = 10
 MiB = 1 << 20
@@ -505,6 +506,38 @@ async def test_abort_with_unread_bytes_resets_the_peer(friends, peer_reading):
                 assert len(received) == rcvbuf
         assert "eof" not in server.events
         assert client.events == ["made", "lost"]
+
+
+@pytest.mark.parametrize("how", ["close", "abort"])
+async def test_an_abortive_close_resets_the_peer(friends, how):
+    """SO_LINGER {1, 0} set on the transport's socket makes its close a
+    reset, as the kernel's: the peer, which had what was sent before, then
+    gets connection_lost(ConnectionResetError), never EOF."""
+    async with connected_pair(friends) as (transport, client, server):
+        transport.write(b"before the reset")
+        assert await wait(server.wait_bytes(16)) == b"before the reset"
+        transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        getattr(transport, how)()
+        assert await wait(client.lost) is None
+        assert isinstance(await wait(server.lost), ConnectionResetError)
+        assert server.events == ["made", "data", "lost"]
+
+
+async def test_a_finished_connection_leaves_no_cycle(friends):
+    """Used and closed on both ends, a connection is freed by its last
+    reference: nothing of it waits for the cyclic collector."""
+    with cyclic_garbage_of_ours() as garbage:
+        async with connected_pair(friends) as (transport, client, server):
+            transport.write(b"ping")
+            await wait(server.wait_bytes(4))
+            server.transport.write(b"pong")
+            await wait(client.wait_bytes(4))
+            transport.close()
+            await wait(server.lost)
+            await wait(client.lost)
+        del transport, client, server
+    assert garbage == []
 
 
 # -- flow control -------------------------------------------------------------

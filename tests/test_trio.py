@@ -11,6 +11,7 @@ import hashlib
 import os
 import random
 import socket
+import struct
 import sys
 import warnings
 from typing import List
@@ -23,7 +24,7 @@ from trio.testing import assert_checkpoints, wait_all_tasks_blocked
 import friendsock
 import friendsock.trio as fst
 from friendsock._core._registry import registry as _registry
-from support import chunked
+from support import chunked, cyclic_garbage_of_ours
 from trio_support import (  # noqa: F401 (nothing_left_behind: an autouse fixture)
     LOCALHOST,
     MiB,
@@ -453,6 +454,36 @@ async def test_reset_leaves_the_peer_what_sat_in_its_rcvbuf(friends):
             assert len(received) == rcvbuf
         else:
             assert len(received) <= rcvbuf
+
+
+async def test_an_abortive_close_resets_the_peer(friends):
+    """SO_LINGER {1, 0}: aclose() resets. The peer, which had what was sent
+    before, gets BrokenResourceError, not EOF."""
+    async with stream_pair(friends) as (client, server):
+        await client.send_all(b"before the reset")
+        with trio.fail_after(TIMEOUT):
+            received = b""
+            while len(received) < 16:
+                received += await server.receive_some()
+            assert received == b"before the reset"
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await client.aclose()
+            with pytest.raises(trio.BrokenResourceError):
+                await server.receive_some()
+
+
+async def test_a_finished_connection_leaves_no_cycle(friends):
+    """Used and closed on both ends, a connection is freed by its last
+    reference, as a socket is: nothing of it waits for the collector."""
+    with cyclic_garbage_of_ours() as garbage:
+        async with stream_pair(friends) as (client, server):
+            with trio.fail_after(TIMEOUT):
+                await client.send_all(b"ping")
+                assert await server.receive_some(4) == b"ping"
+                await server.send_all(b"pong")
+                assert await client.receive_some(4) == b"pong"
+        del client, server
+    assert garbage == []
 
 
 async def test_send_after_peer_closed(friends):

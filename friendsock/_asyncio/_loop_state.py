@@ -10,6 +10,7 @@ import threading
 import weakref
 from typing import Any, List, Optional, Protocol
 
+from .._core._finalizing import close_when_safe
 from .._core._live import live_links
 from ._wakeups import DrainQueue, RemoteDrainQueue
 
@@ -74,6 +75,8 @@ class LoopState:
         found = []
         for link in live_links.links():
             for end in (link.client, link.server):
+                if end is None:  # done meanwhile (on another thread)
+                    break
                 owner = end.owner
                 if owner is not None and owner._state is self and not owner._closed:
                     found.append(owner)
@@ -142,6 +145,9 @@ class _CloseWatch:
         loop.call_later(_WATCH_DELAY, _rearm, loop, self)
 
     def __del__(self) -> None:
+        close_when_safe(self._tear_down)
+
+    def _tear_down(self) -> None:
         try:
             self._state.loop_closed()
         except Exception:  # noqa: BLE001 - a finalizer must not raise

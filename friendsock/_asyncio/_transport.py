@@ -594,6 +594,9 @@ class FriendTransport(_FlowControlMixin):
         finally:
             self._end.close()
             self._unhook()
+            # As the loops' own transports: get_protocol() is None from now
+            # on, and a protocol that keeps its transport makes no cycle.
+            self._protocol = None  # type: ignore[assignment]
             server = self._server
             if server is not None:
                 self._server = None

@@ -32,7 +32,6 @@ import operator
 import os
 import select
 import socket
-import struct
 import threading
 import time
 import warnings
@@ -41,6 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import _handshake
 from .._core._errors import FriendError, LinkBrokenError
+from .._core._finalizing import close_when_safe
 from .._core._link import ChannelState, Link, LinkEnd, Seen
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
@@ -50,6 +50,7 @@ from .._handshake import (
     ConnectAttempt,
     Entry,
     Pending,
+    SocketRelease,
     adopt_accepted,
     call_on_claim,
     claim_accepted,
@@ -66,7 +67,7 @@ from .._handshake import (
 from ._readiness import Readiness, Signals, leave, parker, readiness_owners, sleep, wake
 
 _ss = _socket.socket  # the C methods, below every Python override
-OriginalSocket: type = socket.socket  # the stdlib class, as it was at import
+OriginalSocket: "type[socket.socket]" = socket.socket  # the stdlib class, as it was at import
 _INET = (socket.AF_INET, socket.AF_INET6)
 _OPEN = ChannelState.OPEN
 _ON_TCP = ChannelState.TCP
@@ -75,7 +76,6 @@ _DATA = Seen.DATA
 _EOF = Seen.EOF
 _TCP = Seen.TCP
 _MAX_JOIN = 64 * 1024
-_LINGER = struct.Struct("ii")  # struct linger
 # Plain ints: the socket module's are IntFlag members, whose ``&`` and ``~``
 # run in Python (some microseconds a call).
 _PEEK = int(socket.MSG_PEEK)
@@ -153,6 +153,10 @@ class Descriptor:
         fd = _ss.detach(sock)
         if fd >= 0:
             self._own = OriginalSocket(sock.family, sock.type, sock.proto, fileno=fd)
+
+    def kept(self) -> Optional[socket.socket]:
+        """The descriptor kept from the user's close, if any."""
+        return self._own
 
     def close_kept(self) -> None:
         """Close the descriptor kept from a closed duplicate, if any (the
@@ -642,13 +646,15 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         raise TypeError("friend sockets are made by connect() and accept(), not directly")
 
     def __del__(self) -> None:
-        # Collected unclosed: warn and close, as a real socket's finalizer.
+        # Collected unclosed: warn and close, as a real socket's finalizer
+        # (by a thread of its own where a collection runs it: see
+        # close_when_safe).
         # Under a TLS socket it is that one's (which warns for itself), as
         # the stdlib's SSLSocket takes over the socket it wraps.
         if not self.__dict__.get("_friend_closed", True):
             if not self.__dict__.get("_under_tls", False):
                 warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self)
-            self._close_friend()
+            close_when_safe(self._close_friend)
 
     # -- what stays a socket's -------------------------------------------------
     def fileno(self) -> int:
@@ -724,15 +730,21 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         twin.settimeout(self.gettimeout())
 
     def detach(self) -> int:
-        """Only a socket made of another's ``fileno()`` detaches: it gives
-        that descriptor back, still the other's, and leaves the connection
-        to the others. A friend socket's own has no connection in it."""
+        """A socket made of another's ``fileno()`` gives that descriptor
+        back, still the other's, and leaves the connection to the others.
+        Any other gives away a descriptor the connection must go through:
+        its link goes on over TCP first (as at a fork), and the real
+        socket's descriptor is handed out (the number ``fileno()`` showed).
+        OSError (EOPNOTSUPP) where the link cannot go over (its friend is an
+        event loop's end)."""
         fd = self.__dict__.get("_shared_fd")
-        if fd is None:
-            raise _unsupported("detach()")
+        if fd is not None:
+            if not self._friend_closed:
+                self._close_friend()
+            return fd  # type: ignore[no-any-return]
         if not self._friend_closed:
-            self._close_friend()
-        return fd  # type: ignore[no-any-return]
+            go_on_over_tcp(self, "detach()")
+        return OriginalSocket.detach(self)
 
     def listen(self, *args: Any) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
@@ -766,14 +778,6 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
         raise socket._GiveupOnSendfile(  # type: ignore[attr-defined]
             "os.sendfile() does not reach a friend socket's connection")
-
-    def setsockopt(self, *args: Any) -> None:
-        PairedSocketCalls.setsockopt(self, *args)
-        if args[0] == socket.SOL_SOCKET and args[1] == socket.SO_LINGER:
-            # Read back as the kernel keeps it: a close then is abortive.
-            onoff, linger = _LINGER.unpack(self._options.getsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size))
-            self._abortive_close = bool(onoff) and linger == 0
 
     # -- waiting ---------------------------------------------------------------
     @staticmethod
@@ -1090,10 +1094,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         self._in.notify_readable = None
         self._out.notify_writable = None
         self._descriptor.take_over(self)
-        if self.__dict__.get("_abortive_close"):  # SO_LINGER {1, 0}: a reset
-            self._end.reset(keep=self._out.rcvbuf)
-        else:
-            self._end.close()
+        self._end.close()
         self._signals.close()
 
 
@@ -1182,24 +1183,46 @@ def _hand_over(link: Link, ends: Dict[LinkEnd, List[FriendBlockingSocket]],
                unaccepted: bool = False) -> bool:
     """Hand ``link`` over to TCP (:meth:`Link.hand_over`) if its ends are
     blocking sockets' (``ends``; its server end not accepted yet, with
-    ``unaccepted``), and their sockets become their real ones. Under
-    _ends_lock. False: a friend link it stays."""
-    client = ends.get(link.client)
-    server = [] if unaccepted else ends.get(link.server)
-    if client is None or server is None or any(
-            len(same) > 1 and same[0]._signals.ready is not None for same in (client, server)):
+    ``unaccepted``), one of them closed already or not, and their sockets
+    become their real ones. Under _ends_lock. False: a friend link it
+    stays."""
+    sockets = {link.client: ends.get(link.client),
+               link.server: [] if unaccepted else ends.get(link.server)}
+    closed: Dict[LinkEnd, socket.socket] = {}  # ends closed already: the socket each left
+    for end, kept in zip((link.server, link.client), _sockets_closes_left(link)):
+        if sockets[end] is None and end.closed and kept is not None:
+            sockets[end], closed[end] = [], kept
+    if any(same is None or len(same) > 1 and same[0]._signals.ready is not None
+           for same in sockets.values()):
         return False  # an end elsewhere, or one readiness descriptor for duplicates
-    sockets = {link.client: client, link.server: server}
 
     def send(end: LinkEnd, data: bytes, eof: bool) -> None:
-        if sockets[end]:
-            _send_on_tcp(sockets[end][0], data, eof)
+        same = sockets[end]
+        if same:
+            _send_on_tcp(same[0], data, eof)
+        elif end in closed:  # what it wrote, its EOF, then the close it made
+            _send_on_tcp(closed[end], data, eof)
+            closed[end].close()
 
     if not link.hand_over(send, _HAND_OVER_LIMIT):
         return False
-    for sock in client + server:
-        _now_tcp(sock)
+    for same in sockets.values():
+        for sock in same:  # type: ignore[union-attr]
+            _now_tcp(sock)
     return True
+
+
+def _sockets_closes_left(link: Link) -> Tuple[Optional[socket.socket], Optional[socket.socket]]:
+    """The real sockets (server's, client's) that the closes of a link's
+    blocking sockets left to it; None for an end still open, or one not a
+    blocking socket of this process."""
+    release = link.on_done
+    pair = release.accepted_and_connected() if isinstance(release, SocketRelease) else None
+    if pair is None:
+        return None, None
+    server, client = (descriptor.kept() if isinstance(descriptor, Descriptor) else None
+                      for descriptor in pair)
+    return server, client
 
 
 def go_on_over_tcp(sock: FriendBlockingSocket, what: str) -> None:
@@ -1229,9 +1252,8 @@ def _hand_over_before_fork() -> None:
     _ends_lock.acquire()
     try:
         ends = _ends_of_sockets()
-        for end in list(ends):
-            if end is end.link.client:
-                _hand_over(end.link, ends)
+        for link in {end.link: None for end in ends}:  # each once, in order
+            _hand_over(link, ends)
     except BaseException:
         _ends_lock.release()
         raise

@@ -565,7 +565,7 @@ class LockedChannel(Channel):
 class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
-    __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner")
+    __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner", "abortive")
 
     def __init__(self, link: "Link", outgoing: Channel, incoming: Channel) -> None:
         self.link = link
@@ -580,6 +580,8 @@ class LinkEnd:
         # finds its ends in the live links (asyncio's transport, for a loop
         # that closes with ends open) rather than a registry of its own.
         self.owner: Any = None
+        # SO_LINGER {1, 0} set on its socket: its close is a reset.
+        self.abortive = False
 
     # -- what this end's socket calls get ---------------------------------
     def send_error(self) -> LinkBrokenError:
@@ -671,8 +673,12 @@ class LinkEnd:
 
         With unread incoming bytes the kernel answers with a reset, which
         keeps only what already sits in the friend's receive buffer;
-        otherwise the friend gets the rest, then EOF.
+        otherwise the friend gets the rest, then EOF. An abortive close
+        (SO_LINGER {1, 0}) always resets.
         """
+        if self.abortive:
+            self.reset(keep=self.outgoing.rcvbuf)
+            return
         link = self.link
         if link._lock is None:  # _claim_close(), inlined for one-thread links
             if self.closed:
@@ -788,23 +794,37 @@ class Link:
         ``send_some()`` of -1, and each is woken to find it. The link is done
         without releasing anything: the sockets are their owners' again.
 
-        Returns False, nothing changed, when an end is closed, a direction
-        was reset or holds more than ``limit`` bytes (the socket might not
-        take them at once)."""
-        channels = (self.client.outgoing, self.server.outgoing)
+        An end closed already (with EOF: nothing was unread) goes too: its
+        ``send`` puts what it had queued and its EOF on the socket its close
+        left, which then closes as the kernel's would have.
+
+        Returns False, nothing changed, when both ends are closed, a
+        direction was reset or holds more than ``limit`` bytes (the socket
+        might not take them at once)."""
+        ends = (self.client, self.server)
+        if None in ends:  # done: both ends closed
+            return False
+        client, server = ends
+        channels = (client.outgoing, server.outgoing)
         locks = [lock for lock in (self._lock, *(getattr(c, "_lock", None) for c in channels))
                  if lock is not None]
         for lock in locks:
             lock.acquire()
         try:
-            if self.client.closed or self.server.closed or any(
-                    c.state not in (ChannelState.OPEN, ChannelState.EOF) or c.reader_closed
-                    or c.queued > limit for c in channels):
+            if client.closed and server.closed or any(
+                    c.state not in (ChannelState.OPEN, ChannelState.EOF) or c.queued > limit
+                    for c in channels):
                 return False
-            for end in (self.client, self.server):
+            for end in ends:
+                # A close over unread bytes reset the friend's direction; one
+                # still under way (another thread) has not sent its EOF yet.
+                if end.closed and not (end.outgoing.state is ChannelState.EOF
+                                       and end.incoming.reader_closed):
+                    return False
+            for end in ends:
                 data, eof = end.outgoing.hand_over()
                 send(end, data, eof)
-            self.client.closed = self.server.closed = True  # a close() from now on is the socket's
+            client.closed = server.closed = True  # a close() from now on is the socket's
             self._open_ends = 0
         finally:
             for lock in reversed(locks):
@@ -825,6 +845,8 @@ class Link:
         forever; nothing is notified (whoever waits on them is the
         parent's), and every lock is new (another thread may have held one
         at the fork)."""
+        if self.client is None or self.server is None:  # done: nothing left to cut off
+            return
         if self._lock is not None:
             self._lock = threading.Lock()
         for channel in (self.client.outgoing, self.server.outgoing):
@@ -865,5 +887,10 @@ class Link:
         if self.established:
             live_links.discard(self)
             counters.shard().done += 1
-        if self.on_done is not None:
-            self.on_done()
+        on_done, self.on_done = self.on_done, None
+        # Done: the ends let go of, so no cycle (link <-> end) is left for
+        # the collector, and a finished link goes with its owners' last
+        # reference, as a socket does. Nothing asks a done link for them.
+        self.client = self.server = None  # type: ignore[assignment]
+        if on_done is not None:
+            on_done()

@@ -124,7 +124,7 @@ class LiveLinks:
 
     def snapshot(self) -> List[LinkInfo]:
         now = time.monotonic()
-        return [_link_info(link, now) for link in self.links()]
+        return [info for link in self.links() if (info := _link_info(link, now)) is not None]
 
     def _reset_after_fork(self) -> None:
         # The parent's links are not alive in a child (see Counters).
@@ -156,13 +156,17 @@ def _end(end: "LinkEnd", address: Any) -> EndInfo:
     )
 
 
-def _link_info(link: "Link", now: float) -> LinkInfo:
+def _link_info(link: "Link", now: float) -> Optional[LinkInfo]:
+    """None: the link was done meanwhile (on another thread)."""
+    client, server = link.client, link.server
+    if client is None or server is None:
+        return None
     client_address, server_address = link.addresses or (None, None)
     return LinkInfo(
-        client=_end(link.client, client_address),
-        server=_end(link.server, server_address),
-        to_server=_direction(link.client.outgoing),
-        to_client=_direction(link.server.outgoing),
+        client=_end(client, client_address),
+        server=_end(server, server_address),
+        to_server=_direction(client.outgoing),
+        to_client=_direction(server.outgoing),
         age=now - link.born,
         listener=format_address(link.listener) if link.listener is not None else None,
         threaded=link.threaded,

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Tuple
 import trio
 
 from .._core._errors import LinkBrokenError, PeerResetError
+from .._core._finalizing import close_when_safe
 from .._core._link import LinkEnd, Seen
 from ._run import RunState
 
@@ -166,7 +167,8 @@ class TrioEnd:
         try:
             state.token.run_sync_soon(end.abort)
         except trio.RunFinishedError:
-            end.reset(keep=self._out.rcvbuf)
+            keep = self._out.rcvbuf
+            close_when_safe(lambda: end.reset(keep=keep))
 
     # -- waking ------------------------------------------------------------
     def _wake_reader(self) -> None:

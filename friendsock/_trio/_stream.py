@@ -65,7 +65,7 @@ class FriendStream(TrioEnd, trio.abc.HalfCloseableStream):
     def __init__(self, end: LinkEnd, sock: Any, sockname: Any, peername: Any,
                  state: RunState) -> None:
         self._init_end(end, state)
-        self.socket = FriendSocket(sock, end, self._buffer_sizes_changed)  # a cycle: collectable
+        self.socket = FriendSocket(sock, end, self._buffer_sizes_changed)
         self._sockname = sockname
         self._peername = peername
         self._eof_sent = False
