@@ -689,6 +689,35 @@ def test_detaching_a_friend_of_an_event_loops_end_is_a_clear_error(patched, serv
         server_loop.loop.call_soon_threadsafe(server.close)
 
 
+def test_fileno_out_of_descriptors_gives_the_connections(patched):
+    """fileno() never fails for want of a descriptor (a real socket's has
+    one already): a paired socket that cannot make its readiness
+    descriptor goes on over TCP, whose descriptor it gives."""
+    import resource
+
+    with blocking_pair(patched) as (client, server):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        filler: List[int] = []
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        try:  # a few to spare, then none
+            resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 16, hard))
+            while True:
+                try:
+                    filler.append(os.dup(0))
+                except OSError as exc:
+                    assert exc.errno == errno.EMFILE
+                    break
+            number = client.fileno()
+        finally:
+            for fd in filler:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert not friendsock.is_friend(client)
+        server.sendall(b"over TCP now")
+        assert select.select([number], [], [], TIMEOUT)[0] == [number]
+        assert client.recv(100) == b"over TCP now"
+
+
 def test_sockets_that_cannot_pair_stay_real(patched):
     """A non-blocking connect, and a connect to no listener of ours, are
     the real socket's."""

@@ -666,14 +666,23 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     def _watched(self) -> int:
         """Somebody will poll this socket: make its readiness descriptor and
         keep it in step from now on (the hooks see it before we look, so
-        nothing that happens meanwhile is missed). Its number."""
+        nothing that happens meanwhile is missed). Its number. Out of
+        descriptors, the link goes on over TCP if it can (fileno() is the
+        connection's then: a socket's fileno() never fails)."""
         with _ends_lock:
             ready = self._signals.ready
             if ready is not None:  # another thread made it meanwhile
                 return ready.fd
             if self._in.state is _ON_TCP:  # handed over meanwhile
                 return _ss.fileno(self)  # type: ignore[no-any-return]
-            ready = self._signals.ready = Readiness(self)
+            try:
+                ready = Readiness(self)
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or \
+                        not _hand_over(self._end.link, _ends_of_sockets()):
+                    raise
+                return _ss.fileno(self)  # type: ignore[no-any-return]
+            self._signals.ready = ready
             self._drained()  # readable now if there is something to read
             self._sync_writable()
         return ready.fd
