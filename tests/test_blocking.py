@@ -19,6 +19,7 @@ import select
 import selectors
 import socket
 import struct
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Iterator, List, Tuple
@@ -795,6 +796,28 @@ def test_an_unclosed_socket_warns_as_the_stdlibs(patched):
                 and any(address in str(w.message) for address in ours)]
     # As the stdlib's: a filter such as "ignore:unclosed <socket.socket fd=" matches.
     assert len(messages) == 2 and all(m.startswith("unclosed <socket.socket fd=") for m in messages), messages
+
+
+def test_an_unclosed_socket_closes_where_its_warning_is_an_error(patched):
+    """With ResourceWarning an error (a common test setting), the
+    finalizer's warning raises into the unraisable hook; the socket is
+    closed all the same, as the stdlib's: its peer gets EOF, not a wait."""
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=TIMEOUT)
+        server, _ = listener.accept()
+        with server:
+            server.settimeout(TIMEOUT)
+            raised: List[BaseException] = []
+            hook, sys.unraisablehook = sys.unraisablehook, lambda u: raised.append(u.exc_value)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", ResourceWarning)
+                    del client
+                    gc.collect()
+            finally:
+                sys.unraisablehook = hook
+            assert any(isinstance(exc, ResourceWarning) for exc in raised), raised
+            assert server.recv(100) == b""
 
 
 def test_a_socket_collected_while_its_peer_sends_closes(patched):

@@ -995,6 +995,28 @@ async def test_unclosed_friend_stream_warns_and_closes_as_a_collected_socket(unr
                 else:
                     assert await server.receive_some() == b""
 
+async def test_an_unclosed_stream_closes_where_its_warning_is_an_error(friends):
+    """With ResourceWarning an error, the finalizer's warning raises into
+    the unraisable hook; the stream is closed all the same, as a socket
+    is: its friend gets EOF, not a wait."""
+    async with listening(friends) as (listener, port):
+        client = await fst.open_tcp_stream(LOCALHOST, port, friends=friends)
+        async with await listener.accept() as server:
+            assert_path(friends, client, server)
+            raised: list = []
+            hook, sys.unraisablehook = sys.unraisablehook, lambda u: raised.append(u.exc_value)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", ResourceWarning)
+                    del client
+                    gc.collect()
+            finally:
+                sys.unraisablehook = hook
+            assert any(isinstance(exc, ResourceWarning) for exc in raised), raised
+            with trio.fail_after(TIMEOUT):
+                assert await server.receive_some() == b""
+
+
 # -- what review found: send_eof after a reset, a collection on another thread ----------------
 
 

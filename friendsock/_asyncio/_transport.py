@@ -275,9 +275,11 @@ class FriendTransport(_FlowControlMixin):
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         if not self._closed and not self._closing and self._state.pid == os.getpid():
-            _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
-            self._end.owner = None
-            self._end.abort()
+            try:
+                _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+            finally:  # the warning an error: the friend must not wait forever
+                self._end.owner = None
+                self._end.abort()
 
     # -- BaseTransport ----------------------------------------------------
     def get_extra_info(self, name: str, default: Any = None) -> Any:

@@ -650,11 +650,14 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         # (by a thread of its own where a collection runs it: see
         # close_when_safe).
         # Under a TLS socket it is that one's (which warns for itself), as
-        # the stdlib's SSLSocket takes over the socket it wraps.
+        # the stdlib's SSLSocket takes over the socket it wraps. Closed even
+        # where the warning is an error: the friend must not wait forever.
         if not self.__dict__.get("_friend_closed", True):
-            if not self.__dict__.get("_under_tls", False):
-                warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self)
-            close_when_safe(self._close_friend)
+            try:
+                if not self.__dict__.get("_under_tls", False):
+                    warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self)
+            finally:
+                close_when_safe(self._close_friend)
 
     # -- what stays a socket's -------------------------------------------------
     def fileno(self) -> int:

@@ -158,17 +158,19 @@ class TrioEnd:
         state = getattr(self, "_state", None)  # None: never hooked in
         if state is None or self._closed or state.pid != os.getpid():
             return
-        warn(f"unclosed <socket.socket fd=-1, laddr={self._sockname!r}, "
-             f"raddr={self._peername!r} [friend]>",
-             ResourceWarning, source=self)
-        self._closed = True
-        state.streams.pop(id(self), None)
-        end = self._end
         try:
-            state.token.run_sync_soon(end.abort)
-        except trio.RunFinishedError:
-            keep = self._out.rcvbuf
-            close_when_safe(lambda: end.reset(keep=keep))
+            warn(f"unclosed <socket.socket fd=-1, laddr={self._sockname!r}, "
+                 f"raddr={self._peername!r} [friend]>",
+                 ResourceWarning, source=self)
+        finally:  # the warning an error: the friend must not wait forever
+            self._closed = True
+            state.streams.pop(id(self), None)
+            end = self._end
+            try:
+                state.token.run_sync_soon(end.abort)
+            except trio.RunFinishedError:
+                keep = self._out.rcvbuf
+                close_when_safe(lambda: end.reset(keep=keep))
 
     # -- waking ------------------------------------------------------------
     def _wake_reader(self) -> None:
