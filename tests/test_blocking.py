@@ -719,6 +719,36 @@ def test_fileno_out_of_descriptors_gives_the_connections(patched):
         assert client.recv(100) == b"over TCP now"
 
 
+def test_a_client_is_paired_once_the_accept_returns(patched, monkeypatch):
+    """Once accept() returns, the client socket is a friend socket, even
+    while its connect() has not returned yet on its own thread: a third
+    thread polling it (fileno()) sees the link, never the TCP descriptor,
+    which carries nothing."""
+    from friendsock._blocking import _socket as blocking_socket
+
+    gate = threading.Event()
+    finish = blocking_socket._finish_connect
+
+    def held(*args: Any) -> bool:  # the connect, held between its syscall and its end
+        gate.wait(TIMEOUT)
+        return finish(*args)
+
+    monkeypatch.setattr(blocking_socket, "_finish_connect", held)
+    with socket.create_server((LOCALHOST, 0)) as listener, socket.socket() as client:
+        client.settimeout(TIMEOUT)
+        join = run_thread(lambda: client.connect(listener.getsockname()))
+        server, _ = listener.accept()
+        with server:
+            try:
+                assert friendsock.is_friend(client) is patched
+                server.sendall(b"seen by a poller")
+                assert select.select([client], [], [], TIMEOUT)[0] == [client]
+            finally:
+                gate.set()
+            join()
+            assert client.recv(100) == b"seen by a poller"
+
+
 def test_sockets_that_cannot_pair_stay_real(patched):
     """A non-blocking connect, and a connect to no listener of ours, are
     the real socket's."""

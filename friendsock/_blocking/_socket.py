@@ -367,6 +367,14 @@ def _claim(sock: FriendCapableSocket, address: Any, entry: Entry,
         return
     adopt_accepted(descriptor, pending)  # type: ignore[arg-type]
     become_friend(sock, pending.link.server, sockname, address, descriptor)
+    # A blocking client still inside its connect() (between the syscall and
+    # becoming a friend socket) becomes one now: once accept() returns, a
+    # thread polling it (fileno()) sees the link, not the TCP descriptor.
+    client_sock = _connecting.get(pending.link.client)
+    if client_sock is not None:
+        client = pending.handle
+        become_friend(client_sock, pending.link.client, client.sockname, client.peername,
+                      client.sock)  # type: ignore[arg-type]
     if pending.on_claimed is not None:
         pending.on_claimed()
 
@@ -576,7 +584,8 @@ def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peerna
     with _ends_lock:
         if end.incoming.state is _ON_TCP:
             return False
-        _make_friend(sock, end, sockname, peername, descriptor)
+        if type(sock) is not FriendBlockingSocket:  # else made one by the accept already
+            _make_friend(sock, end, sockname, peername, descriptor)
     return True
 
 

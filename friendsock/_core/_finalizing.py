@@ -51,7 +51,10 @@ def close_when_safe(close: Callable[[], Any]) -> None:
         # A bare thread: threading's bookkeeping takes locks of its own (one
         # the collected thread may hold), and test harnesses that count
         # threads do not see a helper that leaves once it is idle.
-        _thread.start_new_thread(_run_closes, ())
+        try:
+            _thread.start_new_thread(_run_closes, ())
+        except RuntimeError:  # the interpreter is shutting down: no thread, no lock held
+            _run_closes()
 
 
 def _run_closes() -> None:
