@@ -7,6 +7,8 @@ import contextlib
 import gc
 import random
 import ssl
+import sys
+import warnings
 from typing import AsyncIterator, Iterator, List, Optional, Tuple
 
 import pytest
@@ -87,6 +89,21 @@ def cyclic_garbage_of_ours() -> Iterator[List[str]]:
         gc.garbage.clear()
         gc.set_debug(0)
         gc.enable()
+
+
+@contextlib.contextmanager
+def resource_warnings_raised() -> Iterator[List[BaseException]]:
+    """In the block, ResourceWarning is an error (as many suites set it),
+    and what finalizers raise is collected in the list (the unraisable
+    hook's) rather than reported."""
+    raised: List[BaseException] = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: raised.append(unraisable.exc_value)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResourceWarning)
+            yield raised
+    finally:
+        sys.unraisablehook = hook
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,6 @@ import select
 import selectors
 import socket
 import struct
-import sys
 import threading
 import warnings
 from typing import Any, Callable, Iterator, List, Tuple
@@ -29,7 +28,7 @@ import uvloop
 
 import friendsock
 from friendsock._blocking._socket import FriendBlockingSocket, OriginalSocket
-from support import cyclic_garbage_of_ours, patient_confirm  # noqa: F401 (a fixture)
+from support import cyclic_garbage_of_ours, patient_confirm, resource_warnings_raised  # noqa: F401 (a fixture)
 
 pytest_plugins = ["pytester"]
 
@@ -94,6 +93,14 @@ def run_thread(target: Callable[[], Any]) -> Callable[[], Any]:
 def receive_until_eof(sock: socket.socket) -> bytes:
     received = bytearray()
     while chunk := sock.recv(MiB):
+        received += chunk
+    return bytes(received)
+
+
+def receive_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes (fewer only at EOF)."""
+    received = bytearray()
+    while len(received) < size and (chunk := sock.recv(size - len(received))):
         received += chunk
     return bytes(received)
 
@@ -606,10 +613,7 @@ def test_descriptor_calls(patched):
         assert shared.detach() == client.fileno()
         assert shared.fileno() == -1
         expected = b"from a copy, from the original, from the sharer"
-        got = b""
-        while len(got) < len(expected):
-            got += server.recv(100)
-        assert got == expected
+        assert receive_exactly(server, len(expected)) == expected
         server.sendall(b"back")
         assert client.recv(100) == b"back"
         client.sendall(b"still works")
@@ -637,16 +641,10 @@ def test_a_detached_descriptor_carries_the_connection(patched, polled):
             again.settimeout(TIMEOUT)
             client.sendall(b"after")
             expected = b"before, after"
-            got = b""
-            while len(got) < len(expected):
-                got += again.recv(100)
-            assert got == expected
+            assert receive_exactly(again, len(expected)) == expected
             again.sendall(b"from the new socket")
             expected = b"unread by the detached, from the new socket"
-            got = b""
-            while len(got) < len(expected):
-                got += client.recv(100)
-            assert got == expected
+            assert receive_exactly(client, len(expected)) == expected
         assert receive_until_eof(client) == b""
 
 
@@ -837,15 +835,9 @@ def test_an_unclosed_socket_closes_where_its_warning_is_an_error(patched):
         server, _ = listener.accept()
         with server:
             server.settimeout(TIMEOUT)
-            raised: List[BaseException] = []
-            hook, sys.unraisablehook = sys.unraisablehook, lambda u: raised.append(u.exc_value)
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error", ResourceWarning)
-                    del client
-                    gc.collect()
-            finally:
-                sys.unraisablehook = hook
+            with resource_warnings_raised() as raised:
+                del client
+                gc.collect()
             assert any(isinstance(exc, ResourceWarning) for exc in raised), raised
             assert server.recv(100) == b""
 

@@ -24,7 +24,7 @@ from trio.testing import assert_checkpoints, wait_all_tasks_blocked
 import friendsock
 import friendsock.trio as fst
 from friendsock._core._registry import registry as _registry
-from support import chunked, cyclic_garbage_of_ours
+from support import chunked, cyclic_garbage_of_ours, resource_warnings_raised
 from trio_support import (  # noqa: F401 (nothing_left_behind: an autouse fixture)
     LOCALHOST,
     MiB,
@@ -1003,15 +1003,9 @@ async def test_an_unclosed_stream_closes_where_its_warning_is_an_error(friends):
         client = await fst.open_tcp_stream(LOCALHOST, port, friends=friends)
         async with await listener.accept() as server:
             assert_path(friends, client, server)
-            raised: list = []
-            hook, sys.unraisablehook = sys.unraisablehook, lambda u: raised.append(u.exc_value)
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error", ResourceWarning)
-                    del client
-                    gc.collect()
-            finally:
-                sys.unraisablehook = hook
+            with resource_warnings_raised() as raised:
+                del client
+                gc.collect()
             assert any(isinstance(exc, ResourceWarning) for exc in raised), raised
             with trio.fail_after(TIMEOUT):
                 assert await server.receive_some() == b""
