@@ -688,33 +688,60 @@ def test_detaching_a_friend_of_an_event_loops_end_is_a_clear_error(patched, serv
         server_loop.loop.call_soon_threadsafe(server.close)
 
 
+def _fileno_with_no_descriptor_left(sock: socket.socket) -> int:
+    """``sock.fileno()`` asked once every descriptor is taken."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    filler: List[int] = []
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    try:  # a few to spare, then none
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 16, hard))
+        while True:
+            try:
+                filler.append(os.dup(0))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        return sock.fileno()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_fileno_out_of_descriptors_gives_the_connections(patched):
     """fileno() never fails for want of a descriptor (a real socket's has
     one already): a paired socket that cannot make its readiness
     descriptor goes on over TCP, whose descriptor it gives."""
-    import resource
-
     with blocking_pair(patched) as (client, server):
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        filler: List[int] = []
-        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-        try:  # a few to spare, then none
-            resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 16, hard))
-            while True:
-                try:
-                    filler.append(os.dup(0))
-                except OSError as exc:
-                    assert exc.errno == errno.EMFILE
-                    break
-            number = client.fileno()
-        finally:
-            for fd in filler:
-                os.close(fd)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        number = _fileno_with_no_descriptor_left(client)
         assert not friendsock.is_friend(client)
         server.sendall(b"over TCP now")
         assert select.select([number], [], [], TIMEOUT)[0] == [number]
         assert client.recv(100) == b"over TCP now"
+
+
+def test_fileno_out_of_descriptors_before_the_accept(patched):
+    """The same before the server accepted: the connect is taken back from
+    the listener, whose accept then finds a plain connection holding what
+    the client sent."""
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
+            assert friendsock.is_friend(client) is patched
+            client.sendall(b"sent while paired, ")
+            number = _fileno_with_no_descriptor_left(client)
+            assert not friendsock.is_friend(client)
+            client.sendall(b"then over TCP")
+            server, _ = listener.accept()
+            with server:
+                server.settimeout(TIMEOUT)
+                assert not friendsock.is_friend(server)
+                expected = b"sent while paired, then over TCP"
+                assert receive_exactly(server, len(expected)) == expected
+                server.sendall(b"back")
+                assert select.select([number], [], [], TIMEOUT)[0] == [number]
+                assert client.recv(100) == b"back"
 
 
 def test_a_client_is_paired_once_the_accept_returns(patched, monkeypatch):

@@ -39,6 +39,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import _handshake
+from .._core._addresses import flow_key
 from .._core._errors import FriendError, LinkBrokenError
 from .._core._finalizing import close_when_safe
 from .._core._link import ChannelState, Link, LinkEnd, Seen
@@ -690,14 +691,32 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             try:
                 ready = Readiness(self)
             except OSError as exc:
-                if exc.errno not in (errno.EMFILE, errno.ENFILE) or \
-                        not _hand_over(self._end.link, _ends_of_sockets()):
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._over_tcp_for_fileno():
                     raise
                 return _ss.fileno(self)  # type: ignore[no-any-return]
             self._signals.ready = ready
             self._drained()  # readable now if there is something to read
             self._sync_writable()
         return ready.fd
+
+    def _over_tcp_for_fileno(self) -> bool:
+        """Out of descriptors for the readiness one: the link goes on over
+        TCP, as at a fork, if its friend is a blocking socket, or a connect
+        its listener has not accepted yet (withdrawn: the accept finds a
+        plain connection, with what was sent). Under _ends_lock."""
+        link = self._end.link
+        ends = _ends_of_sockets()
+        if _hand_over(link, ends):
+            return True
+        if self._end is not link.client or not link.can_hand_over(_HAND_OVER_LIMIT) or \
+                not registry.withdraw_unclaimed(flow_key(self._sockname, self._peername), link):
+            return False
+        if _hand_over(link, ends, unaccepted=True):
+            return True
+        # More was written meanwhile than the connection takes at once: it
+        # is lost, as a connection the kernel had to drop.
+        link.server.reset()
+        return False
 
     def __repr__(self) -> str:
         # socket.__repr__ asks fileno(), which would make the readiness

@@ -717,6 +717,22 @@ class LinkEnd:
         return True
 
 
+def _may_hand_over(client: LinkEnd, server: LinkEnd, limit: int) -> bool:
+    """:meth:`Link.hand_over`'s conditions: an end open, or closed with its
+    EOF sent (a close over unread bytes reset the friend's direction; one
+    still under way, on another thread, has not sent its EOF yet); no
+    direction reset, none holding more than ``limit`` bytes."""
+    if client.closed and server.closed:
+        return False
+    for end in (client, server):
+        channel = end.outgoing
+        if channel.state not in (ChannelState.OPEN, ChannelState.EOF) or channel.queued > limit:
+            return False
+        if end.closed and not (channel.state is ChannelState.EOF and end.incoming.reader_closed):
+            return False
+    return True
+
+
 class Link:
     """Two channels and two ends: ``client`` and ``server``.
 
@@ -783,6 +799,13 @@ class Link:
     def done(self) -> bool:
         return self._open_ends == 0
 
+    def can_hand_over(self, limit: int) -> bool:
+        """Whether :meth:`hand_over` would go ahead now (it checks again,
+        under the locks)."""
+        client, server = self.client, self.server
+        return client is not None and server is not None and \
+            _may_hand_over(client, server, limit)
+
     def hand_over(self, send: Callable[[LinkEnd, bytes, bool], None], limit: int) -> bool:
         """Go on over TCP: the real connection under the link, which carried
         no payload, carries everything from now on (the process forks, and
@@ -811,16 +834,8 @@ class Link:
         for lock in locks:
             lock.acquire()
         try:
-            if client.closed and server.closed or any(
-                    c.state not in (ChannelState.OPEN, ChannelState.EOF) or c.queued > limit
-                    for c in channels):
+            if not _may_hand_over(client, server, limit):
                 return False
-            for end in ends:
-                # A close over unread bytes reset the friend's direction; one
-                # still under way (another thread) has not sent its EOF yet.
-                if end.closed and not (end.outgoing.state is ChannelState.EOF
-                                       and end.incoming.reader_closed):
-                    return False
             for end in ends:
                 data, eof = end.outgoing.hand_over()
                 send(end, data, eof)

@@ -268,6 +268,19 @@ class Registry:
             pending.state = PendingState.WITHDRAWN
             return True
 
+    def withdraw_unclaimed(self, key: FlowKey, link: Link) -> bool:
+        """Withdraw the connect of ``link`` waiting under ``key`` (its
+        listener has not accepted it yet): the accept will find a plain
+        connection. False when it is not waiting (claimed already)."""
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is None or pending.link is not link:
+                return False
+            del self._pending[key]
+            pending.listener.waiting -= 1
+            pending.state = PendingState.WITHDRAWN
+            return True
+
     def is_pending(self, key: FlowKey) -> bool:
         """Whether a connect with this flow key waits to be claimed."""
         return key in self._pending
