@@ -238,6 +238,25 @@ def test_a_read_is_not_held_up_by_a_write_cut_short(patched, tls_pair):  # noqa:
     assert received == payload
 
 
+def test_a_write_cut_short_then_a_reset_fails_for_good(patched, tls_pair):  # noqa: F811
+    """A non-blocking write cut short, whose peer then resets: retrying it
+    fails, and so do later writes; none claims to have sent anything."""
+    client, server = tls_pair
+    client.setblocking(False)
+    payload = random.Random(9).randbytes(4 * MiB)
+    with pytest.raises(ssl.SSLWantWriteError):
+        view = memoryview(payload)
+        while True:
+            view = view[client.send(view[:256 * 1024]):]
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server.close()
+    select.select([], [client], [], TIMEOUT)
+    for _ in range(3):
+        with pytest.raises(OSError) as caught:
+            client.send(view[:256 * 1024])
+        assert not isinstance(caught.value, ssl.SSLWantWriteError)
+
+
 def test_select_sees_each_tls_record_till_the_close(patched, tls_pair):  # noqa: F811
     """A TLS socket takes one record at a time off the connection, as
     OpenSSL reads a socket: the records still to come keep it readable for

@@ -1226,6 +1226,8 @@ def _hand_over(link: Link, ends: Dict[LinkEnd, List[FriendBlockingSocket]],
     ``unaccepted``), one of them closed already or not, and their sockets
     become their real ones. Under _ends_lock. False: a friend link it
     stays."""
+    if link.client is None or link.server is None:  # done: both ends closed
+        return False
     sockets = {link.client: ends.get(link.client),
                link.server: [] if unaccepted else ends.get(link.server)}
     closed: Dict[LinkEnd, socket.socket] = {}  # ends closed already: the socket each left

@@ -142,7 +142,13 @@ class LinkTLS:
         encrypting the data again."""
         if self._cut_short is None:
             self._cut_short = self._run(self._obj.write, data, must_send=False)
-        self._flush()
+        try:
+            self._flush()
+        except ssl.SSLWantWriteError:
+            raise
+        except BaseException:
+            self._cut_short = None  # failed for good: no retry will finish it
+            raise
         written, self._cut_short = self._cut_short, None
         return written
 
