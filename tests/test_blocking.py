@@ -774,6 +774,27 @@ def test_a_client_is_paired_once_the_accept_returns(patched, monkeypatch):
             assert client.recv(100) == b"seen by a poller"
 
 
+def test_a_late_notice_does_not_make_a_drained_socket_readable(patched):
+    """A writer's notice can land after a reader on another thread took
+    its bytes (the writer pushes, the reader drains, then the notice runs):
+    select() must not show the socket readable with nothing to read, or a
+    blocking recv() after it waits, and urllib3 drops the pooled
+    connection as closed."""
+    with blocking_pair(patched) as (client, server):
+        client.fileno()  # polled: the readiness descriptor is kept in step
+        server.sendall(b"bytes")
+        assert client.recv(100) == b"bytes"
+        if patched:
+            client._signals.readable()  # the notice of that push, landing late
+        assert select.select([client], [], [], 0)[0] == []
+        server.sendall(b"more")
+        assert select.select([client], [], [], TIMEOUT)[0] == [client]
+        assert client.recv(100) == b"more"
+        server.shutdown(socket.SHUT_WR)
+        assert select.select([client], [], [], TIMEOUT)[0] == [client]
+        assert client.recv(100) == b""
+
+
 def test_sockets_that_cannot_pair_stay_real(patched):
     """A non-blocking connect, and a connect to no listener of ours, are
     the real socket's."""

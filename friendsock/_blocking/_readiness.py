@@ -101,6 +101,14 @@ class Readiness:
         except OSError:
             pass
 
+    def show(self, readable: bool) -> None:
+        """Readable or not, as the link is (under its lock: see
+        ``Channel.synced``)."""
+        if readable:
+            self.set_readable()
+        else:
+            self.clear_readable()
+
     # -- writable: ``user``'s send buffer not filled ----------------------
     def clear_writable(self) -> None:
         """The writer found no room: fill ``user``'s send buffer."""
@@ -249,22 +257,32 @@ class Signals:
     step. Holds no reference to the socket: a friend socket its user drops
     is collected (and closed) as a real one is."""
 
-    __slots__ = ("readers", "writers", "ready")
+    __slots__ = ("readers", "writers", "ready", "incoming", "read_shut")
 
-    def __init__(self) -> None:
+    def __init__(self, incoming: Any) -> None:
         self.readers: Sleepers = []
         self.writers: Sleepers = []
         self.ready: Optional[Readiness] = None
+        self.incoming = incoming  # the channel read from
+        self.read_shut = False  # shutdown(SHUT_RD): readable for good
 
     def readable(self) -> None:
         """The friend wrote, shut down or reset (or we shut our reading).
         The descriptor first: a woken reader that drains at once must find
-        its token there to take back."""
+        its token there to take back. It shows the link as it is when the
+        notice lands: a reader on another thread may have taken the bytes
+        meanwhile."""
         ready = self.ready
         if ready is not None:
-            ready.set_readable()
+            self.sync_readable(ready)
         if self.readers:
             wake(self.readers)
+
+    def sync_readable(self, ready: Readiness) -> None:
+        if self.read_shut:
+            ready.set_readable()
+        else:
+            self.incoming.synced(ready.show)
 
     def writable(self) -> None:
         """Room was made, or the friend's reader went away (or we shut our

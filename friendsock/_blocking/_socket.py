@@ -595,7 +595,7 @@ def _make_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peernam
     sock.__class__ = FriendBlockingSocket
     friend: FriendBlockingSocket = sock  # type: ignore[assignment]
     _friend_sockets.add(friend)
-    signals = Signals()
+    signals = Signals(end.incoming)
     friend.__dict__.update(
         _end=end, _in=end.incoming, _out=end.outgoing, _sockname=sockname, _peername=peername,
         _descriptor=descriptor, _signals=signals, _read_shut=False, _friend_closed=False,
@@ -839,14 +839,10 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         """The link is empty: the readiness descriptor is unreadable until
         the next write (a write that raced in is seen, and keeps it
         readable)."""
-        channel = self._in
+        self._in.begin_drain()
         ready = self._signals.ready
-        channel.begin_drain()
-        if ready is None:
-            return
-        ready.clear_readable()
-        if channel.seen() is not _NOTHING or self._read_shut:
-            ready.set_readable()
+        if ready is not None:
+            self._signals.sync_readable(ready)
 
     def _readable(self, timeout: Optional[float]) -> Seen:
         """Wait until the link has something for us: DATA, EOF or RESET."""
@@ -1111,8 +1107,12 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     # -- shutting down and closing ------------------------------------------------
     def shutdown(self, how: int) -> None:
         self._check_open()
-        if self._shutdown_end(operator.index(how)):
+        wrote_shut = self._shutdown_end(operator.index(how))
+        if self._read_shut:
+            self._signals.read_shut = True
+        if wrote_shut:
             self._signals.writable()  # as TCP's: a send now fails at once
+        if wrote_shut or self._read_shut:
             self._signals.readable()
 
     def _real_close(self, _ss: Any = _ss) -> None:

@@ -250,6 +250,13 @@ class Channel:
         """The reader is draining: the next push must notify it again."""
         self._reader_notified = False
 
+    def synced(self, show: Callable[[bool], None]) -> None:
+        """``show(readable)``: whether the reader finds something now (bytes,
+        EOF, a reset), with no push nor pull in between (the lock, on a
+        locked channel). A readiness descriptor kept so never shows a
+        writer's notice that arrives after the reader took its bytes."""
+        show(self.seen() is not Seen.NOTHING)
+
     def begin_pull(self, limit: int, join_limit: Optional[int] = None) -> Tuple[bytes, int]:
         """``begin_drain()``, then ``pull()`` if anything is queued (one
         lock round trip for both on a locked channel). Returns the bytes
@@ -487,6 +494,10 @@ class LockedChannel(Channel):
     def begin_drain(self) -> None:
         with self._lock:
             self._reader_notified = False
+
+    def synced(self, show: Callable[[bool], None]) -> None:
+        with self._lock:
+            Channel.synced(self, show)
 
     def begin_pull(self, limit: int, join_limit: Optional[int] = None) -> Tuple[bytes, int]:
         lock = self._lock
