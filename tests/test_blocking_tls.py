@@ -201,6 +201,22 @@ def _read_what_waits(sock: ssl.SSLSocket, received: bytearray) -> None:
         received += data
 
 
+def _send_until_cut_short(sock: ssl.SSLSocket, data: bytes) -> memoryview:
+    """Non-blocking sends of ``data`` until one raises SSLWantWriteError:
+    what is left, starting with the bytes of the send cut short (its retry
+    must pass them again)."""
+    view = memoryview(data)
+    with pytest.raises(ssl.SSLWantWriteError):
+        while True:
+            view = view[sock.send(view[:256 * 1024]):]
+    return view
+
+
+def _read_until(sock: ssl.SSLSocket, received: bytearray, size: int) -> None:
+    while len(received) < size:
+        _read_what_waits(sock, received)
+
+
 def test_a_non_blocking_write_cut_short_is_sent_once(patched, tls_pair):  # noqa: F811
     """A non-blocking TLS send() the socket cannot take whole raises
     SSLWantWriteError; its retry with the same bytes sends them once:
@@ -211,8 +227,7 @@ def test_a_non_blocking_write_cut_short_is_sent_once(patched, tls_pair):  # noqa
     payload = random.Random(7).randbytes(4 * MiB)
     received = bytearray()
     assert _send_all_non_blocking(client, payload, received, server) > 0
-    while len(received) < len(payload):
-        _read_what_waits(server, received)
+    _read_until(server, received, len(payload))
     assert received == payload
 
 
@@ -223,18 +238,14 @@ def test_a_read_is_not_held_up_by_a_write_cut_short(patched, tls_pair):  # noqa:
     server.sendall(b"hello")
     client.setblocking(False)
     payload = random.Random(8).randbytes(4 * MiB)
-    with pytest.raises(ssl.SSLWantWriteError):
-        view = memoryview(payload)
-        while True:
-            view = view[client.send(view[:256 * 1024]):]
+    view = _send_until_cut_short(client, payload)
     select.select([client], [], [], TIMEOUT)
     assert client.recv(100) == b"hello"
     # The write cut short goes on, then the rest, once the peer reads.
     server.setblocking(False)
     received = bytearray()
     _send_all_non_blocking(client, bytes(view), received, server)
-    while len(received) < len(payload):
-        _read_what_waits(server, received)
+    _read_until(server, received, len(payload))
     assert received == payload
 
 
@@ -244,10 +255,7 @@ def test_a_write_cut_short_then_a_reset_fails_for_good(patched, tls_pair):  # no
     client, server = tls_pair
     client.setblocking(False)
     payload = random.Random(9).randbytes(4 * MiB)
-    with pytest.raises(ssl.SSLWantWriteError):
-        view = memoryview(payload)
-        while True:
-            view = view[client.send(view[:256 * 1024]):]
+    view = _send_until_cut_short(client, payload)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     server.close()
     select.select([], [client], [], TIMEOUT)
