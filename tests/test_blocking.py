@@ -121,10 +121,25 @@ class ServerLoop:
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(TIMEOUT)
 
+    def close_server(self, server: asyncio.AbstractServer) -> None:
+        """Close ``server`` and wait until its connections are closed too: a
+        loop stopped while one still closes (a TLS close waiting for the
+        client's EOF) leaves its transport unclosed, a ResourceWarning in
+        whatever test the collector runs in."""
+        self.run(_close_and_wait(server))
+
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(TIMEOUT)
         self.loop.close()
+
+
+async def _close_and_wait(server: asyncio.AbstractServer) -> None:
+    # wait_closed() first: on 3.11 it returns at once once close() ran.
+    closed = asyncio.ensure_future(server.wait_closed())
+    await asyncio.sleep(0)  # (its waiter is registered)
+    server.close()
+    await closed
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
@@ -175,7 +190,7 @@ def test_client_pairs_with_an_asyncio_server_in_another_thread(patched, server_l
             assert client.recv(100) == b""
         assert friendsock.stats().links_made - before == (1 if patched else 0)
     finally:
-        server_loop.loop.call_soon_threadsafe(server.close)
+        server_loop.close_server(server)
 
 
 # -- the socket contract, both ends blocking ---------------------------------------
@@ -211,16 +226,12 @@ def test_a_listener_handed_to_an_event_loop_keeps_its_backlog(patched, server_lo
             async def start() -> asyncio.AbstractServer:
                 return await asyncio.start_server(echo_one_line, sock=listener)
 
-            async def stop(server: asyncio.AbstractServer) -> None:
-                server.close()
-                await server.wait_closed()
-
             server = server_loop.run(start())
             try:
                 assert receive_until_eof(client) == b"written before the loop took over\n"
                 assert not friendsock.is_friend(client)
             finally:
-                server_loop.run(stop(server))  # before the listener's with-block closes it
+                server_loop.close_server(server)  # before the listener's with-block closes it
 
 
 @pytest.mark.parametrize("listener_timeout", [TIMEOUT, 0.05])
@@ -685,7 +696,7 @@ def test_detaching_a_friend_of_an_event_loops_end_is_a_clear_error(patched, serv
                 connection.shutdown(socket.SHUT_WR)
                 assert connection.recv(100) == b""  # the server is done with it
     finally:
-        server_loop.loop.call_soon_threadsafe(server.close)
+        server_loop.close_server(server)
 
 
 def _fileno_with_no_descriptor_left(sock: socket.socket) -> int:

@@ -414,7 +414,7 @@ def test_http_client_https_to_an_asyncio_server_in_another_thread(patched, serve
             connection.close()
         assert friendsock.stats().links_made - before == (1 if patched else 0)
     finally:
-        server_loop.loop.call_soon_threadsafe(server.close)
+        server_loop.close_server(server)
 
 
 def test_wrap_socket_is_the_stdlibs_again_after_unpatching():
