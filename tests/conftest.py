@@ -18,6 +18,7 @@ import warnings
 import pytest
 import pytest_asyncio
 import uvloop
+from support import collect_garbage
 
 
 def _new_uvloop() -> asyncio.AbstractEventLoop:
@@ -83,15 +84,13 @@ async def loop_guard():
     # Let connection_lost callbacks scheduled by the test's last close() run.
     for _ in range(3):
         await asyncio.sleep(0)
-    gc.collect()
+    collect_garbage()
     loop.set_exception_handler(None)
     if errors:
         pytest.fail(f"unhandled loop exceptions: {errors!r}")
 
 
 def pytest_collection_finish(session):
-    # Every coroutine test ends with a gc.collect() (loop_guard). What the
-    # imports and the collection made lives for the whole session: moved
-    # out of the collector's sight, a collect() looks at what the test
-    # made only (5x faster for the transport tests).
+    # What the imports and the collection made lives for the session: out
+    # of the collector's sight from the start (see collect_garbage).
     gc.freeze()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import socket
 import warnings
 from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Tuple
@@ -17,6 +16,7 @@ import trio.testing
 
 import friendsock
 import friendsock.trio as fst
+from support import collect_garbage
 from test_threads import LoopThread
 
 LOCALHOST = "127.0.0.1"
@@ -160,7 +160,7 @@ def nothing_left_behind():
     when collected (ResourceWarning is an error in this suite)."""
     before = friendsock.stats()
     yield
-    gc.collect()
+    collect_garbage()
     after = friendsock.stats()
     assert after.links_alive == before.links_alive, "friend links left alive"
     assert after.pending == 0, "pending connects left behind"
