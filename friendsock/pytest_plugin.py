@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import pytest
@@ -155,7 +156,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    # After pytest-socket's own teardown: the next test's fixtures pair too.
+    # After pytest-socket's own teardown: the next test's fixtures pair too,
+    # and the guard its allow_hosts set on the patched class for this test
+    # guards no other (sockets patched by the option or by the tests).
+    blocking = sys.modules.get("friendsock._blocking._socket")  # (not imported: never patched)
+    if blocking is not None:
+        blocking.drop_connect_guard()
     _patch_sockets_again(item.config)
 
 

@@ -381,6 +381,56 @@ def test_sockets_stay_patched_beside_pytest_socket(pytester):
     run(pytester, "--friendsock-sockets", "--disable-socket").assert_outcomes(passed=2)
 
 
+ALLOW_HOSTS_TESTS = """
+import socket
+
+import pytest
+import pytest_socket
+import friendsock
+
+
+def connected_at(host):
+    \"\"\"Whether a blocking connection to a listener at ``host`` paired.\"\"\"
+    with socket.create_server((host, 0)) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=10)
+        server, _ = listener.accept()
+        with client, server:
+            client.sendall(b"x")
+            assert server.recv(1) == b"x"
+            return friendsock.is_friend(client)
+
+
+@pytest.mark.allow_hosts(["127.0.0.1"])
+def test_an_allowed_host_connects():
+    assert connected_at("127.0.0.1") is friendsock.is_socket_patched()
+
+
+@pytest.mark.allow_hosts(["127.0.0.1"])
+def test_other_hosts_stay_refused():
+    with socket.create_server(("127.0.0.2", 0)) as listener:
+        with pytest.raises(pytest_socket.SocketConnectBlockedError):
+            socket.create_connection(listener.getsockname(), timeout=10)
+
+
+def test_the_next_test_is_not_guarded():
+    assert connected_at("127.0.0.2") is friendsock.is_socket_patched()
+"""
+
+
+@pytest.mark.parametrize("sockets", [True, False], ids=["patched", "not-patched"])
+def test_pytest_sockets_allow_hosts_holds_for_its_test_only(pytester, sockets):
+    """pytest-socket's allow_hosts guards one test's connects, by setting
+    ``socket.socket.connect`` (the patched class) and putting back only the
+    class it saved: what it allows pairs, what it refuses stays refused, and
+    the next test is not guarded; the same without the patch."""
+    pytester.makepyfile(test_allow_hosts=ALLOW_HOSTS_TESTS)
+    option = "--friendsock-sockets" if sockets else "--no-friendsock"
+    run(pytester, option).assert_outcomes(passed=3)
+    if sockets:  # the command line's --allow-hosts, for every test
+        pytester.makepyfile(test_sockets=BLOCKING_SOCKET_TESTS)
+        run(pytester, option, "--allow-hosts=127.0.0.1", "test_sockets.py").assert_outcomes(passed=3)
+
+
 SOCKETLESS_TESTS = """
 import asyncio
 

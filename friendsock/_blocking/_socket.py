@@ -122,6 +122,16 @@ class _SocketMeta(type):
             return issubclass(sub, OriginalSocket)
         return type.__subclasscheck__(cls, sub)
 
+    def __setattr__(cls, name: str, value: Any) -> None:
+        # pytest-socket's allow_hosts guards a test's connects by setting
+        # socket.socket.connect (this class, while patched), and puts back
+        # only the class it saved: its guard is asked first here, and
+        # dropped after the test (drop_connect_guard).
+        if name == "connect" and cls is FriendCapableSocket and \
+                getattr(value, "__module__", None) == "pytest_socket":
+            value = _asking_first(value)
+        type.__setattr__(cls, name, value)
+
 
 class Descriptor:
     """The TCP descriptor of a friend socket, as the pairing steps and the
@@ -286,6 +296,42 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
         if _ENTRY in self.__dict__:
             _forget_listener(self)
         _ss.close(self)
+
+
+_OWN_CONNECT = FriendCapableSocket.__dict__["connect"]
+
+
+def _asking_first(guard: Callable[..., None]) -> Callable[..., None]:
+    """``connect`` under a guard that refuses some addresses (raising) and
+    connects the others natively: asked with a UDP socket of the same
+    family, whose connect sends nothing, what it lets through connects (and
+    pairs) as without it; what it refuses is refused as it refuses it."""
+    def connect(self: FriendCapableSocket, address: Any) -> None:
+        if not patched or not _may_pair(self):
+            guard(self, address)
+            return
+        probe = _ss(self.family, socket.SOCK_DGRAM)
+        try:
+            guard(probe, address)
+        except OSError:
+            pass  # let through: the probe's own connect failed (no route)
+        except BaseException:
+            self.close()  # as the guard closes the socket it refuses
+            raise
+        finally:
+            probe.close()
+        _OWN_CONNECT(self, address)
+
+    connect._friendsock_guard = guard  # type: ignore[attr-defined]
+    return connect
+
+
+def drop_connect_guard() -> None:
+    """The patched class's own ``connect`` again, if a guard set for a test
+    is still on it (see ``_SocketMeta.__setattr__``)."""
+    current = FriendCapableSocket.__dict__.get("connect")
+    if current is not _OWN_CONNECT and getattr(current, "_friendsock_guard", None) is not None:
+        type.__setattr__(FriendCapableSocket, "connect", _OWN_CONNECT)
 
 
 def _new_capable(family: int, type: int, proto: int, fd: int) -> FriendCapableSocket:
