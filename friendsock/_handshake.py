@@ -679,6 +679,17 @@ def payload_moved(sock: socket.socket) -> bool:
     return bool(segs_in or segs_out or _NOTSENT.unpack_from(info, _NOTSENT_OFFSET)[0])
 
 
+# The modules of the socket classes whose I/O a friend end may take over:
+# the stdlib's and the one patch_socket() puts in its place.
+_PLAIN_SOCKET_MODULES = frozenset({"socket", "friendsock._blocking._socket"})
+
+
+def is_plain_socket(sock: socket.socket) -> bool:
+    """Not a socket of a subclass of its user's, whose own methods (which
+    may count, log or change what goes through) must go on doing its I/O."""
+    return type(sock).__module__ in _PLAIN_SOCKET_MODULES
+
+
 def register_adoptable_connect(sock: socket.socket, address: Any, owner: object) -> Optional[Pending]:
     """Before the loop's own ``sock_connect(sock, address)``: register it as
     a connect that pairs if ``sock`` reaches a friendsock transport before
@@ -687,7 +698,7 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
     made this connect itself (it registered it already). The socket gets
     its port first (:meth:`ConnectAttempt.bind_users_socket`), so its
     4-tuple is known before the connection exists."""
-    if not is_enabled() or sock.type != socket.SOCK_STREAM or \
+    if not is_enabled() or not is_plain_socket(sock) or sock.type != socket.SOCK_STREAM or \
             sock.family not in (socket.AF_INET, socket.AF_INET6):
         return None
     infos = numeric_address_infos(address[0], address[1], sock.family)

@@ -193,6 +193,39 @@ async def test_sockets_made_elsewhere_pair(friends, client_kind, server_kind, pa
                 assert fallbacks_since(before) == {}
 
 
+async def test_a_socket_subclass_handed_over_stays_tcp(friends):
+    """A socket of a subclass of its user's, connected with ``sock_connect``
+    and handed over with ``sock=``: its own methods may count, log or change
+    what goes through it, and the loop's transport calls them: TCP."""
+    class TrackedSocket(socket.socket):
+        used_for_read = False
+
+        def recv(self, *args: Any) -> bytes:
+            self.used_for_read = True
+            return super().recv(*args)
+
+    with maybe_installed(friends):
+        async with start_server_echo() as port:
+            before = friendsock.stats()
+            sock = TrackedSocket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, (LOCALHOST, port))
+            except BaseException:
+                sock.close()
+                raise
+            reader, writer = await asyncio.open_connection(sock=sock)
+            try:
+                assert not friendsock.is_friend(writer)
+                await exchange(reader, writer, MiB)
+            finally:
+                writer.close()
+            assert friendsock.stats().links_made == before.links_made
+            # The stdlib loop's transport reads through the socket's methods
+            # (uvloop's reads the descriptor in C).
+            assert sock.used_for_read is isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
+
+
 @pytest.mark.parametrize("proto", [0, socket.IPPROTO_TCP])
 @pytest.mark.parametrize("server_kind", ["start_server", "sock_accept"])
 async def test_a_handed_over_socket_gets_tcp_nodelay_as_from_the_loop(friends, server_kind, proto,

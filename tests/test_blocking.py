@@ -670,6 +670,66 @@ def test_detach_after_the_peer_sent_and_closed(patched):
             assert receive_until_eof(again) == b"last words"
 
 
+def _counting_socket_class() -> type:
+    """A subclass of ``socket.socket`` as it is now (the patched class, on
+    the friend path) whose own methods count what it moves, as websockets'
+    tests track their sockets; its accept() makes its own kind, in the
+    stdlib's manner, without the base class's accept()."""
+
+    class CountingSocket(socket.socket):
+        sent = received = 0  # class attributes: they must stay its own
+
+        def recv(self, bufsize: int, flags: int = 0) -> bytes:
+            data = super().recv(bufsize, flags)
+            self.received += len(data)
+            return data
+
+        def sendall(self, data: Any, flags: int = 0) -> None:
+            super().sendall(data, flags)
+            self.sent += len(data)
+
+        def accept(self) -> Tuple[socket.socket, Any]:
+            fd, address = self._accept()  # type: ignore[attr-defined]
+            sock = type(self)(self.family, self.type, self.proto, fileno=fd)
+            sock.settimeout(TIMEOUT)
+            return sock, address
+
+    return CountingSocket
+
+
+def test_a_socket_subclass_keeps_its_class_and_methods(patched, server_loop):
+    """A subclass of ``socket.socket`` defined while patched is its user's:
+    its own methods go on doing its I/O, so it connects and listens over
+    TCP (to an event loop's server, and as a listener whose accept() never
+    calls the base class's: its clients must not wait for a claim)."""
+    counting_socket = _counting_socket_class()
+
+    async def start() -> asyncio.AbstractServer:
+        return await friendsock.start_server(_echo_lines, LOCALHOST, 0, friends=patched)
+
+    server = server_loop.run(start())
+    try:
+        with counting_socket(socket.AF_INET, socket.SOCK_STREAM) as client:
+            client.settimeout(TIMEOUT)
+            client.connect(server.sockets[0].getsockname())
+            assert type(client) is counting_socket and not friendsock.is_friend(client)
+            client.sendall(b"hello\n")
+            assert receive_exactly(client, 6) == b"hello\n"
+            assert (client.sent, client.received) == (6, 6)
+    finally:
+        server_loop.close_server(server)
+    with counting_socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind((LOCALHOST, 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
+            served, _ = listener.accept()
+            with served:
+                assert not friendsock.is_friend(client)
+                client.sendall(b"ping")
+                assert receive_exactly(served, 4) == b"ping"
+                assert served.received == 4
+
+
 def test_detaching_a_friend_of_an_event_loops_end_is_a_clear_error(patched, server_loop):
     """An event loop's end cannot go on over TCP: detach() refuses
     (EOPNOTSUPP) and changes nothing; over TCP it hands the descriptor out."""

@@ -364,9 +364,12 @@ def _check_ancillary_size(ancbufsize: Any) -> None:
 
 
 def _may_pair(sock: socket.socket) -> bool:
-    """A blocking (or timeout) TCP socket, with pairing switched on."""
-    return sock.family in _INET and _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and \
-        sock.gettimeout() != 0.0 and is_enabled()
+    """A blocking (or timeout) TCP socket of the patched class itself, with
+    pairing switched on. A subclass (one its user defined while patched)
+    keeps its class and its own methods doing the I/O: it is TCP."""
+    return type(sock) is FriendCapableSocket and sock.family in _INET and \
+        _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and sock.gettimeout() != 0.0 and \
+        is_enabled()
 
 
 # -- the listening side ---------------------------------------------------------
