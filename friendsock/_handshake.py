@@ -679,6 +679,15 @@ def payload_moved(sock: socket.socket) -> bool:
     return bool(segs_in or segs_out or _NOTSENT.unpack_from(info, _NOTSENT_OFFSET)[0])
 
 
+def is_tcp_socket(sock: Any) -> bool:
+    """An IPv4 or IPv6 stream socket: what pairs, or counts as real TCP
+    when it does not (a Unix socket's connection is neither)."""
+    try:
+        return sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM
+    except AttributeError:  # not a socket: the loop's own call says so
+        return False
+
+
 # The modules of the socket classes whose I/O a friend end may take over:
 # the stdlib's and the one patch_socket() puts in its place.
 _PLAIN_SOCKET_MODULES = frozenset({"socket", "friendsock._blocking._socket"})
@@ -698,8 +707,7 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
     made this connect itself (it registered it already). The socket gets
     its port first (:meth:`ConnectAttempt.bind_users_socket`), so its
     4-tuple is known before the connection exists."""
-    if not is_enabled() or not is_plain_socket(sock) or sock.type != socket.SOCK_STREAM or \
-            sock.family not in (socket.AF_INET, socket.AF_INET6):
+    if not is_enabled() or not is_plain_socket(sock) or not is_tcp_socket(sock):
         return None
     infos = numeric_address_infos(address[0], address[1], sock.family)
     if infos is None:

@@ -197,6 +197,27 @@ async def test_connected_sock_gets_tcp():
         server.close()
 
 
+async def test_a_unix_socket_handed_over_is_no_tcp_fallback(friends):
+    """``create_connection(sock=)`` with one end of a socket pair (as
+    websockets' tests make their connections): the loop's own transport,
+    and no connection counted as having fallen back to real TCP."""
+    loop = asyncio.get_running_loop()
+    here, there = socket.socketpair()
+    with there:
+        here.setblocking(False)
+        before = friendsock.stats()
+        transport, client = await friendsock.create_connection(Recorder, sock=here,
+                                                               friends=None if friends else False)
+        try:
+            await loop.sock_sendall(there, b"ping")
+            assert await bounded(client.wait_bytes(4)) == b"ping"
+            assert not friendsock.is_friend(transport)
+        finally:
+            transport.close()
+        await bounded(client.lost)
+        assert fallbacks_since(before) == {}
+
+
 @pytest.mark.parametrize("server_made", ["before-switch", "after-switch"])
 async def test_switch_off_gives_tcp_and_on_pairs_again(server_made):
     echoes = Echoes()

@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from ._native import loop_own_connects, native
-from .._handshake import fallback_address, why_not_friends
+from .._handshake import fallback_address, is_tcp_socket, why_not_friends
 from ._pairing import connect
 from ._server import FriendServer
 from ._tls import TLSOptions, rides_friend_link, start_tls as start_tls_on
@@ -62,7 +62,9 @@ async def create_connection_on(
     if reason is None and (host is None or port is None or not registry.has_port(int(port))):
         reason = Fallback.NO_LISTENER
     if reason is not None:
-        counters.fallback(reason, _destination(host, port, kwargs.get("sock")))
+        sock = kwargs.get("sock")
+        if sock is None or is_tcp_socket(sock):  # (a Unix socket's is no TCP connection)
+            counters.fallback(reason, _destination(host, port, sock))
         with loop_own_connects():  # its inner sock_connect is not to adopt
             return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
     tls = None
