@@ -10,6 +10,7 @@ agree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import http.client
@@ -476,3 +477,47 @@ def test_an_unclosed_tls_socket_warns_as_the_stdlibs_once(patched, contexts):  #
                 if issubclass(w.category, ResourceWarning) and str(w.message).startswith("unclosed <")
                 and f"laddr=('127.0.0.1', {port})" in str(w.message)]
     assert len(messages) == 1 and messages[0].startswith("unclosed <ssl.SSLSocket fd="), messages
+
+
+@pytest.mark.parametrize("api", ["installed", "explicit"])
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_a_paired_socket_handed_to_the_loop_goes_on_in_a_transport(patched, contexts, tls, api):  # noqa: F811
+    """A blocking socket connected while patched (it paired), then handed to
+    an installed loop with ``create_connection(sock=)``, as aiosmtplib's
+    ``SMTP(sock=)`` does, or to friendsock's own: uvloop's own transport
+    would do its I/O on the readiness descriptor; the link goes on in a
+    friend transport, TLS over it or not."""
+    server_context, client_context = contexts
+
+    async def echo_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    installed = patched and api == "installed"
+    open_connection = asyncio.open_connection if api == "installed" else friendsock.open_connection
+    with friendsock.installed() if installed else contextlib.nullcontext():
+        server = await friendsock.start_server(echo_line, LOCALHOST, 0, friends=patched,
+                                               ssl=server_context if tls else None)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(TIMEOUT)
+                await asyncio.to_thread(sock.connect, server.sockets[0].getsockname())
+            except BaseException:
+                sock.close()
+                raise
+            assert friendsock.is_friend(sock) is patched
+            options: Any = {"ssl": client_context, "server_hostname": "localhost"} if tls else {}
+            reader, writer = await open_connection(sock=sock, **options)
+            try:
+                assert friendsock.is_friend(writer) is patched
+                writer.write(b"hello\n")
+                assert await asyncio.wait_for(reader.readline(), TIMEOUT) == b"hello\n"
+                assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""
+            finally:
+                writer.close()
+            await asyncio.wait_for(writer.wait_closed(), TIMEOUT)
+        finally:
+            server.close()
+            await server.wait_closed()

@@ -96,13 +96,8 @@ async def adopt_connected(
     # As the loop's own transport sets it on a socket handed over (whose
     # user may look); a friend end sets it on its own ones only once asked.
     set_nodelay(loop, sock)
-    options = {key: value for key, value in kwargs.items() if value is not None and key != "sock"}
     try:
-        if set(options) - _TLS_KEYWORDS:
-            raise ValueError("not a keyword an adopted socket takes")
-        tls = TLSOptions.for_client(options.get("ssl"), None, options.get("server_hostname"),
-                                    options.get("ssl_handshake_timeout"),
-                                    options.get("ssl_shutdown_timeout"))
+        tls = _client_tls(kwargs)
     except (TypeError, ValueError):
         # The loop's own business, and its own errors.
         go_tcp(pending, Fallback.SOCK)
@@ -119,6 +114,52 @@ async def adopt_connected(
     # Not accepted yet, or accepted by a socket its user has not adopted
     # yet: wait for the claim, as a confirmed connect does.
     return await _confirm(loop, pending, sock, protocol_factory, tls)
+
+
+def _client_tls(kwargs: dict) -> Optional[TLSOptions]:
+    """The TLS of a ``create_connection(sock=)`` that a friend end takes
+    over; TypeError or ValueError for a keyword it does not take, or TLS
+    options that do not go together."""
+    options = {key: value for key, value in kwargs.items() if value is not None and key != "sock"}
+    if set(options) - _TLS_KEYWORDS:
+        raise ValueError("not a keyword a socket handed over takes")
+    return TLSOptions.for_client(options.get("ssl"), None, options.get("server_hostname"),
+                                 options.get("ssl_handshake_timeout"),
+                                 options.get("ssl_shutdown_timeout"))
+
+
+async def adopt_paired_socket(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    sock: Any,
+    kwargs: dict,
+) -> Optional[Tuple[asyncio.Transport, asyncio.BaseProtocol]]:
+    """``create_connection(sock=sock)`` for a blocking socket that paired
+    already (connected while ``patch_socket()`` was on): its end of the link
+    goes on in a friend transport, as the loop's own transport takes a
+    connected socket over. None: not such a socket, or one that cannot be
+    handed over (the loop's own call then goes on, with its errors)."""
+    give_end_away = getattr(type(sock), "give_end_away", None)
+    if give_end_away is None:
+        return None
+    try:
+        tls = _client_tls(kwargs)
+    except (TypeError, ValueError):
+        return None  # the loop's own call says what is wrong
+    given = give_end_away(sock)
+    if given is None:
+        return None
+    end, real, sockname, peername = given
+    try:
+        protocol = protocol_factory()
+    except BaseException:
+        end.close()  # as the loop closes the socket: the friend sees EOF
+        raise
+    transport = FriendTransport(loop, end, real, protocol, sockname, peername, state=loop_state(loop))
+    if tls is not None:
+        return await start_tls_end(loop, transport, tls), protocol
+    transport.start(reading=False)
+    return await connection_made_turn(transport, protocol)
 
 
 # -- the accepting end ------------------------------------------------------

@@ -14,8 +14,9 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
-from ._native import loop_own_connects, native
 from .._handshake import fallback_address, is_tcp_socket, why_not_friends
+from ._adoption import adopt_paired_socket
+from ._native import loop_own_connects, native
 from ._pairing import connect
 from ._server import FriendServer
 from ._tls import TLSOptions, rides_friend_link, start_tls as start_tls_on
@@ -58,11 +59,16 @@ async def create_connection_on(
     friends: Optional[bool] = None,
     **kwargs: Any,
 ) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
+    sock = kwargs.get("sock")
+    if sock is not None and host is None and port is None and friends is not False:
+        # A blocking socket that paired already: its link goes on here.
+        adopted = await adopt_paired_socket(loop, protocol_factory, sock, kwargs)
+        if adopted is not None:
+            return adopted
     reason = why_not_friends(friends, kwargs)
     if reason is None and (host is None or port is None or not registry.has_port(int(port))):
         reason = Fallback.NO_LISTENER
     if reason is not None:
-        sock = kwargs.get("sock")
         if sock is None or is_tcp_socket(sock):  # (a Unix socket's is no TCP connection)
             counters.fallback(reason, _destination(host, port, sock))
         with loop_own_connects():  # its inner sock_connect is not to adopt

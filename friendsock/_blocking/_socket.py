@@ -1168,6 +1168,27 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         if not self._friend_closed:
             self._close_friend()
 
+    def give_end_away(self) -> Optional[Tuple[LinkEnd, socket.socket, Any, Any]]:
+        """Hand this socket's end of the link to an event loop's transport
+        (``create_connection(sock=)`` of an installed loop: uvloop's own
+        would do its I/O on the readiness descriptor): ``(end, real socket,
+        sockname, peername)``, this socket closed as far as its user is
+        concerned; the real socket, its TCP descriptor, is the link's and
+        released with it. None, nothing changed, where it cannot: closed,
+        duplicated, under TLS, gone over to TCP."""
+        with _ends_lock:
+            if self._friend_closed or self._in.state is _ON_TCP or \
+                    self.__dict__.get("_handles") is not None or self.__dict__.get("_under_tls", False):
+                return None
+            self._friend_closed = True
+            self._in.notify_readable = None
+            self._out.notify_writable = None
+            self._descriptor.take_over(self)
+            self._signals.close()
+            real = self._descriptor.kept()
+        assert real is not None, "a descriptor taken over"
+        return self._end, real, self._sockname, self._peername
+
     def _close_friend(self) -> None:
         """Close the friend end (EOF, or a reset over unread bytes); the link
         releases the TCP descriptor once both ends are done. Of a socket
