@@ -382,6 +382,19 @@ async def test_a_server_that_never_adopts_serves_raw(friends):
                 writer.close()
 
 
+async def test_a_client_that_is_no_friend_is_counted_by_a_sock_accept_server(friends):
+    """A plain socket's connection accepted with ``sock_accept`` (anyio's
+    listeners): TCP, counted as a peer that is no friend, as a friendsock
+    server's own accept counts it."""
+    with maybe_installed(friends):
+        async with sock_accept_server(echo_streams) as server:
+            before = friendsock.stats()
+            with socket.create_connection((LOCALHOST, server.port), timeout=10) as client:
+                await asyncio.to_thread(client.sendall, b"ping")
+                assert await asyncio.to_thread(client.recv, 4) == b"ping"
+            assert fallbacks_since(before) == ({"peer-not-friend": 1} if friends else {})
+
+
 async def test_a_closed_server_goes_while_a_socket_that_reached_it_lives(friends):
     """As uvloop's own test_create_server_7: a server the program let go
     lives while it serves, and is collected once closed, though a socket

@@ -28,7 +28,7 @@ import trustme
 
 import friendsock
 from friendsock._blocking._tls import FriendSSLSocket
-from support import tls_contexts
+from support import Recorder, tls_contexts
 from test_blocking import (  # noqa: F401 (fixtures)
     LOCALHOST,
     MiB,
@@ -36,6 +36,7 @@ from test_blocking import (  # noqa: F401 (fixtures)
     ServerLoop,
     blocking_pair,
     patched,
+    receive_exactly,
     receive_until_eof,
     run_thread,
     server_loop,
@@ -521,3 +522,25 @@ async def test_a_paired_socket_handed_to_the_loop_goes_on_in_a_transport(patched
         finally:
             server.close()
             await server.wait_closed()
+
+
+async def test_a_paired_accepted_socket_handed_to_the_loop_goes_on_in_a_transport(patched):  # noqa: F811
+    """A blocking listener's accepted socket (it paired) handed to an
+    installed loop with ``connect_accepted_socket(sock=)``: the link goes
+    on in a friend transport."""
+    loop = asyncio.get_running_loop()
+    with friendsock.installed() if patched else contextlib.nullcontext():
+        with socket.create_server((LOCALHOST, 0)) as listener:
+            with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
+                accepted, _ = listener.accept()  # in the backlog already
+                assert friendsock.is_friend(accepted) is patched
+                transport, protocol = await loop.connect_accepted_socket(Recorder, sock=accepted)
+                try:
+                    assert friendsock.is_friend(transport) is patched
+                    await asyncio.to_thread(client.sendall, b"ping")
+                    assert await asyncio.wait_for(protocol.wait_bytes(4), TIMEOUT) == b"ping"
+                    transport.write(b"pong")
+                    assert await asyncio.to_thread(receive_exactly, client, 4) == b"pong"
+                finally:
+                    transport.close()
+                await asyncio.wait_for(protocol.lost, TIMEOUT)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Tuple
 
 from .. import _handshake
 from .._core._registry import PendingState, registry
-from .._core._stats import Fallback
+from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._handshake import (
     Entry,
@@ -128,22 +128,34 @@ def _client_tls(kwargs: dict) -> Optional[TLSOptions]:
                                  options.get("ssl_shutdown_timeout"))
 
 
+def _server_tls(kwargs: dict) -> Optional[TLSOptions]:
+    """The TLS of a ``connect_accepted_socket`` that a friend end takes
+    over; TypeError or ValueError as :func:`_client_tls`."""
+    options = {key: value for key, value in kwargs.items() if value is not None}
+    if set(options) - _TLS_KEYWORDS:
+        raise ValueError("not a keyword connect_accepted_socket takes")
+    return TLSOptions.for_server(options.get("ssl"), options.get("ssl_handshake_timeout"),
+                                 options.get("ssl_shutdown_timeout"))
+
+
 async def adopt_paired_socket(
     loop: asyncio.AbstractEventLoop,
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     sock: Any,
     kwargs: dict,
+    accepted: bool = False,
 ) -> Optional[Tuple[asyncio.Transport, asyncio.BaseProtocol]]:
-    """``create_connection(sock=sock)`` for a blocking socket that paired
-    already (connected while ``patch_socket()`` was on): its end of the link
-    goes on in a friend transport, as the loop's own transport takes a
-    connected socket over. None: not such a socket, or one that cannot be
-    handed over (the loop's own call then goes on, with its errors)."""
+    """``create_connection(sock=sock)`` (``connect_accepted_socket`` when
+    ``accepted``) for a blocking socket that paired already (connected or
+    accepted while ``patch_socket()`` was on): its end of the link goes on
+    in a friend transport, as the loop's own transport takes a connected
+    socket over. None: not such a socket, or one that cannot be handed over
+    (the loop's own call then goes on, with its errors)."""
     give_end_away = getattr(type(sock), "give_end_away", None)
     if give_end_away is None:
         return None
     try:
-        tls = _client_tls(kwargs)
+        tls = _server_tls(kwargs) if accepted else _client_tls(kwargs)
     except (TypeError, ValueError):
         return None  # the loop's own call says what is wrong
     given = give_end_away(sock)
@@ -210,7 +222,9 @@ async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> T
         make_room(entry)
         pending, sockname = claim_accepted(conn, address, ready=False, hold=True,
                                            listener=entry.handle)
-        if pending is not None:
+        if pending is None:
+            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
+        else:
             _accepted[conn] = (pending, sockname, address)
     return conn, address
 
@@ -224,14 +238,14 @@ async def connect_accepted_socket(
     """``loop.connect_accepted_socket``: the friend link for a connection
     :func:`sock_accept` held, when it pairs."""
     held = _accepted.pop(sock, None)
-    if held is not None:
+    if held is None:
+        adopted = await adopt_paired_socket(loop, protocol_factory, sock, kwargs, accepted=True)
+        if adopted is not None:
+            return adopted
+    else:
         pending, sockname, address = held
-        options = {key: value for key, value in kwargs.items() if value is not None}
         try:
-            if set(options) - _TLS_KEYWORDS:
-                raise ValueError("not a keyword connect_accepted_socket takes")
-            tls = TLSOptions.for_server(options.get("ssl"), options.get("ssl_handshake_timeout"),
-                                        options.get("ssl_shutdown_timeout"))
+            tls = _server_tls(kwargs)
         except (TypeError, ValueError):
             go_tcp(pending, Fallback.SOCK)  # the loop's own errors follow
         else:
