@@ -91,6 +91,7 @@ async def loop_guard():
 
 
 def pytest_collection_finish(session):
-    # What the imports and the collection made lives for the session: out
-    # of the collector's sight from the start (see collect_garbage).
+    # Every coroutine test ends with a gc.collect() (loop_guard). What the
+    # imports and the collection made lives for the whole session: moved
+    # out of the collector's sight, a collect() looks at what the tests made.
     gc.freeze()
