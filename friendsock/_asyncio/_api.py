@@ -60,8 +60,9 @@ async def create_connection_on(
     **kwargs: Any,
 ) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
     sock = kwargs.get("sock")
-    if sock is not None and host is None and port is None and friends is not False:
-        # A blocking socket that paired already: its link goes on here.
+    if sock is not None and host is None and port is None:
+        # A blocking socket that paired already (friends=False or not: it is
+        # a link, whose descriptor carries nothing): its link goes on here.
         adopted = await adopt_paired_socket(loop, protocol_factory, sock, kwargs)
         if adopted is not None:
             return adopted
