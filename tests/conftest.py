@@ -18,7 +18,6 @@ import warnings
 import pytest
 import pytest_asyncio
 import uvloop
-from support import collect_garbage
 
 
 def _new_uvloop() -> asyncio.AbstractEventLoop:
@@ -84,7 +83,7 @@ async def loop_guard():
     # Let connection_lost callbacks scheduled by the test's last close() run.
     for _ in range(3):
         await asyncio.sleep(0)
-    collect_garbage()
+    gc.collect()
     loop.set_exception_handler(None)
     if errors:
         pytest.fail(f"unhandled loop exceptions: {errors!r}")

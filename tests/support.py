@@ -70,13 +70,6 @@ class Recorder(asyncio.Protocol):
         return bytes(self.data)
 
 
-def collect_garbage() -> None:
-    """A test's closing collection: what it left unclosed warns now, in
-    this test. (What survives is not frozen: a loop closed after it, and
-    found closed by its collection, would never be.)"""
-    gc.collect()
-
-
 @contextlib.contextmanager
 def cyclic_garbage_of_ours() -> Iterator[List[str]]:
     """The list fills, as the block ends, with the type names of

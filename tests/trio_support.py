@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import warnings
 from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Tuple
@@ -16,7 +17,6 @@ import trio.testing
 
 import friendsock
 import friendsock.trio as fst
-from support import collect_garbage
 from test_threads import LoopThread
 
 LOCALHOST = "127.0.0.1"
@@ -160,7 +160,7 @@ def nothing_left_behind():
     when collected (ResourceWarning is an error in this suite)."""
     before = friendsock.stats()
     yield
-    collect_garbage()
+    gc.collect()
     after = friendsock.stats()
     assert after.links_alive == before.links_alive, "friend links left alive"
     assert after.pending == 0, "pending connects left behind"
