@@ -13,6 +13,8 @@ import gc
 import socket
 import ssl
 import sys
+import unittest.mock
+from asyncio import selector_events
 from typing import AsyncIterator, List, Tuple
 
 import pytest
@@ -368,6 +370,41 @@ def test_class_patch_with_a_subclass_override_does_not_recurse():
     finally:
         uninstall_class(asyncio.BaseEventLoop)
     assert OverridingLoop.calls == 2
+
+
+@pytest.mark.parametrize("as_mock", [True, False], ids=["mock", "function"])
+def test_a_base_class_method_replaced_after_the_patch_is_what_the_fallback_calls(as_mock):
+    """The plugin patches BaseSelectorEventLoop, which inherits
+    create_connection; a test that then replaces BaseEventLoop's (asyncssh's
+    suite does, to make connects time out) must see its replacement called
+    for a connect that does not pair, as without friendsock."""
+    calls = []
+
+    async def replacement(*args, **kwargs):
+        calls.append(args[-2:])
+        raise TimeoutError("from the replacement")
+
+    new = unittest.mock.AsyncMock(side_effect=replacement) if as_mock else replacement
+
+    async def main():
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            port = unused.getsockname()[1]
+            with unittest.mock.patch.object(asyncio.BaseEventLoop, "create_connection", new):
+                with pytest.raises(TimeoutError, match="from the replacement"):
+                    await asyncio.open_connection("127.0.0.1", port)
+            # And the loop's own method once the replacement is gone.
+            with pytest.raises(ConnectionRefusedError):
+                await asyncio.open_connection("127.0.0.1", port)
+            return port
+
+    install_class(selector_events.BaseSelectorEventLoop)
+    try:
+        with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+            port = runner.run(main())
+    finally:
+        uninstall_class(selector_events.BaseSelectorEventLoop)
+    assert calls == [("127.0.0.1", port)]
 
 
 def test_uninstall_class_restores_the_class_exactly():

@@ -23,14 +23,31 @@ _INSTANCE_SAVED = "_friendsock_saved"
 class _ClassPatch:
     """What :func:`install_class` replaced on one class."""
 
-    __slots__ = ("originals", "own")
+    __slots__ = ("klass", "originals", "own")
 
     def __init__(self, klass: type) -> None:
-        # What the class resolved each name to (maybe inherited), for native().
+        self.klass = klass
+        # What the class resolved each name to when patched (maybe inherited).
         self.originals: Dict[str, Any] = {name: getattr(klass, name) for name in _PATCHED}
         # What the class's own __dict__ held, so uninstall_class restores it
         # exactly (an inherited method must not become an own attribute).
         self.own: Dict[str, Any] = {name: klass.__dict__.get(name, _MISSING) for name in _PATCHED}
+
+    def original(self, name: str) -> Any:
+        """The method the class would have without the patch. An inherited
+        one is looked up now, not when patched: a base class's method
+        replaced later (a test's ``mock.patch.object(asyncio.BaseEventLoop,
+        'create_connection')``) must be what the loop's fallback calls."""
+        own = self.own[name]
+        if own is not _MISSING:
+            return own
+        for base in self.klass.__mro__[1:]:
+            patch = _class_patches.get(base)
+            if patch is not None:
+                return patch.original(name)
+            if name in base.__dict__:
+                return base.__dict__[name]
+        return self.originals[name]
 
 
 _class_patches: Dict[type, _ClassPatch] = {}
@@ -78,6 +95,13 @@ def in_class_wrapper(coro: Coroutine[Any, Any, Any], loop: Any, klass: type) -> 
         yielded = None
 
 
+def _bound(attribute: Any, loop: Any) -> Callable[..., Any]:
+    """``attribute``, found in a class's ``__dict__``, as ``loop.<name>``
+    would give it: bound if a descriptor, as it is if not (a mock)."""
+    get = getattr(type(attribute), "__get__", None)
+    return attribute if get is None else get(attribute, loop, type(loop))  # type: ignore[no-any-return]
+
+
 def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
     """The loop's own method ``name``, whatever friendsock patched."""
     saved = getattr(loop, "__dict__", {}).get(_INSTANCE_SAVED)
@@ -87,13 +111,13 @@ def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
     if current is not None and current[0] is loop:
         patch = _class_patches.get(current[1])
         if patch is not None:
-            return patch.originals[name].__get__(loop)  # type: ignore[no-any-return]
+            return _bound(patch.original(name), loop)
     for klass in type(loop).__mro__:
         patch = _class_patches.get(klass)
-        if patch is not None and name in patch.originals:
-            return patch.originals[name].__get__(loop)  # type: ignore[no-any-return]
+        if patch is not None:
+            return _bound(patch.original(name), loop)
         if name in klass.__dict__:
-            return klass.__dict__[name].__get__(loop)  # type: ignore[no-any-return]
+            return _bound(klass.__dict__[name], loop)
     return getattr(loop, name)  # type: ignore[no-any-return]
 
 
