@@ -19,6 +19,7 @@ import select
 import selectors
 import socket
 import struct
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Iterator, List, Tuple
@@ -27,6 +28,7 @@ import pytest
 import uvloop
 
 import friendsock
+from friendsock._blocking._readiness import Parker, wake
 from friendsock._blocking._socket import FriendBlockingSocket, OriginalSocket
 from support import cyclic_garbage_of_ours, patient_confirm, resource_warnings_raised  # noqa: F401 (a fixture)
 
@@ -864,6 +866,42 @@ def test_a_late_notice_does_not_make_a_drained_socket_readable(patched):
         server.shutdown(socket.SHUT_WR)
         assert select.select([client], [], [], TIMEOUT)[0] == [client]
         assert client.recv(100) == b""
+
+
+def test_a_wake_leaves_the_sleepers_that_come_meanwhile_asleep():
+    """A wake is for the sleepers there when it starts. A thread that came
+    to sleep for its next message while the waker's write let go of the
+    GIL looks at the link after it came, and must not be woken for nothing
+    (it would look, sleep, be woken again, for as long as the waker's loop
+    ran: a storm of eventfd writes and reads per message under load)."""
+    first, second, newcomer = Parker(), Parker(), Parker()
+
+    class Arriving(list):
+        """Sleepers to which ``newcomer`` comes during the first wake-up."""
+
+        def pop(self, *index):
+            taken = super().pop(*index)
+            if newcomer not in self and not newcomer_came.is_set():
+                newcomer_came.set()
+                self.append(newcomer)
+            return taken
+
+    newcomer_came = threading.Event()
+    sleepers = Arriving([first, second])
+    try:
+        wake(sleepers)
+        assert newcomer_came.is_set()
+        assert sleepers == [newcomer]  # still asleep, still to be woken
+        for parker in (first, second):  # each woken once
+            assert os.read(parker.read_fd, 8) == (1).to_bytes(8, sys.byteorder)
+        os.set_blocking(newcomer.read_fd, False)
+        with pytest.raises(BlockingIOError):
+            os.read(newcomer.read_fd, 8)
+        wake(sleepers)  # the next wake is its
+        assert sleepers == []
+    finally:
+        for parker in (first, second, newcomer):
+            parker.close()
 
 
 def test_sockets_that_cannot_pair_stay_real(patched):

@@ -238,11 +238,19 @@ def leave(sleepers: Sleepers, me: Parker) -> None:
 
 
 def wake(sleepers: Sleepers) -> None:
-    """Wake every sleeper (any thread). ``pop`` hands each parker to one
-    waker only."""
-    while sleepers:
+    """Wake every sleeper there is when called (any thread). ``pop`` hands
+    each parker to one waker only.
+
+    Not the sleepers that come meanwhile: they look at the link after they
+    come, and find what this wake is for. Woken too, a thread that went to
+    sleep for its next message while this one's write let go of the GIL
+    would be woken for nothing, look, sleep again, be woken again ... for
+    as long as the waker's loop ran, which its peer's every turn kept going
+    (a storm of eventfd writes and reads per message). Taken from the
+    front, so those that came first are the ones woken."""
+    for _ in range(len(sleepers)):
         try:
-            sleeper = sleepers.pop()
+            sleeper = sleepers.pop(0)
         except IndexError:  # another waker took the last one
             return
         try:
