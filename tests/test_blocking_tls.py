@@ -524,23 +524,40 @@ async def test_a_paired_socket_handed_to_the_loop_goes_on_in_a_transport(patched
             await server.wait_closed()
 
 
-async def test_a_paired_accepted_socket_handed_to_the_loop_goes_on_in_a_transport(patched):  # noqa: F811
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_a_paired_accepted_socket_handed_to_the_loop_goes_on_in_a_transport(patched, contexts, tls):  # noqa: F811
     """A blocking listener's accepted socket (it paired) handed to an
     installed loop with ``connect_accepted_socket(sock=)``: the link goes
-    on in a friend transport."""
+    on in a friend transport, TLS over it or not (the server's handshake
+    runs while the client's, in a thread, does)."""
+    server_context, client_context = contexts
     loop = asyncio.get_running_loop()
     with friendsock.installed() if patched else contextlib.nullcontext():
         with socket.create_server((LOCALHOST, 0)) as listener:
-            with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
+            with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as plain_client:
                 accepted, _ = listener.accept()  # in the backlog already
                 assert friendsock.is_friend(accepted) is patched
-                transport, protocol = await loop.connect_accepted_socket(Recorder, sock=accepted)
+                client: Any = plain_client
+                if tls:
+                    (transport, _), client = await asyncio.gather(
+                        loop.connect_accepted_socket(Recorder, sock=accepted, ssl=server_context),
+                        asyncio.to_thread(client_context.wrap_socket, plain_client,
+                                          server_hostname="localhost"),
+                    )
+                    # (uvloop's own returns its SSLProtocol there, not ours.)
+                    protocol = transport.get_protocol()
+                else:
+                    transport, protocol = await loop.connect_accepted_socket(Recorder, sock=accepted)
                 try:
                     assert friendsock.is_friend(transport) is patched
+                    assert (transport.get_extra_info("ssl_object") is not None) is tls
                     await asyncio.to_thread(client.sendall, b"ping")
                     assert await asyncio.wait_for(protocol.wait_bytes(4), TIMEOUT) == b"ping"
                     transport.write(b"pong")
                     assert await asyncio.to_thread(receive_exactly, client, 4) == b"pong"
                 finally:
                     transport.close()
+                    # (A TLS close waits for the client's close_notify, or
+                    # its going away.)
+                    client.close()
                 await asyncio.wait_for(protocol.lost, TIMEOUT)
