@@ -294,3 +294,17 @@ def tls_contexts(ca, *names: str) -> Tuple[ssl.SSLContext, ssl.SSLContext]:
     client = ssl.create_default_context()
     ca.configure_trust(client)
     return server, client
+
+
+# Plugins of the test extra that inner pytest runs have no use for, left
+# out: hypothesis's and pytest-trio's import all of hypothesis (about 2 s
+# of the 5 an inner run takes to start), pytest-aiohttp all of aiohttp.
+UNUSED_IN_INNER_RUNS = ("hypothesispytest", "trio", "aiohttp")
+
+
+def run_inner_pytest(pytester: pytest.Pytester, *args: str, timeout: float,
+                     needs: Tuple[str, ...] = ()) -> pytest.RunResult:
+    """``pytester.runpytest_subprocess`` without the cache and without the
+    plugins it does not ``need`` of :data:`UNUSED_IN_INNER_RUNS`."""
+    off = [arg for name in UNUSED_IN_INNER_RUNS if name not in needs for arg in ("-p", f"no:{name}")]
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *off, *args, timeout=timeout)

@@ -30,7 +30,7 @@ import uvloop
 import friendsock
 from friendsock._blocking._readiness import Parker, wake
 from friendsock._blocking._socket import FriendBlockingSocket, OriginalSocket
-from support import cyclic_garbage_of_ours, patient_confirm, resource_warnings_raised  # noqa: F401 (a fixture)
+from support import cyclic_garbage_of_ours, patient_confirm, resource_warnings_raised, run_inner_pytest  # noqa: F401 (a fixture)
 
 pytest_plugins = ["pytester"]
 
@@ -1271,6 +1271,6 @@ def test_blocking_pair():
 ])
 def test_plugin_option(pytester, args, paired):
     pytester.makepyfile(test_inner=PLUGIN_TEST)
-    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", *args, timeout=60)
+    result = run_inner_pytest(pytester, "-s", *args, timeout=60)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"*PAIRED {paired} {paired}*"])

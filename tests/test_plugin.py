@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from support import run_inner_pytest
+
 pytest_plugins = ["pytester"]
 
 INNER_TIMEOUT = 60
@@ -307,7 +309,7 @@ def make_project(pytester: pytest.Pytester, *, mode: str, uvloop: bool, ini_frie
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", *args, timeout=INNER_TIMEOUT)
+    return run_inner_pytest(pytester, "-v", *args, timeout=INNER_TIMEOUT)
 
 
 @pytest.mark.parametrize("mode, uvloop", [("strict", False), ("strict", True), ("auto", False)],

@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from support import run_inner_pytest
+
 pytest_plugins = ["pytester"]
 
 TIMEOUT = 60
@@ -283,7 +285,7 @@ def test_echo():
 
 def test_pytest_summary_under_the_option_only(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_session=SESSION_TEST)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--friendsock", timeout=TIMEOUT)
+    result = run_inner_pytest(pytester, "--friendsock", timeout=TIMEOUT)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*= friendsock =*",
@@ -293,7 +295,7 @@ def test_pytest_summary_under_the_option_only(pytester: pytest.Pytester) -> None
         "listener * paired  fell back",
         "127.0.0.1:* 1 * 0",
     ])
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=TIMEOUT)
+    result = run_inner_pytest(pytester, timeout=TIMEOUT)
     result.assert_outcomes(passed=1)
     assert "= friendsock =" not in result.stdout.str() and "links made" not in result.stdout.str()
 

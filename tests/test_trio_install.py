@@ -41,6 +41,7 @@ from trio_support import (  # noqa: F401 (nothing_left_behind: an autouse fixtur
     receive_until_eof,
     shrink_buffers,
 )
+from support import run_inner_pytest
 
 pytest_plugins = ["pytester"]
 
@@ -798,7 +799,7 @@ async def test_echo():
 
 
 def run_inner(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", *args, timeout=60)
+    return run_inner_pytest(pytester, "-v", *args, timeout=60, needs=("trio",))
 
 
 def test_plugin_covers_pytest_trio(pytester):
