@@ -894,9 +894,8 @@ class _RecordingStreamProtocol(asyncio.StreamReaderProtocol):
 
 @pytest.mark.parametrize("kind", ["protocol", "reader"])
 async def test_user_code_never_runs_inside_the_friends_write(friends, kind):
-    """asyncio's own stream protocol may be fed inside the friend's write()
-    (it only buffers and wakes a future); a protocol or reader of the user's
-    own is called from the loop, as over TCP, never inside write()."""
+    """A protocol or reader, asyncio's own or the user's, is called from
+    the loop, as over TCP, never inside the friend's write()."""
     writing = [False]
     if kind == "protocol":
         protocol = _RecordingStreamProtocol(writing)
@@ -917,9 +916,44 @@ async def test_user_code_never_runs_inside_the_friends_write(friends, kind):
     assert records.inside_write == [False, False, False]
 
 
+async def test_a_reader_learns_of_bytes_no_sooner_than_over_tcp(friends):
+    """The writer's next step after write() (an await that waits for no
+    I/O) runs before the reader's task sees the bytes, as over TCP, where
+    the reader learns of them at the loop's next poll (asyncio's loops give
+    the writer two such steps, uvloop one). aioftp's server answers QUIT,
+    then frees its data port a step later; its tests read the answer and
+    count on the port being free."""
+    steps: List[int] = []
+
+    async def answer_then_go_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(b"221 bye\r\n")
+        await writer.drain()  # (waits for nothing: the buffer is empty)
+        for step in range(3):
+            await asyncio.sleep(0)
+            steps.append(step)
+        writer.close()
+
+    server = await friendsock.start_server(answer_then_go_on, "127.0.0.1", 0, friends=friends)
+    try:
+        reader, writer = await friendsock.open_connection(*server.sockets[0].getsockname()[:2],
+                                                          friends=friends)
+        assert friendsock.is_friend(writer) is friends
+        writer.write(b"QUIT\r\n")
+        # Awaited directly: wait_for()'s task of its own would add a turn.
+        # (Bounded by the test's timeout.)
+        assert await reader.readline() == b"221 bye\r\n"
+        assert len(steps) >= 1
+        writer.close()
+        await wait(writer.wait_closed())
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
 async def test_stream_reader_sees_everything_in_order(friends):
-    """The fed-at-once path keeps order and EOF: writes of every size, then
-    EOF, through asyncio's own streams."""
+    """Writes of every size, then EOF, through asyncio's own streams: all
+    of it, in order."""
     accepted: asyncio.Future = asyncio.get_running_loop().create_future()
     server = await friendsock.start_server(lambda r, w: accepted.set_result((r, w)), "127.0.0.1", 0,
                                            friends=friends)

@@ -36,7 +36,7 @@ class LoopState:
     with them open (their friends, on other loops, must not hang)."""
 
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
-                 "feeding", "polls_after_callbacks", "__weakref__")
+                 "polls_after_callbacks", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -50,9 +50,6 @@ class LoopState:
         # (finding the loop closed) may both call.
         self._lock = threading.Lock()
         self.servers: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        # A friend's write is feeding a StreamReader on this loop right now
-        # (see FriendTransport._readable): no second one inside it.
-        self.feeding = False
         # uvloop runs a turn's callbacks, then polls its descriptors in the
         # same turn (libuv's idle phase, then its poll); asyncio's loops poll
         # first. See connection_made_turn.

@@ -52,10 +52,6 @@ _DEFAULT_HIGH_WATER = 64 * 1024
 
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
 
-_StreamReaderProtocol = asyncio.StreamReaderProtocol
-_StreamReader = asyncio.StreamReader
-
-
 def set_nodelay(loop: asyncio.AbstractEventLoop, sock: Any) -> None:
     """TCP_NODELAY on ``sock`` as ``loop``'s own TCP transport sets it, so
     the socket answers the same on both paths: uvloop on every TCP socket,
@@ -68,7 +64,7 @@ def set_nodelay(loop: asyncio.AbstractEventLoop, sock: Any) -> None:
         pass
 
 
-def _no_drain(receive: Optional[Callable[[bytes], None]] = None) -> None:
+def _no_drain() -> None:
     """A closed transport's drain: nothing to deliver."""
 
 
@@ -195,30 +191,15 @@ class FriendTransport(_FlowControlMixin):
         return self._readable, self._writable
 
     def _readable(self) -> None:
-        """The friend, on this loop, wrote to us (inside its ``write()``).
-
-        asyncio's own stream protocol only buffers what it is given and
-        wakes a future: no user code runs in it, so it is fed at once (one
-        event-loop turn per message saved, for every asyncio streams user).
-        Anything else may run user code, which must not run inside the
-        friend's ``write()``: its drain is scheduled, as always. A feed
-        inside a feed is scheduled too (the depth bound)."""
-        protocol = self._protocol
-        state = self._state
-        # (_stream_reader_wr, not the _stream_reader property over it: a
-        # Python call less per message.)
-        if type(protocol) is _StreamReaderProtocol and not state.feeding and \
-                (reader_ref := protocol._stream_reader_wr) is not None and \
-                type(reader := reader_ref()) is _StreamReader:
-            state.feeding = True
-            try:
-                # The reader's feed_data() is all its protocol's
-                # data_received() does with bytes: called directly.
-                self._drain(reader.feed_data)
-            finally:
-                state.feeding = False
-        else:
-            self._drains.add(self._drain_now)  # _schedule_drain, inline: once per message
+        """The friend, on this loop, wrote to us (inside its ``write()``):
+        the drain is scheduled, never run here. Not even for asyncio's own
+        stream protocol, whose feed runs no user code: fed at once, its
+        reader's task would wake before the writer's next step, where over
+        TCP the reader learns of the bytes only at the loop's next poll
+        (aioftp's server answers, then frees the data port a step later,
+        and its tests count on the port being free when the answer is
+        read)."""
+        self._drains.add(self._drain_now)  # _schedule_drain, inline: once per message
 
     def _connection_made(self) -> bool:
         """The protocol's connection_made, as the loop's own transports call
@@ -339,12 +320,11 @@ class FriendTransport(_FlowControlMixin):
         self._paused_reading = False
         self._schedule_drain()
 
-    def _drain(self, receive: Optional[Callable[[bytes], None]] = None) -> None:
+    def _drain(self) -> None:
         """Deliver what is queued now, then EOF or the reset if that is all
         that is left. A push from here on schedules the next drain: a writer
         refilling from resume_writing() (called from this loop) must not
-        keep the event loop in one callback forever. ``receive``: what takes
-        the bytes, if not the protocol's ``data_received``."""
+        keep the event loop in one callback forever."""
         if self._paused_reading or self._closing or self._eof_delivered:
             # The notification stays taken: no wake-ups while paused
             # (resume_reading() drains), nor after EOF, when asyncio stops
@@ -359,10 +339,8 @@ class FriendTransport(_FlowControlMixin):
                 # The first chunk with the same lock round trip as begin_drain.
                 data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
                 while data:
-                    if receive is None:  # looked up each time: set_protocol() may come
-                        self._protocol.data_received(data)  # type: ignore[attr-defined]
-                    else:
-                        receive(data)
+                    # (Looked up each time: set_protocol() may come.)
+                    self._protocol.data_received(data)  # type: ignore[attr-defined]
                     if self._paused_reading or self._closing:
                         return
                     if budget <= 0 or not channel.queued:
