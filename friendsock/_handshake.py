@@ -349,6 +349,25 @@ def start_connect(sock: socket.socket, address: Any) -> int:
     return err
 
 
+def connection_sockname(sock: socket.socket, address: Any) -> Any:
+    """``sock``'s address (bound, not yet connected) as its connection to
+    ``address`` will have it. Bound to the wildcard address with a port
+    already (``bind(("", 0))``, ``source_address=("", 0)``, as paho-mqtt
+    connects), its IP is the route's, chosen at connect(): a UDP socket of
+    the same family connected there, which sends nothing, says which. (The
+    server claims the connection by the address it sees.)"""
+    sockname = sock.getsockname()
+    if is_unspecified(sockname[0]):
+        try:
+            family = socket.AF_INET if is_ipv4(sockname[0]) else socket.AF_INET6
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(address)
+                sockname = (probe.getsockname()[0],) + tuple(sockname[1:])
+        except OSError:  # the connect fails as well, or goes over TCP
+            pass
+    return sockname
+
+
 def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
                      threaded: bool, adoptable: bool = False, fresh: bool = False) -> Optional[Pending]:
     """Register ``sock``'s connect to ``address`` (bound, not yet connected);
@@ -365,7 +384,7 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
     """
     handle = entry.handle
     client_sndbuf, client_rcvbuf = fresh_buffer_sizes(sock) if fresh else read_buffer_sizes(sock)
-    sockname = shared_host(sock.getsockname())
+    sockname = shared_host(connection_sockname(sock, address))
     link = Link(client_sndbuf, client_rcvbuf, handle.sndbuf, handle.rcvbuf, threaded=threaded,
                 listener=entry.endpoint, addresses=(sockname, address),
                 tap=tap_for(sockname, address))

@@ -195,6 +195,45 @@ def test_client_pairs_with_an_asyncio_server_in_another_thread(patched, server_l
         server_loop.close_server(server)
 
 
+@pytest.mark.parametrize("server_kind", ["blocking", "event-loop"])
+def test_a_client_bound_to_the_wildcard_address_first_pairs_and_delivers(patched, server_loop, server_kind):
+    """``create_connection(source_address=("", 0))``, as paho-mqtt always
+    connects: bound to 0.0.0.0 with a port before connect(), its
+    connection's address is the route's (127.0.0.1), which is what the
+    server sees and claims it by. Its bytes reach the server, paired or
+    not."""
+    if server_kind == "event-loop":
+        async def start() -> asyncio.AbstractServer:
+            return await friendsock.start_server(_echo_lines, LOCALHOST, 0, friends=patched)
+
+        server: Any = server_loop.run(start())
+        address = server.sockets[0].getsockname()
+        join = None
+    else:
+        server = socket.create_server((LOCALHOST, 0))
+        address = server.getsockname()
+
+        def echo_one_line() -> None:
+            accepted, _ = server.accept()
+            with accepted:
+                accepted.sendall(accepted.makefile("rb").readline())
+
+        join = run_thread(echo_one_line)
+    try:
+        with socket.create_connection(address, timeout=TIMEOUT, source_address=("", 0)) as client:
+            assert friendsock.is_friend(client) is patched
+            assert client.getsockname()[0] == LOCALHOST
+            client.sendall(b"CONNECT\n")
+            assert receive_exactly(client, 8) == b"CONNECT\n"
+        if join is not None:
+            join()
+    finally:
+        if server_kind == "event-loop":
+            server_loop.close_server(server)
+        else:
+            server.close()
+
+
 # -- the socket contract, both ends blocking ---------------------------------------
 
 

@@ -951,6 +951,31 @@ async def test_a_reader_learns_of_bytes_no_sooner_than_over_tcp(friends):
         await wait(server.wait_closed())
 
 
+@pytest.mark.parametrize("host, wildcard", [("127.0.0.1", "0.0.0.0"), ("::1", "::")], ids=["ipv4", "ipv6"])
+async def test_a_connect_from_the_wildcard_address_pairs_and_delivers(friends, host, wildcard):
+    """``local_addr=("0.0.0.0", 0)``: the socket is bound to the wildcard
+    address with a port before it connects; its connection's address is
+    the route's, which the server sees and claims it by."""
+    async def echo_five(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.readexactly(5))
+        writer.close()
+
+    server = await friendsock.start_server(echo_five, host, 0, friends=friends)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await friendsock.open_connection(host, port, local_addr=(wildcard, 0),
+                                                          friends=friends)
+        assert friendsock.is_friend(writer) is friends
+        assert writer.get_extra_info("sockname")[0] == host
+        writer.write(b"hello")
+        assert await wait(reader.readexactly(5)) == b"hello"
+        writer.close()
+        await wait(writer.wait_closed())
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
 async def test_stream_reader_sees_everything_in_order(friends):
     """Writes of every size, then EOF, through asyncio's own streams: all
     of it, in order."""
