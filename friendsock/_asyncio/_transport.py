@@ -52,6 +52,7 @@ _DEFAULT_HIGH_WATER = 64 * 1024
 
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
 
+
 def set_nodelay(loop: asyncio.AbstractEventLoop, sock: Any) -> None:
     """TCP_NODELAY on ``sock`` as ``loop``'s own TCP transport sets it, so
     the socket answers the same on both paths: uvloop on every TCP socket,
