@@ -920,7 +920,7 @@ def test_a_wake_leaves_the_sleepers_that_come_meanwhile_asleep():
 
         def pop(self, *index):
             taken = super().pop(*index)
-            if newcomer not in self and not newcomer_came.is_set():
+            if not newcomer_came.is_set():
                 newcomer_came.set()
                 self.append(newcomer)
             return taken
