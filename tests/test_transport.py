@@ -9,6 +9,7 @@ import asyncio
 import gc
 import os
 import random
+import select
 import socket
 import struct
 import weakref
@@ -969,6 +970,50 @@ async def test_a_connect_from_the_wildcard_address_pairs_and_delivers(friends, h
         assert writer.get_extra_info("sockname")[0] == host
         writer.write(b"hello")
         assert await wait(reader.readexactly(5)) == b"hello"
+        writer.close()
+        await wait(writer.wait_closed())
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
+@pytest.mark.parametrize("how", ["close", "write_eof"])
+async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, how):
+    """httpcore checks a pooled connection by polling the descriptor of its
+    ``get_extra_info('socket')``: readable means its server closed it, and
+    the connection is dropped, not reused. As over TCP, the descriptor
+    polls readable once the peer closed or shut down writing, not before."""
+    go_on = asyncio.Event()
+
+    async def answer_then_finish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(b"OK\n")
+        await go_on.wait()
+        if how == "close":
+            writer.close()
+        else:
+            writer.write_eof()
+            await reader.read()  # until the client closes
+            writer.close()
+
+    server = await friendsock.start_server(answer_then_finish, "127.0.0.1", 0, friends=friends)
+    try:
+        reader, writer = await friendsock.open_connection(*server.sockets[0].getsockname()[:2],
+                                                          friends=friends)
+        assert friendsock.is_friend(writer) is friends
+        fd = writer.get_extra_info("socket").fileno()
+        # A socketless link has no descriptor to poll (as the README says).
+        assert (fd == -1) is (friends and friendsock.is_socketless())
+        poller = select.poll()
+        if fd >= 0:
+            poller.register(fd, select.POLLIN)
+        writer.write(b"hi\n")
+        assert await wait(reader.readline()) == b"OK\n"
+        assert poller.poll(0) == []  # answered, still open
+        go_on.set()
+        assert await wait(reader.read()) == b""
+        if fd >= 0:
+            assert poller.poll(int(TIMEOUT * 1000)) != []
         writer.close()
         await wait(writer.wait_closed())
     finally:

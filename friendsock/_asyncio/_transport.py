@@ -447,6 +447,23 @@ class FriendTransport(_FlowControlMixin):
             self._end.shutdown_write()
         except LinkBrokenError as exc:  # asyncio's shutdown(SHUT_WR) raises it out
             raise exc.as_os_error() from None
+        self._show_fin()
+
+    def _show_fin(self) -> None:
+        """Our FIN on the real socket too, when the friend runs in a
+        transport: its socket's descriptor then polls readable once we are
+        done writing, as a TCP socket's does (httpcore polls a pooled
+        connection's descriptor to learn that its server closed it). Not
+        before the friend runs: bytes or EOF on a held connection's real
+        socket mean that it is used raw."""
+        link = self._end.link
+        friend = link.server if self._end is link.client else link.client
+        if friend is None or friend.owner is None or self._sock.fileno() < 0:
+            return
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:  # gone already (its link done)
+            pass
 
     def can_write_eof(self) -> bool:
         return True
@@ -573,6 +590,7 @@ class FriendTransport(_FlowControlMixin):
         try:
             self._protocol.connection_lost(exc)
         finally:
+            self._show_fin()
             self._end.close()
             self._unhook()
             # As the loops' own transports: get_protocol() is None from now
