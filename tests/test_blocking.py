@@ -19,7 +19,6 @@ import select
 import selectors
 import socket
 import struct
-import sys
 import threading
 import warnings
 from typing import Any, Callable, Iterator, List, Tuple
@@ -931,16 +930,35 @@ def test_a_wake_leaves_the_sleepers_that_come_meanwhile_asleep():
         wake(sleepers)
         assert newcomer_came.is_set()
         assert sleepers == [newcomer]  # still asleep, still to be woken
-        for parker in (first, second):  # each woken once
-            assert os.read(parker.read_fd, 8) == (1).to_bytes(8, sys.byteorder)
-        os.set_blocking(newcomer.read_fd, False)
+        for parker in (first, second, newcomer):
+            os.set_blocking(parker.read_fd, False)
+        for parker in (first, second):  # each woken, once
+            assert os.read(parker.read_fd, 4096)
+            with pytest.raises(BlockingIOError):
+                os.read(parker.read_fd, 4096)
         with pytest.raises(BlockingIOError):
-            os.read(newcomer.read_fd, 8)
+            os.read(newcomer.read_fd, 4096)
         wake(sleepers)  # the next wake is its
         assert sleepers == []
     finally:
         for parker in (first, second, newcomer):
             parker.close()
+
+
+def test_a_wake_is_a_write_that_cannot_block():
+    """Waking a sleeper is a write to its parker, made on the waker's thread,
+    an event loop's among them (a loop's transport writing to a blocking
+    friend): it must not be a blocking call there (asyncio debug tools such
+    as blockbuster refuse those), while the sleeper's read blocks."""
+    sleeper = Parker()
+    try:
+        assert not os.get_blocking(sleeper.write_fd)
+        assert os.get_blocking(sleeper.read_fd)
+        sleepers = [sleeper]
+        wake(sleepers)
+        assert os.read(sleeper.read_fd, 4096)
+    finally:
+        sleeper.close()
 
 
 def test_sockets_that_cannot_pair_stay_real(patched):

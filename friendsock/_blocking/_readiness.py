@@ -30,7 +30,6 @@ import _socket
 import os
 import select
 import socket
-import sys
 import threading
 import time
 import weakref
@@ -151,21 +150,22 @@ class Readiness:
 
 
 class Parker:
-    """What one thread sleeps on: an eventfd (a pipe where there is none).
-    Waking is one write, sleeping one read, both with the GIL released, as
-    a TCP socket's send and recv. A lock would be no system call at all,
-    but its release hands the GIL over badly: the woken thread wakes to a
-    GIL its waker still holds, and sleeps again (a ping-pong between two
-    threads: 18 us a round trip on locks, 7.6 on eventfds)."""
+    """What one thread sleeps on: a pipe. Waking is one write, sleeping one
+    read, both with the GIL released, as a TCP socket's send and recv. A
+    lock would be no system call at all, but its release hands the GIL over
+    badly: the woken thread wakes to a GIL its waker still holds, and
+    sleeps again (a ping-pong between two threads: 18 us a round trip on
+    locks, 7.6 on eventfds, as much on pipes). A pipe, not an eventfd: its
+    write end alone is non-blocking, so a waker (an event loop's thread,
+    for a friend of a loop's transport) never makes a blocking call, which
+    asyncio debug tools such as blockbuster refuse; a full pipe is a
+    thread woken already. Sleeping takes every wake that came at once."""
 
     __slots__ = ("read_fd", "write_fd", "_poller", "__weakref__")
 
     def __init__(self) -> None:
-        if hasattr(os, "eventfd"):
-            self.read_fd = self.write_fd = os.eventfd(0, os.EFD_CLOEXEC)
-        else:  # pragma: no cover (not Linux)
-            self.read_fd, self.write_fd = os.pipe()
-            os.set_blocking(self.write_fd, False)  # a full pipe: woken already
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
         self._poller: Optional[select.poll] = None
 
     def sleep_until(self, deadline: float) -> bool:
@@ -177,21 +177,21 @@ class Parker:
         left = deadline - time.monotonic()
         if left <= 0 or not poller.poll(int(left * 1000) + 1):
             return False
-        os.read(self.read_fd, 8)
+        os.read(self.read_fd, _WAKES)
         return True
 
     def close(self) -> None:
         if self.read_fd >= 0:
             os.close(self.read_fd)
-            if self.write_fd != self.read_fd:
-                os.close(self.write_fd)
+            os.close(self.write_fd)
             self.read_fd = self.write_fd = -1
 
     def __del__(self) -> None:  # its thread ended, or the process forked
         self.close()
 
 
-_ONE = (1).to_bytes(8, sys.byteorder)  # an eventfd adds the 8-byte native integer written
+_ONE = b"w"  # a wake
+_WAKES = 4096  # a sleeper takes every wake that came, at once
 _per_thread = threading.local()
 
 
@@ -219,7 +219,7 @@ def sleep(sleepers: Sleepers, me: Parker, deadline: Optional[float]) -> None:
     socket call is."""
     try:
         if deadline is None:
-            os.read(me.read_fd, 8)
+            os.read(me.read_fd, _WAKES)
             return
         if me.sleep_until(deadline):
             return
