@@ -98,7 +98,9 @@ class FriendSocket:
         raise TypeError("Cannot serialize friendsock.FriendSocket object")
 
     def fileno(self) -> int:
-        return self._sock.fileno()
+        # -1 once its end is closed, as a closed transport's socket: the
+        # real one lives on until the friend is done too.
+        return -1 if self._end.closed else self._sock.fileno()
 
     def dup(self) -> socket.socket:
         return self._sock.dup()

@@ -1021,6 +1021,31 @@ async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, 
         await wait(server.wait_closed())
 
 
+async def test_the_socket_of_a_closed_transport_has_no_descriptor(friends):
+    """``get_extra_info('socket')``, taken while open, gives -1 from
+    ``fileno()`` once its transport closed, as the loop's own (anyio's
+    ``aclose_forcefully`` tests check it), though the friend, still open,
+    keeps the link and its real sockets."""
+    accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+    server = await friendsock.start_server(lambda r, w: accepted.set_result(w), "127.0.0.1", 0,
+                                           friends=friends)
+    try:
+        reader, writer = await friendsock.open_connection(*server.sockets[0].getsockname()[:2],
+                                                          friends=friends)
+        server_writer = await wait(accepted)
+        sock = writer.get_extra_info("socket")
+        assert sock.fileno() >= 0 or friendsock.is_socketless()
+        writer.transport.abort()
+        await wait(writer.wait_closed())
+        assert sock.fileno() == -1
+        assert not server_writer.is_closing()  # the friend is still open
+        server_writer.close()
+        await wait(server_writer.wait_closed())
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
 async def test_stream_reader_sees_everything_in_order(friends):
     """Writes of every size, then EOF, through asyncio's own streams: all
     of it, in order."""
