@@ -6,6 +6,7 @@ accounting is ours (``sndbuf + friend rcvbuf``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import random
@@ -13,7 +14,7 @@ import select
 import socket
 import struct
 import weakref
-from typing import List, Optional
+from typing import Any, AsyncIterator, List, Optional
 
 import pytest
 import uvloop
@@ -829,14 +830,25 @@ async def test_buffered_protocol_failure_is_reported_as_its_own(friends, failing
 # -- streams -------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def streams_server(handler: Any, friends: bool, host: str = "127.0.0.1") -> AsyncIterator[Any]:
+    """``friendsock.start_server(handler)`` on ``host``, closed (and waited
+    for) on the way out."""
+    server = await friendsock.start_server(handler, host, 0, friends=friends)
+    try:
+        yield server
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
 async def test_stream_drain_waits_for_slow_reader(friends):
     accepted: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def on_client(reader, writer):
         accepted.set_result((reader, writer))
 
-    server = await friendsock.start_server(on_client, "127.0.0.1", 0, friends=friends)
-    try:
+    async with streams_server(on_client, friends) as server:
         port = server.sockets[0].getsockname()[1]
         c_reader, c_writer = await friendsock.open_connection("127.0.0.1", port, friends=friends)
         s_reader, s_writer = await wait(accepted)
@@ -861,9 +873,6 @@ async def test_stream_drain_waits_for_slow_reader(friends):
             s_writer.close()
             await wait(c_writer.wait_closed())
             await wait(s_writer.wait_closed())
-    finally:
-        server.close()
-        await wait(server.wait_closed())
 
 
 class _RecordingReader(asyncio.StreamReader):
@@ -935,8 +944,7 @@ async def test_a_reader_learns_of_bytes_no_sooner_than_over_tcp(friends):
             steps.append(step)
         writer.close()
 
-    server = await friendsock.start_server(answer_then_go_on, "127.0.0.1", 0, friends=friends)
-    try:
+    async with streams_server(answer_then_go_on, friends) as server:
         reader, writer = await friendsock.open_connection(*server.sockets[0].getsockname()[:2],
                                                           friends=friends)
         assert friendsock.is_friend(writer) is friends
@@ -947,9 +955,6 @@ async def test_a_reader_learns_of_bytes_no_sooner_than_over_tcp(friends):
         assert len(steps) >= 1
         writer.close()
         await wait(writer.wait_closed())
-    finally:
-        server.close()
-        await wait(server.wait_closed())
 
 
 @pytest.mark.parametrize("host, wildcard", [("127.0.0.1", "0.0.0.0"), ("::1", "::")], ids=["ipv4", "ipv6"])
@@ -961,8 +966,7 @@ async def test_a_connect_from_the_wildcard_address_pairs_and_delivers(friends, h
         writer.write(await reader.readexactly(5))
         writer.close()
 
-    server = await friendsock.start_server(echo_five, host, 0, friends=friends)
-    try:
+    async with streams_server(echo_five, friends, host=host) as server:
         port = server.sockets[0].getsockname()[1]
         reader, writer = await friendsock.open_connection(host, port, local_addr=(wildcard, 0),
                                                           friends=friends)
@@ -972,9 +976,6 @@ async def test_a_connect_from_the_wildcard_address_pairs_and_delivers(friends, h
         assert await wait(reader.readexactly(5)) == b"hello"
         writer.close()
         await wait(writer.wait_closed())
-    finally:
-        server.close()
-        await wait(server.wait_closed())
 
 
 @pytest.mark.parametrize("how", ["close", "write_eof"])
@@ -996,8 +997,7 @@ async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, 
             await reader.read()  # until the client closes
             writer.close()
 
-    server = await friendsock.start_server(answer_then_finish, "127.0.0.1", 0, friends=friends)
-    try:
+    async with streams_server(answer_then_finish, friends) as server:
         reader, writer = await friendsock.open_connection(*server.sockets[0].getsockname()[:2],
                                                           friends=friends)
         assert friendsock.is_friend(writer) is friends
@@ -1016,9 +1016,6 @@ async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, 
             assert poller.poll(int(TIMEOUT * 1000)) != []
         writer.close()
         await wait(writer.wait_closed())
-    finally:
-        server.close()
-        await wait(server.wait_closed())
 
 
 async def test_the_socket_of_a_closed_transport_has_no_descriptor(friends):
@@ -1027,9 +1024,7 @@ async def test_the_socket_of_a_closed_transport_has_no_descriptor(friends):
     ``aclose_forcefully`` tests check it), though the friend, still open,
     keeps the link and its real sockets."""
     accepted: asyncio.Future = asyncio.get_running_loop().create_future()
-    server = await friendsock.start_server(lambda r, w: accepted.set_result(w), "127.0.0.1", 0,
-                                           friends=friends)
-    try:
+    async with streams_server(lambda r, w: accepted.set_result(w), friends) as server:
         reader, writer = await friendsock.open_connection(*server.sockets[0].getsockname()[:2],
                                                           friends=friends)
         server_writer = await wait(accepted)
@@ -1041,18 +1036,13 @@ async def test_the_socket_of_a_closed_transport_has_no_descriptor(friends):
         assert not server_writer.is_closing()  # the friend is still open
         server_writer.close()
         await wait(server_writer.wait_closed())
-    finally:
-        server.close()
-        await wait(server.wait_closed())
 
 
 async def test_stream_reader_sees_everything_in_order(friends):
     """Writes of every size, then EOF, through asyncio's own streams: all
     of it, in order."""
     accepted: asyncio.Future = asyncio.get_running_loop().create_future()
-    server = await friendsock.start_server(lambda r, w: accepted.set_result((r, w)), "127.0.0.1", 0,
-                                           friends=friends)
-    try:
+    async with streams_server(lambda r, w: accepted.set_result((r, w)), friends) as server:
         port = server.sockets[0].getsockname()[1]
         c_reader, c_writer = await friendsock.open_connection("127.0.0.1", port, friends=friends)
         s_reader, s_writer = await wait(accepted)
@@ -1068,9 +1058,6 @@ async def test_stream_reader_sees_everything_in_order(friends):
         c_writer.close()
         await wait(c_writer.wait_closed())
         await wait(s_writer.wait_closed())
-    finally:
-        server.close()
-        await wait(server.wait_closed())
 
 
 # -- many connections ----------------------------------------------------------
