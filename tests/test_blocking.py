@@ -710,6 +710,33 @@ def test_detach_after_the_peer_sent_and_closed(patched):
             assert receive_until_eof(again) == b"last words"
 
 
+def test_detach_before_the_listener_accepts(patched):
+    """A client detached while its connect waits in the listener's backlog
+    (as anyio's ``connect_tcp`` wraps a socket's descriptor): the accept
+    finds the connection, with what was sent before and after the detach."""
+    with socket.socket() as listener:
+        listener.bind((LOCALHOST, 0))
+        listener.listen()
+        listener.settimeout(TIMEOUT)
+        client = socket.create_connection(listener.getsockname(), timeout=TIMEOUT)
+        client.sendall(b"before, ")
+        with socket.socket(fileno=client.detach()) as again:
+            assert client.fileno() == -1
+            again.settimeout(TIMEOUT)
+            again.sendall(b"after")
+            served, address = listener.accept()
+            with served:
+                assert address == again.getsockname()
+                assert not friendsock.is_friend(served)
+                expected = b"before, after"
+                assert receive_exactly(served, len(expected)) == expected
+                served.sendall(b"back")
+                assert receive_exactly(again, 4) == b"back"
+                again.shutdown(socket.SHUT_WR)
+                assert receive_until_eof(served) == b""
+        client.close()
+
+
 def _counting_socket_class() -> type:
     """A subclass of ``socket.socket`` as it is now (the patched class, on
     the friend path) whose own methods count what it moves, as websockets'
@@ -771,8 +798,9 @@ def test_a_socket_subclass_keeps_its_class_and_methods(patched, server_loop):
 
 
 def test_detaching_a_friend_of_an_event_loops_end_is_a_clear_error(patched, server_loop):
-    """An event loop's end cannot go on over TCP: detach() refuses
-    (EOPNOTSUPP) and changes nothing; over TCP it hands the descriptor out."""
+    """An event loop's end cannot go on over TCP: once the server has the
+    connection, detach() refuses (EOPNOTSUPP) and changes nothing; over TCP
+    it hands the descriptor out."""
     async def start() -> asyncio.AbstractServer:
         return await friendsock.start_server(_echo_lines, LOCALHOST, 0, friends=patched)
 
@@ -780,6 +808,8 @@ def test_detaching_a_friend_of_an_event_loops_end_is_a_clear_error(patched, serv
     try:
         with socket.create_connection(server.sockets[0].getsockname(), timeout=TIMEOUT) as client:
             assert friendsock.is_friend(client) is patched
+            client.sendall(b"accepted?\n")  # the echo: the server has it
+            assert receive_exactly(client, 10) == b"accepted?\n"
             if patched:
                 with pytest.raises(OSError) as caught:
                     client.detach()

@@ -333,6 +333,7 @@ def test_pyopenssl_on_a_link_to_an_event_loop_fails_clearly(patched, server_loop
     connection to TCP: SSL.Connection fails at once (EOPNOTSUPP), where
     its I/O on the descriptor would wait forever; over TCP it is made."""
     async def read_to_eof(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hi")  # the client waits for it: the server has the connection
         await reader.read()
         writer.close()
         await writer.wait_closed()
@@ -348,6 +349,7 @@ def test_pyopenssl_on_a_link_to_an_event_loop_fails_clearly(patched, server_loop
     try:
         with socket.create_connection(server.sockets[0].getsockname(), timeout=10) as client:
             assert friendsock.is_friend(client) is patched
+            assert client.recv(2) == b"hi"
             if patched:
                 with pytest.raises(OSError) as caught:
                     _pyopenssl_client(client)

@@ -740,32 +740,13 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             try:
                 ready = Readiness(self)
             except OSError as exc:
-                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._over_tcp_for_fileno():
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not _hand_over_socket(self):
                     raise
                 return _ss.fileno(self)  # type: ignore[no-any-return]
             self._signals.ready = ready
             self._drained()  # readable now if there is something to read
             self._sync_writable()
         return ready.fd
-
-    def _over_tcp_for_fileno(self) -> bool:
-        """Out of descriptors for the readiness one: the link goes on over
-        TCP, as at a fork, if its friend is a blocking socket, or a connect
-        its listener has not accepted yet (withdrawn: the accept finds a
-        plain connection, with what was sent). Under _ends_lock."""
-        link = self._end.link
-        ends = _ends_of_sockets()
-        if _hand_over(link, ends):
-            return True
-        if self._end is not link.client or not link.can_hand_over(_HAND_OVER_LIMIT) or \
-                not registry.withdraw_unclaimed(flow_key(self._sockname, self._peername), link):
-            return False
-        if _hand_over(link, ends, unaccepted=True):
-            return True
-        # More was written meanwhile than the connection takes at once: it
-        # is lost, as a connection the kernel had to drop.
-        link.server.reset()
-        return False
 
     def __repr__(self) -> str:
         # socket.__repr__ asks fileno(), which would make the readiness
@@ -1337,15 +1318,36 @@ def _sockets_closes_left(link: Link) -> Tuple[Optional[socket.socket], Optional[
     return server, client
 
 
+def _hand_over_socket(sock: FriendBlockingSocket) -> bool:
+    """``sock``'s link goes on over TCP, as at a fork, if its friend is a
+    blocking socket, or a connect its listener has not accepted yet
+    (withdrawn: the accept finds a plain connection, with what was sent).
+    Under _ends_lock. False: it stays a friend link."""
+    link = sock._end.link
+    ends = _ends_of_sockets()
+    if _hand_over(link, ends):
+        return True
+    if sock._end is not link.client or not link.can_hand_over(_HAND_OVER_LIMIT) or \
+            not registry.withdraw_unclaimed(flow_key(sock._sockname, sock._peername), link):
+        return False
+    if _hand_over(link, ends, unaccepted=True):
+        return True
+    # More was written meanwhile than the connection takes at once: it
+    # is lost, as a connection the kernel had to drop.
+    link.server.reset()
+    return False
+
+
 def go_on_over_tcp(sock: FriendBlockingSocket, what: str) -> None:
     """``sock``'s connection goes on over TCP now: ``what`` is to do its own
-    I/O on the descriptor (C code: pyOpenSSL's ``SSL.Connection``).
-    OSError (EOPNOTSUPP) when the link cannot be handed over (its friend is
-    an event loop's end, say): better than I/O that waits forever."""
+    I/O on the descriptor (C code: pyOpenSSL's ``SSL.Connection``, or
+    ``detach()``). OSError (EOPNOTSUPP) when the link cannot be handed over
+    (its friend is an event loop's end, say): better than I/O that waits
+    forever."""
     with _ends_lock:
         if type(sock) is not FriendBlockingSocket or sock._friend_closed:
             return  # handed over already (a fork), or closed: the descriptor's own
-        if not _hand_over(sock._end.link, _ends_of_sockets()):
+        if not _hand_over_socket(sock):
             raise _unsupported(what)
 
 
