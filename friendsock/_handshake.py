@@ -11,6 +11,7 @@ end is in :class:`ListenerHandle` and :class:`ClientEnd`.
 from __future__ import annotations
 
 import collections
+import _socket
 import errno
 import os
 import socket
@@ -85,6 +86,15 @@ def release_sockets(pid: int, *socks: socket.socket) -> None:
         sock.close()
 
 
+def _detached(sock: socket.socket) -> socket.socket:
+    """A socket object of its own with ``sock``'s descriptor, which
+    ``sock`` gives up (the C call: a patched class's detach() would do more)."""
+    fd = _socket.socket.detach(sock)
+    if fd < 0:
+        return sock
+    return _socket.socket(sock.family, sock.type, sock.proto, fd)  # type: ignore[return-value]
+
+
 class SocketRelease:
     """A link's ``on_done``: :func:`release_sockets` of its real sockets, the
     accepted one first when there is one (slots, not a closure per link:
@@ -104,6 +114,16 @@ class SocketRelease:
         if self.second is None:
             return None
         return self.first, self.second
+
+    def keep(self, sock: socket.socket) -> None:
+        """Its user closes ``sock``, one of these, while the link still
+        needs its connection: the descriptor moves to a socket object of the
+        link's own, and the user's shows it closed (``fileno()`` -1), as
+        after a close over TCP."""
+        if sock is self.first:
+            self.first = _detached(sock)
+        elif sock is self.second:
+            self.second = _detached(sock)
 
     def __call__(self) -> None:
         if self.second is None:
@@ -753,7 +773,10 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
 def adopt_accepted(conn: socket.socket, pending: Pending) -> None:
     """The accepting side takes over a claimed link: both real sockets are
     released once the link is done."""
-    client_sock = pending.handle.sock
+    # The client's as its release has it: the socket its close left, if it
+    # closed first (SocketRelease.keep).
+    release = pending.link.on_done
+    client_sock = release.first if isinstance(release, SocketRelease) else pending.handle.sock
     pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock)
     pending.link.establish()
 

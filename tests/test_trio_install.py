@@ -216,7 +216,7 @@ async def test_trio_sockets_pair_and_keep_the_socket_contract(installed, host):
         with pytest.raises(BrokenPipeError):
             await client.send(b"after shutdown")
         await server.send(b"still open this way")
-        assert await receive_all(client) == b"still open this way"
+        assert await socket_receive_exactly(client, 19) == b"still open this way"
         await trio.testing.wait_all_tasks_blocked()
         server.close()
         assert server.fileno() == -1
@@ -225,12 +225,11 @@ async def test_trio_sockets_pair_and_keep_the_socket_contract(installed, host):
         assert await client.recv(10) == b""
 
 
-async def receive_all(sock: Any, size: int = 1 << 16) -> bytes:
+async def socket_receive_exactly(sock: Any, size: int) -> bytes:
+    """``size`` bytes from a trio socket (fewer only at EOF)."""
     got = bytearray()
     with trio.fail_after(TIMEOUT):
-        while len(got) < 19:
-            data = await sock.recv(size)
-            assert data
+        while len(got) < size and (data := await sock.recv(size - len(got))):
             got += data
     return bytes(got)
 
@@ -382,6 +381,74 @@ async def test_a_socket_made_in_a_with_block_closes_its_end_on_leaving_it(instal
             while data := await server.recv(100):
                 got += data
             assert got == b"last words"
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("first", ["client", "server"])
+async def test_closing_closes_the_real_socket_under_it(installed, first):
+    """The real socket under a closed trio socket shows it closed
+    (``fileno()`` -1), as anyio checks its raw socket after ``aclose()``,
+    whichever end closes first, the client even before its accept; what
+    it sent still arrives, then EOF."""
+    listening = trio.socket.socket()
+    await listening.bind((LOCALHOST, 0))
+    listening.listen()
+    with listening, trio.fail_after(TIMEOUT):
+        client = trio.socket.socket()
+        await client.connect(listening.getsockname())
+        client_raw = client._sock
+        await client.send(b"last words")
+        if first == "client":
+            client.close()  # before the accept: a connect still waiting in the backlog
+            assert client_raw.fileno() == -1
+        server, _ = await listening.accept()
+        server_raw = server._sock
+        assert fst.is_friend(server) is installed
+        with server:
+            assert await socket_receive_exactly(server, 10) == b"last words"
+            if first == "client":
+                assert await server.recv(10) == b""
+            else:
+                server.close()
+                assert server_raw.fileno() == -1
+                assert await client.recv(10) == b""
+                client.close()
+        assert (client_raw.fileno(), server_raw.fileno()) == (-1, -1)
+
+
+@pytest.mark.trio
+async def test_from_stdlib_socket_of_a_blocking_friend_socket(installed):
+    """``trio.socket.from_stdlib_socket`` (anyio's ``SocketStream.from_socket``)
+    of a patched blocking socket that paired with a blocking listener: its
+    connection goes on over TCP, as the socket trio drives itself."""
+    if installed:
+        friendsock.patch_socket()
+    try:
+        with socket.create_server((LOCALHOST, 0)) as listening:
+            blocking = socket.create_connection(listening.getsockname(), timeout=TIMEOUT)
+            assert friendsock.is_friend(blocking) is installed
+            blocking.sendall(b"sent blocking, ")
+            blocking.setblocking(False)
+            client = trio.socket.from_stdlib_socket(blocking)
+            assert not fst.is_friend(client)
+            server, _ = listening.accept()
+            with client, server, trio.fail_after(TIMEOUT):
+                server.settimeout(TIMEOUT)
+                await client.send(b"sent from trio")
+                expected = b"sent blocking, sent from trio"
+                got = await trio.to_thread.run_sync(receive_blocking, server, len(expected))
+                assert got == expected
+                server.sendall(b"back")
+                assert await socket_receive_exactly(client, 4) == b"back"
+    finally:
+        friendsock.unpatch_socket()
+
+
+def receive_blocking(sock: socket.socket, size: int) -> bytes:
+    received = b""
+    while len(received) < size and (chunk := sock.recv(size - len(received))):
+        received += chunk
+    return received
 
 
 @pytest.mark.trio

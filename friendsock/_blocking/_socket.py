@@ -1351,6 +1351,17 @@ def go_on_over_tcp(sock: FriendBlockingSocket, what: str) -> None:
             raise _unsupported(what)
 
 
+def as_plain_socket(sock: socket.socket, what: str) -> None:
+    """For ``what``, code that takes the exact class ``socket.socket`` only
+    and does its own I/O on the descriptor (trio's ``from_stdlib_socket``):
+    a friend socket's connection goes on over TCP (or OSError EOPNOTSUPP,
+    see :func:`go_on_over_tcp`), and the socket is of that class again."""
+    if type(sock) is FriendBlockingSocket:
+        go_on_over_tcp(sock, what)
+    if type(sock) is HandedOverSocket:
+        sock.__class__ = FriendCapableSocket
+
+
 def _hand_over_before_fork() -> None:
     """Before ``fork()``: each link whose two ends are blocking sockets of
     this process goes on over TCP, as the kernel's connection it rides on,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import socket
+import sys
 import threading
 import weakref
 from types import ModuleType
@@ -143,6 +144,9 @@ def _socket_exit(self: Any, *exc_info: Any) -> None:
 
 
 def _from_stdlib_socket(sock: socket.socket) -> Any:
+    blocking = sys.modules.get("friendsock._blocking._socket")  # (not imported: none paired)
+    if blocking is not None:
+        blocking.as_plain_socket(sock, "trio.socket.from_stdlib_socket()")
     trio_sock = _pairing._trio_from_stdlib_socket(sock)
     if _is_tcp(sock):
         listener_entry(trio_sock, exclusive=_anyio_makes_listeners.get())

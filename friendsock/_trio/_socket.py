@@ -22,6 +22,7 @@ import trio
 from .._core._errors import LinkBrokenError
 from .._core._link import ChannelState, LinkEnd, Seen
 from .._friend_socket import FriendSocket, PairedSocketCalls
+from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
 from ._run import RunState
 
@@ -218,6 +219,9 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
 
     def close(self) -> None:
         if not self._closed:
+            release = self._end.link.on_done
+            if isinstance(release, SocketRelease):
+                release.keep(self._sock)
             self._close_end()
 
     def __exit__(self, *exc_info: Any) -> None:
