@@ -737,6 +737,41 @@ def test_detach_before_the_listener_accepts(patched):
         client.close()
 
 
+def test_detach_before_an_event_loop_server_accepts(patched, server_loop):
+    """A client detached before the event loop's server has accepted its
+    connect (the loop busy meanwhile) goes on over TCP: the server's accept
+    finds the connection, with what was sent before and after."""
+    async def start() -> asyncio.AbstractServer:
+        return await friendsock.start_server(_echo_lines, LOCALHOST, 0, friends=patched)
+
+    server = server_loop.run(start())
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        busy.set()
+        release.wait(TIMEOUT)
+
+    try:
+        server_loop.loop.call_soon_threadsafe(hold_the_loop)
+        assert busy.wait(TIMEOUT)
+        try:
+            client = socket.create_connection(server.sockets[0].getsockname(), timeout=TIMEOUT)
+            client.sendall(b"before, ")
+            again = socket.socket(fileno=client.detach())
+        finally:
+            release.set()
+        with again:
+            again.settimeout(TIMEOUT)
+            again.sendall(b"after\n")
+            assert receive_exactly(again, 14) == b"before, after\n"
+            again.shutdown(socket.SHUT_WR)
+            assert receive_until_eof(again) == b""
+        client.close()
+    finally:
+        release.set()
+        server_loop.close_server(server)
+
+
 def _counting_socket_class() -> type:
     """A subclass of ``socket.socket`` as it is now (the patched class, on
     the friend path) whose own methods count what it moves, as websockets'
