@@ -10,8 +10,8 @@ end is in :class:`ListenerHandle` and :class:`ClientEnd`.
 
 from __future__ import annotations
 
-import collections
 import _socket
+import collections
 import errno
 import os
 import socket
