@@ -737,6 +737,38 @@ def test_detach_before_the_listener_accepts(patched):
         client.close()
 
 
+def test_detach_while_the_listener_accepts(patched):
+    """Clients detached right after their connect, while a thread accepts
+    them (the accept finishing as the detach runs): each connection goes on
+    over TCP with its bytes, whichever comes first (pyOpenSSL's
+    SSL.Connection made right after a connect, as urllib3's tests do)."""
+    count = 300
+    with socket.socket() as listener:
+        listener.bind((LOCALHOST, 0))
+        listener.listen(count)
+        listener.settimeout(TIMEOUT)
+        served: List[bytes] = []
+
+        def serve() -> None:
+            for _ in range(count):
+                conn, _ = listener.accept()
+                with conn:
+                    conn.settimeout(TIMEOUT)
+                    served.append(receive_until_eof(conn))
+
+        server = threading.Thread(target=serve)
+        server.start()
+        try:
+            for number in range(count):
+                client = socket.create_connection(listener.getsockname(), timeout=TIMEOUT)
+                with socket.socket(fileno=client.detach()) as again:
+                    again.sendall(b"%d" % number)
+                client.close()
+        finally:
+            server.join(TIMEOUT)
+        assert served == [b"%d" % number for number in range(count)]
+
+
 def test_detach_before_an_event_loop_server_accepts(patched, server_loop):
     """A client detached before the event loop's server has accepted its
     connect (the loop busy meanwhile) goes on over TCP: the server's accept

@@ -408,15 +408,26 @@ def _claim(sock: FriendCapableSocket, address: Any, entry: Entry,
     """Pair the accepted ``sock`` if a friendsock client of this process made
     it. ``timeout``: the listener's (None: blocking), which bounds a hold."""
     descriptor = Descriptor(sock)
-    pending, sockname = claim_accepted(descriptor, address, hold=True,  # type: ignore[arg-type]
-                                       listener=entry.handle)
-    if pending is None:
-        counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
-        return
-    if pending.state is PendingState.HELD and not _hold_for_client(sock, pending, timeout):
-        return
-    adopt_accepted(descriptor, pending)  # type: ignore[arg-type]
-    become_friend(sock, pending.link.server, sockname, address, descriptor)
+    with _ends_lock:  # claimed, and known as sock's, at once (see _connecting)
+        pending, sockname = claim_accepted(descriptor, address, hold=True,  # type: ignore[arg-type]
+                                           listener=entry.handle)
+        if pending is None:
+            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
+            return
+        _connecting[pending.link.server] = sock
+    try:
+        if pending.state is PendingState.HELD and not _hold_for_client(sock, pending, timeout):
+            return
+        with _ends_lock:
+            # Handed over meanwhile (a fork, the client's hand-over): sock
+            # is its connection, and the link nobody's to adopt.
+            handed_over = pending.link.server.incoming.state is _ON_TCP
+            if not handed_over:
+                adopt_accepted(descriptor, pending)  # type: ignore[arg-type]
+        if not handed_over:
+            become_friend(sock, pending.link.server, sockname, address, descriptor)
+    finally:
+        _connecting.pop(pending.link.server, None)
     # A blocking client still inside its connect() (between the syscall and
     # becoming a friend socket) becomes one now: once accept() returns, a
     # thread polling it (fileno()) sees the link, not the TCP descriptor.
@@ -1193,8 +1204,9 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
 
 # Every friend socket (duplicates too): a fork hands their links over.
 _friend_sockets: "weakref.WeakSet[FriendBlockingSocket]" = weakref.WeakSet()
-# Client ends whose socket's connect() is finishing (waiting for the claim,
-# say): a fork hands their links over too, and the connect returns TCP.
+# Ends whose socket's connect() or accept() is finishing (waiting for the
+# claim, say): a fork, or a client's hand-over (pyOpenSSL's, detach()),
+# hands their links over too, and the connect or accept returns TCP.
 _connecting: "weakref.WeakValueDictionary[LinkEnd, FriendCapableSocket]" = weakref.WeakValueDictionary()
 # What a direction may hold to be handed over: the real connection carried
 # nothing yet, so its receive buffer takes this much at once.
