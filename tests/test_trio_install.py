@@ -16,7 +16,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, List, Tuple
 
 import anyio
 import anyio.abc
@@ -442,6 +442,78 @@ async def test_from_stdlib_socket_of_a_blocking_friend_socket(installed):
                 assert await socket_receive_exactly(client, 4) == b"back"
     finally:
         friendsock.unpatch_socket()
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("how", ["detach", "from_stdlib_socket"])
+async def test_a_blocking_friend_of_a_trio_server_goes_on_over_tcp(installed, how):
+    """A patched blocking client paired with a trio server, handed to code
+    that does its own I/O on the descriptor (``detach()``, pyOpenSSL, trio's
+    ``from_stdlib_socket``) while the server's task waits for bytes: the
+    link goes on over TCP, the server's socket becomes trio's own again, and
+    the bytes flow both ways, in order, then EOF."""
+    served: List[bytes] = []
+    if installed:
+        friendsock.patch_socket()
+    try:
+        async def echo_twice(stream: trio.SocketStream) -> None:
+            async with stream:
+                for _ in range(2):
+                    data = await receive_exactly(stream, 5)
+                    served.append(data)
+                    await stream.send_all(data.upper())
+                served.append(await stream.receive_some(10))  # EOF
+                served.append(b"friend" if fst.is_friend(stream) else b"tcp")
+
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(functools.partial(trio.serve_tcp, echo_twice, 0,
+                                                              host=LOCALHOST))
+            address = listeners[0].socket.getsockname()
+
+            def client_thread() -> List[bytes]:
+                blocking = socket.create_connection(address, timeout=TIMEOUT)
+                assert friendsock.is_friend(blocking) is installed
+                blocking.sendall(b"first")
+                got = [receive_blocking(blocking, 5)]  # the server waits for more now
+                with socket.socket(fileno=blocking.detach()) as plain:
+                    plain.settimeout(TIMEOUT)
+                    plain.sendall(b"after")
+                    got.append(receive_blocking(plain, 5))
+                    plain.shutdown(socket.SHUT_WR)
+                    got.append(receive_blocking(plain, 10))
+                blocking.close()
+                return got
+
+            if how == "detach":
+                got = await trio.to_thread.run_sync(client_thread)
+            else:
+                got = await _blocking_then_trio(address, installed)
+            nursery.cancel_scope.cancel()
+        assert got == [b"FIRST", b"AFTER", b""]
+        assert served == [b"first", b"after", b"", b"tcp"]
+    finally:
+        friendsock.unpatch_socket()
+
+
+async def _blocking_then_trio(address: Any, installed: bool) -> List[Any]:
+    """A blocking client's first exchange in a thread, the rest as a
+    trio socket made of it (``from_stdlib_socket``)."""
+    def first() -> socket.socket:
+        blocking = socket.create_connection(address, timeout=TIMEOUT)
+        assert friendsock.is_friend(blocking) is installed
+        blocking.sendall(b"first")
+        assert receive_blocking(blocking, 5) == b"FIRST"
+        return blocking
+
+    blocking = await trio.to_thread.run_sync(first)
+    blocking.setblocking(False)
+    with trio.socket.from_stdlib_socket(blocking) as client:
+        assert not fst.is_friend(client)
+        await client.send(b"after")
+        answer = await socket_receive_exactly(client, 5)
+        client.shutdown(socket.SHUT_WR)
+        eof = await client.recv(10)
+    return [b"FIRST", answer, eof]
 
 
 def receive_blocking(sock: socket.socket, size: int) -> bytes:

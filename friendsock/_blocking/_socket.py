@@ -933,11 +933,16 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             seen = self._readable(timeout)
             if seen is _DATA and flags & _PEEK:
                 return channel.peek(bufsize)
-        if seen is _DATA:
+        while seen is _DATA:
             data = channel.pull(bufsize, _MAX_JOIN)
-            if not channel.queued and self._signals.ready is not None:
-                self._drained()
-            return data
+            if data:
+                if not channel.queued and self._signals.ready is not None:
+                    self._drained()
+                return data
+            # Taken by a duplicate's reader, or handed over to TCP (a fork),
+            # since we looked.
+            seen = self._readable(self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS) if flags
+                                  else self.gettimeout())
         if seen is _EOF:
             return b""
         if seen is _TCP:
@@ -965,11 +970,13 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             return 0
         channel = self._in
         seen = _DATA if channel.queued and not self._read_shut else self._readable(self.gettimeout())
-        if seen is _DATA:
+        while seen is _DATA:
             copied = channel.pull_into(view)
-            if not channel.queued and self._signals.ready is not None:
-                self._drained()
-            return copied
+            if copied:
+                if not channel.queued and self._signals.ready is not None:
+                    self._drained()
+                return copied
+            seen = self._readable(self.gettimeout())  # (see recv)
         if seen is _EOF:
             return 0
         if seen is _TCP:
@@ -1297,6 +1304,14 @@ def _hand_over(link: Link, ends: Dict[LinkEnd, List[FriendBlockingSocket]],
     for end, kept in zip((link.server, link.client), _sockets_closes_left(link)):
         if sockets[end] is None and end.closed and kept is not None:
             sockets[end], closed[end] = [], kept
+    # Open ends of another adapter that go on over their real socket (a
+    # trio socket's): the socket, and the switch to it.
+    others: Dict[LinkEnd, Tuple[Any, Callable[[], None]]] = {}
+    for end in (link.server, link.client):
+        if sockets[end] is None and not end.closed and end.over_tcp is not None:
+            other = end.over_tcp()
+            if other is not None:
+                sockets[end], others[end] = [], other
     if any(same is None or len(same) > 1 and same[0]._signals.ready is not None
            for same in sockets.values()):
         return False  # an end elsewhere, or one readiness descriptor for duplicates
@@ -1308,8 +1323,12 @@ def _hand_over(link: Link, ends: Dict[LinkEnd, List[FriendBlockingSocket]],
         elif end in closed:  # what it wrote, its EOF, then the close it made
             _send_on_tcp(closed[end], data, eof)
             closed[end].close()
+        elif end in others:  # under the link's locks: no write of its overtakes these
+            real, switch = others[end]
+            _send_on_tcp(real, data, eof)
+            switch()
 
-    if not link.hand_over(send, _HAND_OVER_LIMIT):
+    if not link.hand_over(send, _HAND_OVER_LIMIT, first=next(iter(others), None)):
         return False
     for same in sockets.values():
         for sock in same:  # type: ignore[union-attr]

@@ -515,10 +515,12 @@ class LockedChannel(Channel):
         return data, queued - len(data)
 
     def pull(self, limit: int, join_limit: Optional[int] = None) -> bytes:
+        """As :meth:`Channel.pull`; b"" when the bytes the reader saw were
+        handed over to TCP before it took them (it looks again: TCP)."""
         lock = self._lock
         lock.acquire()
         try:
-            data = Channel.pull(self, limit, join_limit)
+            data = Channel.pull(self, limit, join_limit) if self.queued else b""
         finally:
             lock.release()
         if self._write_due:
@@ -576,7 +578,8 @@ class LockedChannel(Channel):
 class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
-    __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner", "abortive")
+    __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner", "abortive",
+                 "over_tcp")
 
     def __init__(self, link: "Link", outgoing: Channel, incoming: Channel) -> None:
         self.link = link
@@ -593,6 +596,11 @@ class LinkEnd:
         self.owner: Any = None
         # SO_LINGER {1, 0} set on its socket: its close is a reset.
         self.abortive = False
+        # Set by an adapter whose end can go on over its real socket when
+        # the link is handed over (Link.hand_over): gives that socket and
+        # the switch to it (see friendsock._blocking's _hand_over); None:
+        # it cannot.
+        self.over_tcp: Optional[Callable[[], Optional[Tuple[Any, Callable[[], None]]]]] = None
 
     # -- what this end's socket calls get ---------------------------------
     def send_error(self) -> LinkBrokenError:
@@ -817,7 +825,8 @@ class Link:
         return client is not None and server is not None and \
             _may_hand_over(client, server, limit)
 
-    def hand_over(self, send: Callable[[LinkEnd, bytes, bool], None], limit: int) -> bool:
+    def hand_over(self, send: Callable[[LinkEnd, bytes, bool], None], limit: int,
+                  first: Optional[LinkEnd] = None) -> bool:
         """Go on over TCP: the real connection under the link, which carried
         no payload, carries everything from now on (the process forks, and
         a child may use either end: its copy of the link would be nobody's).
@@ -831,6 +840,10 @@ class Link:
         An end closed already (with EOF: nothing was unread) goes too: its
         ``send`` puts what it had queued and its EOF on the socket its close
         left, which then closes as the kernel's would have.
+
+        ``first``: the end handed over first, before its reader can find
+        TCP (an end whose ``send`` also switches it to its socket, and whose
+        reader does not take the locks to look).
 
         Returns False, nothing changed, when both ends are closed, a
         direction was reset or holds more than ``limit`` bytes (the socket
@@ -847,7 +860,7 @@ class Link:
         try:
             if not _may_hand_over(client, server, limit):
                 return False
-            for end in ends:
+            for end in (ends if first is not server else (server, client)):
                 data, eof = end.outgoing.hand_over()
                 send(end, data, eof)
             client.closed = server.closed = True  # a close() from now on is the socket's

@@ -20,9 +20,9 @@ from typing import Any, Callable, Optional, Tuple
 
 import trio
 
-from .._core._errors import LinkBrokenError, PeerResetError
+from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from .._core._finalizing import close_when_safe
-from .._core._link import LinkEnd, Seen
+from .._core._link import ChannelState, LinkEnd, Seen
 from ._run import RunState
 
 # Small writes are joined into one receive up to this size.
@@ -97,16 +97,19 @@ class TrioEnd:
         friend lives. A friend on another thread hands each wake-up to our
         run (one per burst: the channel notifies once until we look again)."""
         ref = weakref.ref(self)
+        # TrioEnd's own, not looked up on the end: one whose link went on
+        # over TCP is of trio's socket class by the time its tasks are woken.
+        wake_reader_of, wake_writer_of, run_gone_of = TrioEnd._wake_reader, TrioEnd._wake_writer, TrioEnd._run_gone
 
         def wake_reader() -> None:
             end = ref()
             if end is not None:
-                end._wake_reader()
+                wake_reader_of(end)
 
         def wake_writer() -> None:
             end = ref()
             if end is not None:
-                end._wake_writer()
+                wake_writer_of(end)
 
         if not self._end.link.threaded:
             return wake_reader, wake_writer
@@ -119,7 +122,7 @@ class TrioEnd:
                 except trio.RunFinishedError:
                     end = ref()
                     if end is not None:
-                        end._run_gone()
+                        run_gone_of(end)
 
             return remote
 
@@ -143,7 +146,7 @@ class TrioEnd:
         """Our run ended with this end open (called on whatever thread found
         out). The friend sees what a process that dies leaves behind: a
         reset, after the bytes already in its receive buffer."""
-        if self._closed:
+        if self._closed or self._end.closed:  # (closed by a hand-over to TCP: nothing to reset)
             return
         self._closed = True
         self._unhook()
@@ -203,8 +206,9 @@ class TrioEnd:
         channel = self._in
         if channel.queued and not self._closed:  # the common case, first
             data = channel.pull(max_bytes, _MAX_JOIN)
-            await _cancel_shielded_checkpoint()
-            return data
+            if data:  # (b"": handed over to TCP meanwhile, see below)
+                await _cancel_shielded_checkpoint()
+                return data
         parked = False
         while True:
             if self._closed:
@@ -212,6 +216,8 @@ class TrioEnd:
             seen = channel.seen()
             if seen is Seen.DATA:
                 data = channel.pull(max_bytes, _MAX_JOIN)
+                if not data:
+                    continue
                 break
             if seen is Seen.NOTHING:
                 channel.begin_drain()  # the next push notifies us again
@@ -224,10 +230,13 @@ class TrioEnd:
                 parked = True
                 if channel.queued and not self._closed:  # woken by a write, as a rule
                     data = channel.pull(max_bytes, _MAX_JOIN)
-                    break
+                    if data:
+                        break
                 continue
             if seen is Seen.RESET:
                 raise self._broken(self._end.read_error())
+            if seen is Seen.TCP:  # handed over (LinkEnd.over_tcp): trio's own socket by now
+                return await self.recv(max_bytes)  # type: ignore[attr-defined,no-any-return]
             data = b""  # EOF
             break
         if not parked:
@@ -247,6 +256,14 @@ class TrioEnd:
                 self._end.send_refused()
             except LinkBrokenError as exc:
                 raise self._broken(exc) from None
+        except ChannelShutdownError:
+            if out.state is not ChannelState.TCP:
+                raise
+            # Handed over meanwhile (LinkEnd.over_tcp): trio's own socket by now.
+            view = memoryview(data)
+            while view:
+                view = view[await self.send(view):]  # type: ignore[attr-defined]
+            return
         if (out.queued <= out.sndbuf + out.rcvbuf and not out.reader_closed) or \
                 not await self._wait_for_room(0, raise_broken=True):
             await _cancel_shielded_checkpoint()

@@ -15,7 +15,8 @@ from __future__ import annotations
 import errno
 import operator
 import socket
-from typing import Any, Optional, Tuple
+import weakref
+from typing import Any, Callable, Optional, Tuple
 
 import trio
 
@@ -192,6 +193,8 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
                 sent = end.send_some(data) if data else 0
             except LinkBrokenError as exc:
                 raise exc.as_os_error() from None
+            if sent < 0:  # handed over meanwhile
+                return await TrioSocketType.send(self, buffer)  # type: ignore[no-any-return]
             if sent or not data:
                 break
             parked = await self._wait_for_room(-1, raise_broken=True) or parked
@@ -250,10 +253,41 @@ def become_friend(trio_sock: Any, end: LinkEnd, sockname: Any, peername: Any,
     friend._read_shut = False
     friend._options = FriendSocket(friend._sock, end, friend._wake_writer)
     friend._hook_in()
+    if isinstance(friend._sock, socket.socket):  # (a socketless end has none)
+        end.over_tcp = _over_tcp(friend)
     # The kernel sized the real socket's buffers when the connection was set
     # up; the link was made before that.
     friend._options.sync_buffer_sizes()
     return friend
+
+
+def _over_tcp(friend: FriendTrioSocket) -> Callable[[], Optional[Tuple[socket.socket, Callable[[], None]]]]:
+    """``friend``'s ``LinkEnd.over_tcp``: the link going on over TCP (a
+    blocking friend's socket given to pyOpenSSL, say), its real socket, and
+    the switch that makes it trio's own socket again: what it is called
+    from then on is trio's, and a call under way on the link finishes on
+    the socket (see ``TrioEnd._receive``). Held weakly: the end does not keep
+    its socket object."""
+    ref = weakref.ref(friend)
+
+    def over_tcp() -> Optional[Tuple[socket.socket, Callable[[], None]]]:
+        friend = ref()
+        if friend is None or friend._closed:
+            return None
+
+        def switch() -> None:  # on the hand-over's thread, under the link's locks
+            friend.__class__ = TrioSocketType
+            friend._end.describe = None
+            friend._state.streams.pop(id(friend), None)
+            if friend._read_shut:
+                try:
+                    friend._sock.shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+
+        return friend._sock, switch
+
+    return over_tcp
 
 
 # -- trio.SocketStream over a friend socket -------------------------------------------
