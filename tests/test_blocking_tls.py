@@ -267,6 +267,24 @@ def test_a_write_cut_short_then_a_reset_fails_for_good(patched, tls_pair):  # no
         assert not isinstance(caught.value, ssl.SSLWantWriteError)
 
 
+@pytest.mark.skipif(ssl.OPENSSL_VERSION_INFO < (3,), reason="OpenSSL 3's report of a reset under TLS")
+def test_a_reset_under_tls_is_the_streams_end_cut_short(patched, tls_pair):  # noqa: F811
+    """The peer closes over bytes it did not read (a reset, no close_notify):
+    as the ssl module reports it over OpenSSL 3, a read gives b"" (its
+    suppress_ragged_eofs; SSLEOFError without it) and a write SSLEOFError
+    (urllib3 tells a proxy's TLS failure by it)."""
+    client, server = tls_pair
+    client.sendall(b"read")
+    assert receive_exactly(server, 4) == b"read"
+    client.sendall(b"never read")
+    assert select.select([server], [], [], TIMEOUT)[0] == [server]
+    server.close()
+    assert client.recv(100) == b""
+    with pytest.raises(ssl.SSLEOFError) as caught:
+        client.send(b"more")
+    assert caught.value.args[0] == ssl.SSL_ERROR_EOF
+
+
 def test_select_sees_each_tls_record_till_the_close(patched, tls_pair):  # noqa: F811
     """A TLS socket takes one record at a time off the connection, as
     OpenSSL reads a socket: the records still to come keep it readable for

@@ -24,6 +24,21 @@ from ._socket import FriendBlockingSocket, OriginalSocket, named_as
 
 _T = TypeVar("_T")
 _RECORD_HEADER = 5  # content type, version, length (two bytes)
+# A reset under a TLS socket: what its reads and writes raise. Over
+# OpenSSL 3 the ssl module reports it as the stream's end cut short
+# (SSLEOFError, which a read with suppress_ragged_eofs turns into b"");
+# before, as the socket's error.
+_RESET_IS_TLS_EOF = ssl.OPENSSL_VERSION_INFO >= (3,)
+
+
+def _transport_error(exc: OSError) -> OSError:
+    """``exc``, from the friend socket under the TLS object, as a real TLS
+    socket's call reports it."""
+    if _RESET_IS_TLS_EOF and isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+        eof = ssl.SSLEOFError(int(ssl.SSL_ERROR_EOF), "EOF occurred in violation of protocol")
+        eof.__cause__ = exc
+        return eof
+    return exc
 
 
 class LinkTLS:
@@ -84,20 +99,23 @@ class LinkTLS:
         self._unsent = b""
         if not data:
             return
-        if self._raw.gettimeout() != 0.0:
-            self._raw.sendall(data)
-            return
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self._raw.send(view):]
-            except BlockingIOError:
-                # The TLS object took these bytes already: never made again.
-                self._unsent = view.tobytes()
-                if must_send:
-                    raise ssl.SSLWantWriteError(ssl.SSL_ERROR_WANT_WRITE,
-                                                "The operation did not complete (write)") from None
+        try:
+            if self._raw.gettimeout() != 0.0:
+                self._raw.sendall(data)
                 return
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[self._raw.send(view):]
+                except BlockingIOError:
+                    # The TLS object took these bytes already: never made again.
+                    self._unsent = view.tobytes()
+                    if must_send:
+                        raise ssl.SSLWantWriteError(ssl.SSL_ERROR_WANT_WRITE,
+                                                    "The operation did not complete (write)") from None
+                    return
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise _transport_error(exc) from None
 
     def _fill(self) -> None:
         """Take from the link what the TLS object waits for, no more: the
@@ -110,6 +128,8 @@ class LinkTLS:
         except BlockingIOError:
             raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ,
                                        "The operation did not complete (read)") from None
+        except ConnectionResetError as exc:
+            raise _transport_error(exc) from None
         if not data:
             self._incoming.write_eof()
             return
