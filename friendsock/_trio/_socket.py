@@ -194,7 +194,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
             except LinkBrokenError as exc:
                 raise exc.as_os_error() from None
             if sent < 0:  # handed over meanwhile
-                return await TrioSocketType.send(self, buffer)  # type: ignore[no-any-return]
+                return await TrioSocketType.send(self, buffer)  # type: ignore[attr-defined,no-any-return]
             if sent or not data:
                 break
             parked = await self._wait_for_room(-1, raise_broken=True) or parked
