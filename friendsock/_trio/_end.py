@@ -99,7 +99,8 @@ class TrioEnd:
         ref = weakref.ref(self)
         # TrioEnd's own, not looked up on the end: one whose link went on
         # over TCP is of trio's socket class by the time its tasks are woken.
-        wake_reader_of, wake_writer_of, run_gone_of = TrioEnd._wake_reader, TrioEnd._wake_writer, TrioEnd._run_gone
+        wake_reader_of, wake_writer_of = TrioEnd._wake_reader, TrioEnd._wake_writer
+        run_gone_of = TrioEnd._run_gone
 
         def wake_reader() -> None:
             end = ref()
