@@ -1373,7 +1373,7 @@ def go_on_over_tcp(sock: FriendBlockingSocket, what: str) -> None:
     """``sock``'s connection goes on over TCP now: ``what`` is to do its own
     I/O on the descriptor (C code: pyOpenSSL's ``SSL.Connection``, or
     ``detach()``). OSError (EOPNOTSUPP) when the link cannot be handed over
-    (its friend is an event loop's end, say): better than I/O that waits
+    (its friend is an asyncio transport, say): better than I/O that waits
     forever."""
     with _ends_lock:
         if type(sock) is not FriendBlockingSocket or sock._friend_closed:
@@ -1395,10 +1395,12 @@ def as_plain_socket(sock: socket.socket, what: str) -> None:
 
 def _hand_over_before_fork() -> None:
     """Before ``fork()``: each link whose two ends are blocking sockets of
-    this process goes on over TCP, as the kernel's connection it rides on,
-    so the child may use either end as its own (a forking server's accepted
-    connection) and the parent the other. A link with an end on an event
-    loop, more than _HAND_OVER_LIMIT bytes queued one way, or duplicates
+    this process (or one a trio socket, which becomes trio's own socket:
+    ``LinkEnd.over_tcp``) goes on over TCP, as the kernel's connection it
+    rides on, so the child may use either end as its own (a forking
+    server's accepted connection) and the parent the other. A link with an
+    end on an asyncio or uvloop loop, more than _HAND_OVER_LIMIT bytes
+    queued one way, or duplicates
     (dup()) of a socket somebody polls (their one readiness descriptor
     cannot be each one's connection) stays a friend link: the parent's; in
     the child its ends fail (:func:`_cut_off_in_child`). _ends_lock is held
