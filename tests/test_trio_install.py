@@ -495,6 +495,36 @@ async def test_a_blocking_friend_of_a_trio_server_goes_on_over_tcp(installed, ho
         friendsock.unpatch_socket()
 
 
+@pytest.mark.trio
+async def test_a_fork_takes_a_blocking_friend_of_a_trio_socket_over_to_tcp(installed):
+    """A fork hands a link between a blocking socket and a trio socket over
+    to TCP, as one between two blocking sockets: in the parent both go on
+    there, in order, the trio end as trio's own socket."""
+    if installed:
+        friendsock.patch_socket()
+    try:
+        listening = trio.socket.socket()
+        await listening.bind((LOCALHOST, 0))
+        listening.listen()
+        with listening, trio.fail_after(TIMEOUT):
+            blocking = socket.create_connection(listening.getsockname(), timeout=TIMEOUT)
+            server, _ = await listening.accept()
+            with blocking, server:
+                assert fst.is_friend(server) is friendsock.is_friend(blocking) is installed
+                blocking.sendall(b"before, ")
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                assert os.waitpid(pid, 0)[1] == 0
+                assert not fst.is_friend(server) and not friendsock.is_friend(blocking)
+                blocking.sendall(b"after")
+                assert await socket_receive_exactly(server, 13) == b"before, after"
+                await server.send(b"back")
+                assert receive_blocking(blocking, 4) == b"back"
+    finally:
+        friendsock.unpatch_socket()
+
+
 async def _blocking_then_trio(address: Any, installed: bool) -> List[Any]:
     """A blocking client's first exchange in a thread, the rest as a
     trio socket made of it (``from_stdlib_socket``)."""
