@@ -931,12 +931,11 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             if bufsize == 0:
                 return b""
             seen = self._readable(timeout)
-            if seen is _DATA and flags & _PEEK:
-                return channel.peek(bufsize)
         while seen is _DATA:
-            data = channel.pull(bufsize, _MAX_JOIN)
+            peek = flags & _PEEK
+            data = channel.peek(bufsize) if peek else channel.pull(bufsize, _MAX_JOIN)
             if data:
-                if not channel.queued and self._signals.ready is not None:
+                if not peek and not channel.queued and self._signals.ready is not None:
                     self._drained()
                 return data
             # Taken by a duplicate's reader, or handed over to TCP (a fork),
