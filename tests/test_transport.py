@@ -1113,6 +1113,29 @@ async def test_write_errors(friends):
         assert await wait(server.lost) is None
 
 
+async def test_write_eof_on_a_closing_transport(friends):
+    """A transport closing with bytes still queued: asyncio's ignores a
+    write_eof() then, and takes a write(), which goes before the close's
+    EOF; uvloop's takes the write_eof(), and a write() after it raises."""
+    payload = random.Random(5).randbytes(4 * MiB)
+    async with connected_pair(friends) as (transport, client, server):
+        server.transport.pause_reading()
+        transport.write(payload)
+        transport.close()
+        transport.write_eof()
+        if isinstance(asyncio.get_running_loop(), uvloop.Loop):
+            with pytest.raises(RuntimeError, match="write_eof"):
+                transport.write(b"!")
+            expected = payload
+        else:
+            transport.write(b"!")
+            expected = payload + b"!"
+        server.transport.resume_reading()
+        assert await wait(client.lost) is None
+        await wait(server.eof)
+        assert server.data == expected
+
+
 async def test_connect_refused(friends):
     server = await friendsock.create_server(Recorder, "127.0.0.1", 0, friends=friends)
     port = server.sockets[0].getsockname()[1]

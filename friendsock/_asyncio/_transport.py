@@ -440,7 +440,14 @@ class FriendTransport(_FlowControlMixin):
             self.write(data)
 
     def write_eof(self) -> None:
-        if self._closing or self._eof:
+        if self._eof:
+            return
+        if self._closing:
+            # The close sends the EOF after what is queued. asyncio's
+            # transports ignore the call; uvloop's take it, so a write()
+            # after it raises.
+            if not isinstance(self._loop, asyncio.BaseEventLoop):
+                self._eof = True
             return
         self._eof = True
         try:
