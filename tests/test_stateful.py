@@ -405,7 +405,10 @@ class FriendVsTcp(RuleBasedStateMachine):
             # Only that it ends is certain (settle(until_lost) sees to it).
             return [e for e in events if e != "eof" and not e.startswith("lost")]
         if events and events[-1].startswith("lost"):
-            if me.closed and not me.aborted and peer.paused and not peer.closed:
+            # Closed by the test, or by itself at the peer's EOF (keep_open
+            # False).
+            closed = me.closed or (not self.keep_open and "eof" in events)
+            if closed and not me.aborted and peer.paused and not peer.closed:
                 # Whether a close waited for the paused peer depends on how
                 # much the kernel took: only at the end is it the same.
                 events.pop()
