@@ -177,8 +177,12 @@ class Parker:
         left = deadline - time.monotonic()
         if left <= 0 or not poller.poll(int(left * 1000) + 1):
             return False
-        os.read(self.read_fd, _WAKES)
+        self.take_wakes()
         return True
+
+    def take_wakes(self) -> None:
+        """Take every wake that came (blocking until one has)."""
+        os.read(self.read_fd, _WAKES)
 
     def close(self) -> None:
         if self.read_fd >= 0:
@@ -219,7 +223,7 @@ def sleep(sleepers: Sleepers, me: Parker, deadline: Optional[float]) -> None:
     socket call is."""
     try:
         if deadline is None:
-            os.read(me.read_fd, _WAKES)
+            me.take_wakes()
             return
         if me.sleep_until(deadline):
             return

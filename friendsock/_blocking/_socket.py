@@ -471,7 +471,7 @@ def _hold_for_client(sock: FriendCapableSocket, pending: Pending,
             if fd in ready:
                 break  # used raw
             if me.read_fd in ready:
-                os.read(me.read_fd, 8)
+                me.take_wakes()
                 settled[:] = [me]
     finally:
         pending.on_settled = None
