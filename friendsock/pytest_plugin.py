@@ -16,8 +16,9 @@
   the ``socket`` module (:func:`friendsock.patch_socket`), so blocking
   clients and servers in threads pair too; separate from ``--friendsock``
   because it changes every blocking socket of the test process;
-- under ``--friendsock``, the terminal summary reports what paired in the
-  session (links made, bytes moved, fallbacks by reason, top listeners).
+- under ``--friendsock`` or ``--friendsock-sockets``, the terminal summary
+  reports what paired in the session (links made, bytes moved, fallbacks
+  by reason, top listeners).
 
 The fixtures are plain (synchronous) fixtures whose work happens on the
 test's own loop, so they behave the same in pytest-asyncio's strict and auto
@@ -119,6 +120,10 @@ def pytest_configure(config: pytest.Config) -> None:
             patch_socket()
             config.stash[_SOCKETS_PATCHED] = True
             config.add_cleanup(unpatch_socket)
+        if _SESSION_BASELINE not in config.stash:  # the summary tells what paired
+            from . import stats
+
+            config.stash[_SESSION_BASELINE] = stats()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -359,6 +359,17 @@ def test_blocking_sockets_pair(n, connection):
     assert friendsock.is_friend(connection), "not a friend socket"
 """
 
+def test_the_summary_under_the_sockets_option_alone(pytester):
+    """--friendsock-sockets without --friendsock: the summary still tells
+    what paired (here, the three tests' blocking links)."""
+    pytester.makepyfile(test_blocking=BLOCKING_SOCKET_TESTS)
+    result = run(pytester, "--friendsock-sockets")
+    result.assert_outcomes(passed=3)
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if "friendsock" in line and "===" in line)
+    assert lines[start + 1].split() == ["links", "made:", "3"]
+
+
 BLOCKED_SOCKET_TESTS = """
 import socket
 
