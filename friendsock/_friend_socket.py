@@ -67,6 +67,23 @@ def copy_buffer_sizes(sock: Any, end: LinkEnd) -> None:
     end.incoming.capacity_changed()
 
 
+def reveal(end: LinkEnd) -> None:
+    """``end``'s real descriptor is about to be seen (and maybe polled):
+    the FIN its friend held back while nobody could look is sent now, so
+    the descriptor polls readable as a TCP socket's does after the peer's
+    FIN."""
+    end.fd_hidden = False
+    link = end.link
+    friend = link.server if end is link.client else link.client
+    sock = friend.fin_owed if friend is not None else None
+    if sock is not None:
+        friend.fin_owed = None
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:  # gone already (its link done)
+            pass
+
+
 class FriendSocket:
     """Like ``asyncio.trsock.TransportSocket``: the real socket, minus the
     calls that would steal it from the transport."""
@@ -100,9 +117,16 @@ class FriendSocket:
     def fileno(self) -> int:
         # -1 once its end is closed, as a closed transport's socket: the
         # real one lives on until the friend is done too.
-        return -1 if self._end.closed else self._sock.fileno()
+        end = self._end
+        if end.closed:
+            return -1
+        if end.fd_hidden:
+            reveal(end)
+        return self._sock.fileno()
 
     def dup(self) -> socket.socket:
+        if self._end.fd_hidden:
+            reveal(self._end)
         return self._sock.dup()
 
     def get_inheritable(self) -> bool:

@@ -978,12 +978,15 @@ async def test_a_connect_from_the_wildcard_address_pairs_and_delivers(friends, h
         await wait(writer.wait_closed())
 
 
+@pytest.mark.parametrize("asked", ["before", "after"])
 @pytest.mark.parametrize("how", ["close", "write_eof"])
-async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, how):
+async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, how, asked):
     """httpcore checks a pooled connection by polling the descriptor of its
     ``get_extra_info('socket')``: readable means its server closed it, and
     the connection is dropped, not reused. As over TCP, the descriptor
-    polls readable once the peer closed or shut down writing, not before."""
+    polls readable once the peer closed or shut down writing, not before;
+    also when it is first asked for only after that (``asked``: before or
+    after the peer is done)."""
     go_on = asyncio.Event()
 
     async def answer_then_finish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -997,23 +1000,27 @@ async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, 
             await reader.read()  # until the client closes
             writer.close()
 
+    def polled(wait_ms: int) -> bool:
+        fd = writer.get_extra_info("socket").fileno()
+        # A socketless link has no descriptor to poll (as the README says).
+        assert (fd == -1) is (friends and friendsock.is_socketless())
+        if fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return poller.poll(wait_ms) != []
+
     async with streams_server(answer_then_finish, friends) as server:
         reader, writer = await friendsock.open_connection(*server.sockets[0].getsockname()[:2],
                                                           friends=friends)
         assert friendsock.is_friend(writer) is friends
-        fd = writer.get_extra_info("socket").fileno()
-        # A socketless link has no descriptor to poll (as the README says).
-        assert (fd == -1) is (friends and friendsock.is_socketless())
-        poller = select.poll()
-        if fd >= 0:
-            poller.register(fd, select.POLLIN)
         writer.write(b"hi\n")
         assert await wait(reader.readline()) == b"OK\n"
-        assert poller.poll(0) == []  # answered, still open
+        if asked == "before":
+            assert not polled(0) or friendsock.is_socketless()  # answered, still open
         go_on.set()
         assert await wait(reader.read()) == b""
-        if fd >= 0:
-            assert poller.poll(int(TIMEOUT * 1000)) != []
+        assert polled(int(TIMEOUT * 1000))
         writer.close()
         await wait(writer.wait_closed())
 

@@ -110,6 +110,8 @@ async def connect(
         if pending is None:
             counters.fallback(attempt.fallback, attempt.address)
             return await _native_connection(loop, protocol_factory, sock, tls)
+        # The socket is ours alone: its descriptor is seen only if asked for.
+        pending.link.client.fd_hidden = not pending.link.threaded
         if attempt.optimistic:
             return await start_client_end(loop, pending, sock, protocol_factory, tls,
                                           accept_to_come=True)

@@ -213,6 +213,8 @@ class FriendServer(asyncio.AbstractServer):
     def _accept_friend(self, conn: socket.socket, sockname: Any, address: Any,
                        pending: Pending) -> None:
         adopt_accepted(conn, pending)
+        # The accepted socket is ours alone: its descriptor is seen only if asked for.
+        pending.link.server.fd_hidden = not pending.link.threaded
         self._start_server_end(pending.link, conn, sockname, address)
         if pending.on_claimed is not None:
             pending.on_claimed()

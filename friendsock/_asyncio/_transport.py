@@ -462,10 +462,16 @@ class FriendTransport(_FlowControlMixin):
         done writing, as a TCP socket's does (httpcore polls a pooled
         connection's descriptor to learn that its server closed it). Not
         before the friend runs: bytes or EOF on a held connection's real
-        socket mean that it is used raw."""
+        socket mean that it is used raw. Not before anyone can see the
+        friend's descriptor either (a system call and a FIN's round in the
+        kernel per connection): held back, it is sent when the friend's
+        descriptor is first asked for (``reveal``)."""
         link = self._end.link
         friend = link.server if self._end is link.client else link.client
         if friend is None or friend.owner is None or self._sock.fileno() < 0:
+            return
+        if friend.fd_hidden:
+            self._end.fin_owed = self._sock
             return
         try:
             self._sock.shutdown(socket.SHUT_WR)

@@ -579,7 +579,7 @@ class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
     __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner", "abortive",
-                 "over_tcp")
+                 "over_tcp", "fd_hidden", "fin_owed")
 
     def __init__(self, link: "Link", outgoing: Channel, incoming: Channel) -> None:
         self.link = link
@@ -601,6 +601,14 @@ class LinkEnd:
         # the switch to it (see friendsock._blocking's _hand_over); None:
         # it cannot.
         self.over_tcp: Optional[Callable[[], Optional[Tuple[Any, Callable[[], None]]]]] = None
+        # Its real socket is friendsock's own, and its descriptor was never
+        # asked for: nobody can poll it (see the asyncio transport's
+        # _show_fin). A link on one thread only: the friend reads it
+        # without a lock.
+        self.fd_hidden = False
+        # The friend's descriptor is hidden: our real socket, whose FIN
+        # (the end done writing) waits until the friend's is asked for.
+        self.fin_owed: Any = None
 
     # -- what this end's socket calls get ---------------------------------
     def send_error(self) -> LinkBrokenError:
