@@ -275,6 +275,32 @@ async def test_protocol_factory_raising_closes_the_client(friends, server_on):
     assert_nothing_left(before)
 
 
+async def test_a_server_closed_by_its_protocol_factory_serves_no_connection(friends, loop_guard):
+    """The connection whose protocol factory closes the server gets no
+    transport, and is closed: asyncio's and uvloop's servers refuse to
+    attach a transport once closed (an ``assert`` in their ``_attach``), and
+    report it in debug mode only. aiosmtpd's suite closes a server whose
+    accepted connection is still on its way to a transport."""
+    before = friendsock.stats()
+    made: List[ThreadRecorder] = []
+    server: Any = None
+
+    def closing_factory() -> ThreadRecorder:
+        server.close()
+        made.append(ThreadRecorder())
+        return made[-1]
+
+    server = await friendsock.create_server(closing_factory, LOCALHOST, 0)
+    transport, client = await friendsock.create_connection(
+        ThreadRecorder, LOCALHOST, port_of(server), friends=friends)
+    assert friendsock.is_friend(transport) is friends
+    exc = await asyncio.wait_for(client.lost, TIMEOUT)
+    assert exc is None or isinstance(exc, ConnectionResetError)
+    await asyncio.wait_for(server.wait_closed(), TIMEOUT)
+    assert len(made) == 1 and made[0].events == []  # no connection_made
+    assert_nothing_left(before)
+
+
 class RaisingOnLost(ThreadRecorder):
     def connection_lost(self, exc) -> None:
         super().connection_lost(exc)

@@ -67,12 +67,12 @@ class _LostCounter:
         follow it through."""
         if not hasattr(protocol, "__dict__"):  # __slots__ only (aiohttp's)
             return None
+        server._attach()  # (first: refused, nothing is left counted)
         counter = getattr(protocol, "connection_lost", None)
         if not isinstance(counter, cls):
             counter = cls(protocol)
             protocol.connection_lost = counter  # type: ignore[method-assign]
         counter.servers.append(server)
-        server._attach()
         return counter
 
     def __call__(self, exc: Optional[BaseException]) -> None:
@@ -128,6 +128,11 @@ class FriendServer(asyncio.AbstractServer):
     # -- connection bookkeeping (called by transports) ---------------------
     # Newer Pythons' transports pass themselves; 3.11's and uvloop's do not.
     def _attach(self, transport: Any = None) -> None:
+        if self._sockets is None:
+            # As asyncio's and uvloop's servers (an assert there): a
+            # connection accepted before close() whose transport comes
+            # after it gets none, and is closed.
+            raise AssertionError("the server is closed")
         self._active_count += 1
 
     def _detach(self, transport: Any = None) -> None:
@@ -230,6 +235,10 @@ class FriendServer(asyncio.AbstractServer):
             self._report_accept_error(exc, None, None)
             link.server.close()
             return
+        if self._sockets is None:  # closed meanwhile (see _attach)
+            self._late_for(protocol, None)
+            link.server.close()
+            return
         transport = FriendTransport(self._loop, link.server, sock, protocol, sockname, address,
                                     server=self, state=self._state)
         if self._tls is None:
@@ -294,6 +303,8 @@ class FriendServer(asyncio.AbstractServer):
         handshaking = False
         try:
             protocol = self._protocol_factory()
+            if self._sockets is None:  # refused (see _attach), before a transport half-made
+                raise AssertionError("the server is closed")
             if isinstance(self._loop, selector_events.BaseSelectorEventLoop):
                 # What asyncio.Server's own accept does: the transport
                 # attaches to the server and detaches when it is lost.
@@ -331,10 +342,20 @@ class FriendServer(asyncio.AbstractServer):
         except BaseException as exc:
             if transport is None:
                 conn.close()  # (uvloop detaches a socket it took: no double close)
-            if handshaking:
+            if self._sockets is None and isinstance(exc, AssertionError):
+                self._late_for(protocol, transport, exc)
+            elif handshaking:
                 self._handshake_failed(exc, protocol, transport)
             else:
                 self._report_accept_error(exc, protocol, transport)
+
+    def _late_for(self, protocol: Any, transport: Any,
+                  exc: Optional[BaseException] = None) -> None:
+        """A connection accepted before close() came to its transport after
+        it, and was closed: the loops report that in debug mode only."""
+        if self._loop.get_debug():
+            self._report_accept_error(exc or AssertionError("the server is closed"),
+                                      protocol, transport)
 
     def _report_accept_error(self, exc: BaseException, protocol: Any, transport: Any) -> None:
         context = {
