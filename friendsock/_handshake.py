@@ -738,6 +738,14 @@ def is_plain_socket(sock: socket.socket) -> bool:
     return type(sock).__module__ in _PLAIN_SOCKET_MODULES
 
 
+# Sockets whose connect an event loop's sock_connect makes once it is
+# registered as adoptable: the connect() the loop calls on one of them is
+# that connect, never a patched socket's own pairing as well (a blocking
+# socket, as asyncssh hands the loop, would pair twice, the loop's way
+# unconfirmed).
+adoptable_connecting: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
+
+
 def register_adoptable_connect(sock: socket.socket, address: Any, owner: object) -> Optional[Pending]:
     """Before the loop's own ``sock_connect(sock, address)``: register it as
     a connect that pairs if ``sock`` reaches a friendsock transport before

@@ -226,6 +226,39 @@ async def test_a_socket_subclass_handed_over_stays_tcp(friends):
             assert sock.used_for_read is isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
 
 
+async def test_a_blocking_socket_of_the_patched_class_pairs_once(friends):
+    """Under ``patch_socket()``, a blocking socket (asyncssh hands the loop
+    ``socket.socket()`` as it comes) connected with ``sock_connect`` and
+    handed over with ``sock=``: the loop's connect is the adoptable one, not
+    a blocking socket's pairing as well. One link, no fallback, a friend
+    transport; TCP where the loop is not installed."""
+    friendsock.patch_socket()
+    try:
+        with maybe_installed(friends):
+            async with start_server_echo() as port:
+                before = friendsock.stats()
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                assert sock.getblocking()
+                try:
+                    await asyncio.get_running_loop().sock_connect(sock, (LOCALHOST, port))
+                except BaseException:
+                    sock.close()
+                    raise
+                assert not friendsock.is_friend(sock)
+                reader, writer = await asyncio.open_connection(sock=sock)
+                try:
+                    assert friendsock.is_friend(writer) is friends
+                    await exchange(reader, writer, MiB)
+                finally:
+                    writer.close()
+                assert friendsock.stats().links_made == before.links_made + friends
+                # (Where the loop is not installed, the socket's own connect
+                # looked for a listener of ours, and found none.)
+                assert fallbacks_since(before) == ({} if friends else {"no-listener": 1})
+    finally:
+        friendsock.unpatch_socket()
+
+
 @pytest.mark.parametrize("proto", [0, socket.IPPROTO_TCP])
 @pytest.mark.parametrize("server_kind", ["start_server", "sock_accept"])
 async def test_a_handed_over_socket_gets_tcp_nodelay_as_from_the_loop(friends, server_kind, proto,

@@ -30,6 +30,7 @@ from .._handshake import (
     Entry,
     Pending,
     adopt_accepted,
+    adoptable_connecting,
     claim_accepted,
     forget_listener,
     forget_when_collected,
@@ -73,11 +74,14 @@ async def sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, add
         pending = register_adoptable_connect(sock, address, owner=loop)
     if pending is None:
         return await connect(sock, address)  # type: ignore[no-any-return]
+    adoptable_connecting.add(sock)
     try:
         await connect(sock, address)
     except BaseException:
         go_tcp(pending, None)  # the connect failed: no connection to count
         raise
+    finally:
+        adoptable_connecting.discard(sock)
     _connected[sock] = pending
 
 

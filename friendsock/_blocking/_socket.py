@@ -369,7 +369,7 @@ def _may_pair(sock: socket.socket) -> bool:
     keeps its class and its own methods doing the I/O: it is TCP."""
     return type(sock) is FriendCapableSocket and sock.family in _INET and \
         _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and sock.gettimeout() != 0.0 and \
-        is_enabled()
+        is_enabled() and sock not in _handshake.adoptable_connecting
 
 
 # -- the listening side ---------------------------------------------------------
