@@ -22,6 +22,7 @@ import struct
 import threading
 import warnings
 from typing import Any, Callable, Iterator, List, Tuple
+from unittest import mock
 
 import pytest
 import uvloop
@@ -65,6 +66,30 @@ def blocking_pair(patched: bool, timeout: float = TIMEOUT) -> Iterator[Tuple[soc
                 assert address == client.getsockname()
                 assert friendsock.is_friend(client) is friendsock.is_friend(server) is patched
                 yield client, server
+
+
+def test_a_replaced_socket_call_sees_every_connection(patched):
+    """A test that replaces ``socket.socket.recv`` (aiosmtpd's mocks it to
+    raise) means it for every socket, and over TCP every socket's recv()
+    is that one: while it is replaced, connects do not pair; once it is put
+    back, they pair again."""
+    def connected() -> Tuple[socket.socket, socket.socket, socket.socket]:
+        listener = socket.create_server((LOCALHOST, 0))
+        client = socket.create_connection(listener.getsockname(), timeout=TIMEOUT)
+        return listener, client, listener.accept()[0]
+
+    with mock.patch("socket.socket.recv", side_effect=OSError(errno.EIO, "mocked")) as recv:
+        listener, client, server = connected()
+        with listener, client, server:
+            assert not friendsock.is_friend(client) and not friendsock.is_friend(server)
+            server.sendall(b"x")
+            with pytest.raises(OSError, match="mocked"):
+                client.recv(1)
+            assert recv.call_count == 1
+    with blocking_pair(patched) as (client, server):
+        server.sendall(b"x")
+        assert client.recv(1) == b"x"
+
 
 
 def run_thread(target: Callable[[], Any]) -> Callable[[], Any]:

@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .. import _handshake
 from .._core._addresses import flow_key
@@ -131,6 +131,30 @@ class _SocketMeta(type):
                 getattr(value, "__module__", None) == "pytest_socket":
             value = _asking_first(value)
         type.__setattr__(cls, name, value)
+        if cls is FriendCapableSocket and name in _PAIRED_IO:
+            _note_replaced(name)
+
+    def __delattr__(cls, name: str) -> None:
+        type.__delattr__(cls, name)
+        if cls is FriendCapableSocket and name in _PAIRED_IO:
+            _note_replaced(name)
+
+
+# The I/O calls a paired socket's class overrides. A program (a test's
+# mock.patch("socket.socket.recv")) that replaces one on socket.socket
+# means it for every socket; while one is replaced, connects do not pair,
+# and the replacement sees their bytes, as over TCP.
+_PAIRED_IO = frozenset({"recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg",
+                        "recvmsg_into", "send", "sendall", "sendto", "sendmsg", "sendfile",
+                        "shutdown"})
+_replaced_io: Set[str] = set()
+
+
+def _note_replaced(name: str) -> None:
+    if name in FriendCapableSocket.__dict__:
+        _replaced_io.add(name)
+    else:  # put back: inherited again
+        _replaced_io.discard(name)
 
 
 class Descriptor:
@@ -369,7 +393,7 @@ def _may_pair(sock: socket.socket) -> bool:
     keeps its class and its own methods doing the I/O: it is TCP."""
     return type(sock) is FriendCapableSocket and sock.family in _INET and \
         _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and sock.gettimeout() != 0.0 and \
-        is_enabled() and sock not in _handshake.adoptable_connecting
+        is_enabled() and not _replaced_io and sock not in _handshake.adoptable_connecting
 
 
 # -- the listening side ---------------------------------------------------------
