@@ -6,7 +6,13 @@ Any in-process transport between two threads pays at least one of these
 per message (the thread that waits must be woken), so the ratios here bound
 what the benchmark's blocking-threads-rr can show against TCP.
 
-    python benchmarks/thread_wakeups.py [--count 30000] [--rounds 5]
+``--python N``: each thread runs N steps of a Python loop between waking
+the other and going to sleep itself, as a transport written in Python does
+(a friend socket's sendall returns, its recv looks at the link, then
+sleeps). The woken thread then wakes to a GIL its waker still holds, and
+waits for it: what that costs a round trip, beyond the steps themselves.
+
+    python benchmarks/thread_wakeups.py [--count 30000] [--rounds 5] [--python N]
 """
 
 from __future__ import annotations
@@ -23,17 +29,31 @@ from typing import Callable, Dict, List, Tuple
 Step = Callable[[], object]
 
 
+_python_steps = 0  # --python
+
+
+def _steps(count: int) -> int:
+    total = 0
+    for step in range(count):
+        total += step
+    return total
+
+
 def _round_trips(count: int, send_a: Step, recv_a: Step, send_b: Step, recv_b: Step) -> float:
+    steps = _python_steps
+
     def echo() -> None:
         for _ in range(count):
             recv_b()
             send_b()
+            _steps(steps)
 
     thread = threading.Thread(target=echo)
     thread.start()
     start = time.perf_counter()
     for _ in range(count):
         send_a()
+        _steps(steps)
         recv_a()
     elapsed = time.perf_counter() - start
     thread.join()
@@ -95,7 +115,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=30000, help="round trips per measurement")
     parser.add_argument("--rounds", type=int, default=5, help="measurements per way (median)")
+    parser.add_argument("--python", type=int, default=0, metavar="N",
+                        help="steps of a Python loop each thread runs between waking the other "
+                             "and sleeping")
     args = parser.parse_args()
+    global _python_steps
+    _python_steps = args.python
+    if args.python:
+        start = time.perf_counter()
+        for _ in range(1000):
+            _steps(args.python)
+        print(f"{args.python} Python steps: {(time.perf_counter() - start) * 1000:.2f} us "
+              f"(run twice a round trip, once by each thread)")
     results: Dict[str, List[float]] = {}
     for _ in range(args.rounds):  # interleaved: a noisy machine hits every way alike
         for name, way in WAYS.items():

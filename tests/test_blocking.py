@@ -13,6 +13,7 @@ import contextlib
 import errno
 import gc
 import hashlib
+import io
 import os
 import random
 import select
@@ -466,23 +467,32 @@ def test_an_abortive_close_resets_the_peer(patched):
                 server.shutdown(how)
 
 
-def test_sendfile_through_the_descriptor_gives_up_cleanly(patched, tmp_path):
-    """socket.sendfile()'s os.sendfile() path (the stdlib tries it first):
-    on a friend socket it gives up before sending anything, and the send()
-    path the stdlib falls back to sends all, once."""
+@pytest.mark.parametrize("path_taken", ["sendfile", "_sendfile_use_sendfile"])
+def test_sendfile_sends_all_once(patched, tmp_path, path_taken):
+    """socket.sendfile(), and its os.sendfile() path that code may call
+    itself (CPython's own tests do): all of the file, once, from the offset
+    given and as much as asked, and the file's position after what was
+    sent; a non-blocking socket is refused with ValueError, as the stdlib
+    refuses it."""
     data = random.Random(3).randbytes(100_000)
     path = tmp_path / "file"
     path.write_bytes(data)
     with blocking_pair(patched) as (client, server):
+        send = getattr(client, path_taken)
         with open(path, "rb") as file:
-            try:
-                sent = client._sendfile_use_sendfile(file)  # type: ignore[attr-defined]
-            except socket._GiveupOnSendfile:  # type: ignore[attr-defined]
-                assert patched
-                sent = client._sendfile_use_send(file)  # type: ignore[attr-defined]
+            assert send(file) == len(data)
+            assert file.tell() == len(data)
+            assert send(file, 10, 5000) == 5000
+            assert file.tell() == 5010
+            client.setblocking(False)
+            with pytest.raises(ValueError):
+                send(file)
+            client.setblocking(True)
+        if path_taken == "_sendfile_use_sendfile":  # what os.sendfile() cannot read
+            with pytest.raises(socket._GiveupOnSendfile):  # type: ignore[attr-defined]
+                send(io.BytesIO(b"no descriptor"))
         client.shutdown(socket.SHUT_WR)
-        assert sent == len(data)
-        assert receive_until_eof(server) == data
+        assert receive_until_eof(server) == data + data[10:5010]
 
 
 def test_sendmsg_gathers_and_recvmsg_scatters(patched):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import _socket
 import errno
+import io
 import operator
 import os
 import select
@@ -881,8 +882,17 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
 
     def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
-        raise socket._GiveupOnSendfile(  # type: ignore[attr-defined]
-            "os.sendfile() does not reach a friend socket's connection")
+        # The stdlib's os.sendfile() path, which code may call itself (CPython's
+        # own tests do): its checks, its giving up on what os.sendfile()
+        # cannot read, and its result; the bytes go through send() too.
+        self._check_sendfile_params(file, offset, count)  # type: ignore[attr-defined]
+        try:
+            size = os.fstat(file.fileno()).st_size
+        except (AttributeError, io.UnsupportedOperation, OSError) as exc:
+            raise socket._GiveupOnSendfile(exc)  # type: ignore[attr-defined]  # not a regular file
+        if not size:
+            return 0
+        return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
 
     # -- waiting ---------------------------------------------------------------
     @staticmethod
