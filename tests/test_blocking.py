@@ -92,6 +92,41 @@ def test_a_replaced_socket_call_sees_every_connection(patched):
         assert client.recv(1) == b"x"
 
 
+@pytest.mark.parametrize("restore", ["delattr", "setattr"])
+def test_a_wrapper_around_a_socket_call_leaves_pairing_on(patched, restore):
+    """A wrapper that goes on to the original call (blockbuster wraps every
+    socket call around each test of anyio's and aiohttp's suites), put back
+    by deleting it or by setting the original back: connects pair under it
+    and after it, as without it."""
+    original = socket.socket.recv
+    calls = []
+
+    def wrapper(self: socket.socket, *args: Any) -> bytes:
+        calls.append(self)
+        return original(self, *args)
+
+    socket.socket.recv = wrapper  # type: ignore[method-assign]
+    try:
+        with blocking_pair(patched) as (client, server):
+            server.sendall(b"x")
+            assert client.recv(1) == b"x"
+        # A paired socket's own recv() does the reading (not the wrapper's
+        # original, the C call on the real descriptor).
+        assert bool(calls) is not patched
+    finally:
+        if restore == "delattr":
+            del socket.socket.recv
+        else:
+            socket.socket.recv = original  # type: ignore[method-assign]
+    try:
+        with blocking_pair(patched) as (client, server):
+            server.sendall(b"y")
+            assert client.recv(1) == b"y"
+    finally:
+        if "recv" in vars(socket.socket):  # set back: inherited again
+            del socket.socket.recv
+
+
 
 def run_thread(target: Callable[[], Any]) -> Callable[[], Any]:
     """Run ``target`` in a thread; returns a join that re-raises its error."""

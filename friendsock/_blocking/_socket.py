@@ -33,6 +33,7 @@ import operator
 import os
 import select
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -141,10 +142,13 @@ class _SocketMeta(type):
             _note_replaced(name)
 
 
-# The I/O calls a paired socket's class overrides. A program (a test's
-# mock.patch("socket.socket.recv")) that replaces one on socket.socket
-# means it for every socket; while one is replaced, connects do not pair,
-# and the replacement sees their bytes, as over TCP.
+# The I/O calls a paired socket's class overrides. A test that mocks one
+# on socket.socket (mock.patch("socket.socket.recv", side_effect=...))
+# means the mock for every socket; while one is mocked, connects do not
+# pair, and the mock sees their bytes, as over TCP. Not any replacement:
+# a wrapper that goes on to the original (blockbuster's, in anyio's and
+# aiohttp's suites, around every test) changes no byte, and pairing goes
+# on under it.
 _PAIRED_IO = frozenset({"recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg",
                         "recvmsg_into", "send", "sendall", "sendto", "sendmsg", "sendfile",
                         "shutdown"})
@@ -152,10 +156,19 @@ _replaced_io: Set[str] = set()
 
 
 def _note_replaced(name: str) -> None:
-    if name in FriendCapableSocket.__dict__:
+    if _is_mock(FriendCapableSocket.__dict__.get(name)):
         _replaced_io.add(name)
-    else:  # put back: inherited again
+    else:  # put back (inherited again, or set back), or not a mock
         _replaced_io.discard(name)
+
+
+def _is_mock(value: Any) -> bool:
+    """A unittest.mock object, or a function mock.patch(autospec=True) made."""
+    mock = sys.modules.get("unittest.mock")
+    if mock is None or value is None:
+        return False
+    return isinstance(value, mock.NonCallableMock) or \
+        isinstance(getattr(value, "mock", None), mock.NonCallableMock)
 
 
 class Descriptor:
