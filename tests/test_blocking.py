@@ -530,6 +530,39 @@ def test_sendfile_sends_all_once(patched, tmp_path, path_taken):
         assert receive_until_eof(server) == data + data[10:5010]
 
 
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_loop_sends_a_file_on_a_paired_socket(patched, tmp_path, loop_kind):
+    """``loop.sock_sendfile()`` with a socket that paired (made non-blocking
+    and handed to the loop's ``sock_*`` calls): asyncio's ``os.sendfile()``
+    on its descriptor would not reach its connection (the send waited for
+    ever); it takes asyncio's fallback through ``send()``: all of the file,
+    once. uvloop has no ``sock_sendfile``, on either path."""
+    data = random.Random(5).randbytes(300_000)
+    path = tmp_path / "file"
+    path.write_bytes(data)
+
+    async def send(client: socket.socket) -> int:
+        with open(path, "rb") as file:
+            return await asyncio.wait_for(
+                asyncio.get_running_loop().sock_sendfile(client, file), TIMEOUT)
+
+    with blocking_pair(patched) as (client, server):
+        received: List[bytes] = []
+        reader = threading.Thread(target=lambda: received.append(receive_until_eof(server)))
+        reader.start()
+        try:
+            client.setblocking(False)
+            if loop_kind == "uvloop":
+                with pytest.raises(NotImplementedError):
+                    uvloop.run(send(client))
+            else:
+                assert asyncio.run(send(client)) == len(data)
+        finally:
+            client.shutdown(socket.SHUT_WR)
+            reader.join(TIMEOUT)
+        assert received == [data if loop_kind == "asyncio" else b""]
+
 def test_sendmsg_gathers_and_recvmsg_scatters(patched):
     """sendmsg/recvmsg/recvmsg_into on a TCP connection: gather and scatter,
     no ancillary data, no address; bad arguments are the C call's

@@ -68,6 +68,28 @@ def _teach_pyopenssl(module: ModuleType) -> None:
     connection.__init__ = __init__
 
 
+def _teach_selector_loops(module: ModuleType) -> None:
+    """asyncio's Unix loops send a file (``loop.sock_sendfile``, and
+    ``loop.sendfile`` on their own transports) with ``os.sendfile()`` on
+    the socket's descriptor, which for a paired socket is not its
+    connection: for one, they take the way they take where
+    ``os.sendfile()`` cannot serve, their fallback through ``send()``."""
+    loop_class = getattr(module, "_UnixSelectorEventLoop", None)
+    native = getattr(loop_class, "_sock_sendfile_native", None)
+    if native is None or getattr(native, "_friendsock_native", None) is not None:
+        return
+
+    async def _sock_sendfile_native(self: Any, sock: Any, file: Any, offset: int,
+                                    count: Optional[int]) -> int:
+        if type(sock) is FriendBlockingSocket:
+            raise module.exceptions.SendfileNotAvailableError(
+                "os.sendfile() does not reach a friend socket's connection")
+        return await native(self, sock, file, offset, count)  # type: ignore[no-any-return]
+
+    _sock_sendfile_native._friendsock_native = native  # type: ignore[attr-defined]
+    loop_class._sock_sendfile_native = _sock_sendfile_native  # type: ignore[union-attr]
+
+
 def patch_socket() -> None:
     """From now on, ``socket.socket`` (and so ``socket.create_connection``
     and ``socket.create_server``) of this process makes friend-capable
@@ -86,6 +108,7 @@ def patch_socket() -> None:
     # Kept after unpatch_socket(): the sockets made meanwhile stay this class.
     when_imported("multiprocessing.reduction", _teach_multiprocessing)
     when_imported("OpenSSL.SSL", _teach_pyopenssl)
+    when_imported("asyncio.unix_events", _teach_selector_loops)
 
 
 def unpatch_socket() -> None:
