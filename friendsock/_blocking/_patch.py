@@ -68,12 +68,12 @@ def _teach_pyopenssl(module: ModuleType) -> None:
     connection.__init__ = __init__
 
 
-def _teach_selector_loops(module: ModuleType) -> None:
+def _teach_unix_loops(module: ModuleType) -> None:
     """asyncio's Unix loops send a file (``loop.sock_sendfile``, and
     ``loop.sendfile`` on their own transports) with ``os.sendfile()`` on
     the socket's descriptor, which for a paired socket is not its
-    connection: for one, they take the way they take where
-    ``os.sendfile()`` cannot serve, their fallback through ``send()``."""
+    connection: for a paired socket they go where ``os.sendfile()``
+    cannot serve, to their fallback through ``send()``."""
     loop_class = getattr(module, "_UnixSelectorEventLoop", None)
     native = getattr(loop_class, "_sock_sendfile_native", None)
     if native is None or getattr(native, "_friendsock_native", None) is not None:
@@ -108,7 +108,7 @@ def patch_socket() -> None:
     # Kept after unpatch_socket(): the sockets made meanwhile stay this class.
     when_imported("multiprocessing.reduction", _teach_multiprocessing)
     when_imported("OpenSSL.SSL", _teach_pyopenssl)
-    when_imported("asyncio.unix_events", _teach_selector_loops)
+    when_imported("asyncio.unix_events", _teach_unix_loops)
 
 
 def unpatch_socket() -> None:
