@@ -73,8 +73,7 @@ def reveal(end: LinkEnd) -> None:
     the descriptor polls readable as a TCP socket's does after the peer's
     FIN."""
     end.fd_hidden = False
-    link = end.link
-    friend = link.server if end is link.client else link.client
+    friend = end.link.friend_of(end)
     sock = friend.fin_owed if friend is not None else None
     if sock is not None:
         friend.fin_owed = None

@@ -466,8 +466,7 @@ class FriendTransport(_FlowControlMixin):
         friend's descriptor either (a system call and a FIN's round in the
         kernel per connection): held back, it is sent when the friend's
         descriptor is first asked for (``reveal``)."""
-        link = self._end.link
-        friend = link.server if self._end is link.client else link.client
+        friend = self._end.link.friend_of(self._end)
         if friend is None or friend.owner is None or self._sock.fileno() < 0:
             return
         if friend.fd_hidden:

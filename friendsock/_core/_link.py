@@ -826,6 +826,10 @@ class Link:
     def done(self) -> bool:
         return self._open_ends == 0
 
+    def friend_of(self, end: LinkEnd) -> Optional[LinkEnd]:
+        """``end``'s friend: the link's other end (None once it is done)."""
+        return self.server if end is self.client else self.client
+
     def can_hand_over(self, limit: int) -> bool:
         """Whether :meth:`hand_over` would go ahead now (it checks again,
         under the locks)."""
