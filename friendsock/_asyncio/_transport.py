@@ -48,6 +48,8 @@ _MAX_CHUNK = 256 * 1024
 # ones go over by reference, uncopied.
 _MAX_JOIN = 64 * 1024
 _DEFAULT_HIGH_WATER = 64 * 1024
+# Read once per drain: a module global is cheaper than the class attribute.
+_CHANNEL_OPEN = ChannelState.OPEN
 
 
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
@@ -178,10 +180,6 @@ class FriendTransport(_FlowControlMixin):
         if self._in.attach_reader(self._hooks()[0]):
             self._schedule_drain()
 
-    def _schedule_drain(self) -> None:
-        """From this loop's own thread."""
-        self._drains.add(self._drain_now)
-
     def _hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
         """(readable, writable): what the link calls when there is
         something to read, or room to write."""
@@ -189,18 +187,20 @@ class FriendTransport(_FlowControlMixin):
             # The friend runs on another thread: what it asks of us is
             # handed to our loop (the reader's loop, for its bytes).
             return self._remote_hooks()
-        return self._readable, self._writable
+        # readable: the friend, on this loop, wrote to us (inside its
+        # write()); the drain is scheduled, never run here (see
+        # _schedule_drain). A partial: no Python frame per message.
+        return partial(self._drains.add, self._drain_now), self._writable
 
-    def _readable(self) -> None:
-        """The friend, on this loop, wrote to us (inside its ``write()``):
-        the drain is scheduled, never run here. Not even for asyncio's own
-        stream protocol, whose feed runs no user code: fed at once, its
-        reader's task would wake before the writer's next step, where over
-        TCP the reader learns of the bytes only at the loop's next poll
-        (aioftp's server answers, then frees the data port a step later,
-        and its tests count on the port being free when the answer is
-        read)."""
-        self._drains.add(self._drain_now)  # _schedule_drain, inline: once per message
+    def _schedule_drain(self) -> None:
+        """From this loop's own thread: deliver soon, never now. Not even
+        to asyncio's own stream protocol, whose feed runs no user code: fed
+        at once, its reader's task would wake before the writer's next step,
+        where over TCP the reader learns of the bytes only at the loop's next
+        poll (aioftp's server answers, then frees the data port a step
+        later, and its tests count on the port being free when the answer
+        is read)."""
+        self._drains.add(self._drain_now)
 
     def _connection_made(self) -> bool:
         """The protocol's connection_made, as the loop's own transports call
@@ -353,7 +353,7 @@ class FriendTransport(_FlowControlMixin):
             except BaseException as exc:
                 self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
                 return
-        if channel.state is not ChannelState.OPEN:  # else more may come
+        if channel.state is not _CHANNEL_OPEN:  # else more may come
             self._drain_end(channel.seen())
 
     def _drain_end(self, seen: Seen) -> None:
@@ -409,10 +409,13 @@ class FriendTransport(_FlowControlMixin):
 
     # -- WriteTransport ---------------------------------------------------
     def write(self, data: Any) -> None:
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(
-                f"data argument must be a bytes-like object, not {type(data).__name__!r}"
-            )
+        if type(data) is not bytes:
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(
+                    f"data argument must be a bytes-like object, not {type(data).__name__!r}"
+                )
+            # bytes go by reference; mutable buffers are copied once.
+            data = bytes(data)
         if self._eof:
             raise RuntimeError("Cannot call write() after write_eof()")
         if not data:
@@ -424,8 +427,7 @@ class FriendTransport(_FlowControlMixin):
             return
         out = self._out
         try:
-            # bytes go by reference; mutable buffers are copied once.
-            out.push(data if type(data) is bytes else bytes(data))
+            out.push(data)
         except PeerResetError:
             try:
                 self._end.send_refused()

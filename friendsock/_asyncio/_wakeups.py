@@ -46,22 +46,27 @@ class DrainQueue:
         if meter is None:
             meter = self._meter = counters.shard()
         start = meter.moved
-        for _ in range(_DRAIN_ROUNDS):
-            ready = self._ready
-            if not ready or meter.moved - start >= _DRAIN_BYTES:
-                break
+        rounds = _DRAIN_ROUNDS
+        ready = self._ready
+        while True:
             self._ready = []  # drains asked for from here on: the next round
-            for index, drain in enumerate(ready):
-                try:
+            index = 0
+            try:
+                for drain in ready:
+                    index += 1
                     drain()
-                except BaseException:  # only SystemExit/KeyboardInterrupt get here
-                    self._ready[:0] = ready[index + 1:]
-                    self._call_soon(self._run)
-                    raise
-        if self._ready:
-            self._call_soon(self._run)
-        else:
-            self._scheduled = False
+            except BaseException:  # only SystemExit/KeyboardInterrupt get here
+                self._ready[:0] = ready[index:]
+                self._call_soon(self._run)
+                raise
+            ready = self._ready
+            if not ready:
+                self._scheduled = False
+                return
+            rounds -= 1
+            if not rounds or meter.moved - start >= _DRAIN_BYTES:
+                self._call_soon(self._run)
+                return
 
 
 # A loop's wake-up fd: written with ``_signal(fd, 1)``, read with

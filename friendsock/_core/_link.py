@@ -33,7 +33,7 @@ import enum
 import errno
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, Deque, NoReturn, Optional, Tuple, Type
 
 from ._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from ._live import Describe, live_links
@@ -76,6 +76,14 @@ _TRANSITIONS = {
 }
 
 
+# The states and sightings as module globals: the hot paths read them per
+# write and per read, and an enum's class attribute costs some 100 ns (its
+# metaclass's __getattr__ hook slows every lookup on the class).
+_OPEN, _EOF, _RESET, _ON_TCP = (ChannelState.OPEN, ChannelState.EOF, ChannelState.RESET,
+                                ChannelState.TCP)
+_DATA, _NOTHING, _SEEN_EOF, _SEEN_RESET, _SEEN_TCP = (Seen.DATA, Seen.NOTHING, Seen.EOF,
+                                                      Seen.RESET, Seen.TCP)
+
 # What a channel nobody has written to holds instead of a deque (an empty
 # deque is some 600 bytes): empty, iterable, never appended to.
 _NO_QUEUE: Tuple[bytes, ...] = ()
@@ -115,7 +123,7 @@ class Channel:
         self.meter = meter or counters.shard()
         self.sndbuf = sndbuf
         self.rcvbuf = rcvbuf
-        self.state = ChannelState.OPEN
+        self.state = _OPEN
         self.reader_closed = False
         # The reset came after the FIN had reached the reader's receive
         # buffer: the kernel reports EPIPE then, and the reader still reads
@@ -150,10 +158,8 @@ class Channel:
     # -- writer side ------------------------------------------------------
     def push(self, data: bytes) -> None:
         """Queue ``data`` (taken by reference: the caller passes ``bytes``)."""
-        if self.state is not ChannelState.OPEN:
-            raise ChannelShutdownError("the writing end was shut down")
-        if self.reader_closed:
-            raise PeerResetError("the reading end is closed")
+        if self.state is not _OPEN or self.reader_closed:
+            self._refuse_push()
         queue = self._queue
         if queue is _NO_QUEUE:
             queue = self._queue = collections.deque()
@@ -163,13 +169,18 @@ class Channel:
             self._reader_notified = True
             self.notify_readable()
 
+    def _refuse_push(self) -> NoReturn:
+        if self.state is not _OPEN:
+            raise ChannelShutdownError("the writing end was shut down")
+        raise PeerResetError("the reading end is closed")
+
     def attach_reader(self, hook: Hook) -> bool:
         """Install ``notify_readable``; True when something already waits
         (the caller drains: no notification is sent for it)."""
         self.notify_readable = hook
         self.meter = counters.shard()
         self.reader_thread = threading.current_thread()
-        if self.queued or self.state is not ChannelState.OPEN:
+        if self.queued or self.state is not _OPEN:
             self._reader_notified = True
             return True
         return False
@@ -193,7 +204,7 @@ class Channel:
 
     def shutdown(self) -> None:
         """EOF after the bytes already queued."""
-        self._move(ChannelState.EOF)
+        self._move(_EOF)
         self._notify_reader()
 
     def truncate(self, keep: int) -> None:
@@ -218,11 +229,11 @@ class Channel:
     def reset(self, keep: int) -> None:
         """A TCP reset: the reader gets at most ``keep`` more bytes, then the
         error (the kernel drops the sender's queue, keeps the receiver's)."""
-        if self.state is ChannelState.RESET:
+        if self.state is _RESET:
             return
-        self.reset_after_fin = self.state is ChannelState.EOF and self.queued <= self.rcvbuf
+        self.reset_after_fin = self.state is _EOF and self.queued <= self.rcvbuf
         Channel.truncate(self, keep)  # not the locked override: we hold the lock
-        self._move(ChannelState.RESET)
+        self._move(_RESET)
         self._notify_reader()
 
     # -- reader side ------------------------------------------------------
@@ -237,14 +248,14 @@ class Channel:
         """
         state = self.state
         if self.queued:
-            return Seen.DATA
-        if state is ChannelState.OPEN:
-            return Seen.NOTHING
-        if state is ChannelState.TCP:
-            return Seen.TCP
-        if state is ChannelState.RESET and not self.reset_after_fin:
-            return Seen.RESET
-        return Seen.EOF
+            return _DATA
+        if state is _OPEN:
+            return _NOTHING
+        if state is _ON_TCP:
+            return _SEEN_TCP
+        if state is _RESET and not self.reset_after_fin:
+            return _SEEN_RESET
+        return _SEEN_EOF
 
     def begin_drain(self) -> None:
         """The reader is draining: the next push must notify it again."""
@@ -255,7 +266,7 @@ class Channel:
         EOF, a reset), with no push nor pull in between (the lock, on a
         locked channel). A readiness descriptor kept so never shows a
         writer's notice that arrives after the reader took its bytes."""
-        show(self.seen() is not Seen.NOTHING)
+        show(self.seen() is not _NOTHING)
 
     def begin_pull(self, limit: int, join_limit: Optional[int] = None) -> Tuple[bytes, int]:
         """``begin_drain()``, then ``pull()`` if anything is queued (one
@@ -381,12 +392,12 @@ class Channel:
         holds the lock): the bytes still queued, which the writer's socket
         sends before anything else, and whether its EOF follows them."""
         data = Channel.peek(self, self.queued)
-        eof = self.state is ChannelState.EOF
+        eof = self.state is _EOF
         self._queue = _NO_QUEUE  # type: ignore[assignment]
         self._head_offset = 0
         self.queued = 0
         self._writer_wake_at = None
-        self._move(ChannelState.TCP)
+        self._move(_ON_TCP)
         return data, eof
 
     # -- internals --------------------------------------------------------
@@ -447,10 +458,8 @@ class LockedChannel(Channel):
         lock = self._lock
         lock.acquire()
         try:
-            if self.state is not ChannelState.OPEN:
-                raise ChannelShutdownError("the writing end was shut down")
-            if self.reader_closed:
-                raise PeerResetError("the reading end is closed")
+            if self.state is not _OPEN or self.reader_closed:
+                self._refuse_push()
             queue = self._queue
             if queue is _NO_QUEUE:
                 queue = self._queue = collections.deque()
@@ -623,7 +632,7 @@ class LinkEnd:
         :class:`PeerResetError`). Returns when TCP still takes this send;
         raises :class:`LinkBrokenError` when the send fails."""
         incoming = self.incoming
-        if incoming.state is not ChannelState.RESET:
+        if incoming.state is not _RESET:
             # The friend closed cleanly. TCP takes this first write, and the
             # friend's kernel answers it with a reset, which drops what the
             # friend had not sent yet (beyond our rcvbuf) and fails the next.
@@ -649,10 +658,10 @@ class LinkEnd:
         EPIPE after our own shutdown, the friend's reset (see
         :meth:`send_refused`)."""
         out = self.outgoing
-        if out.state is not ChannelState.OPEN:
-            if out.state is ChannelState.TCP:
+        if out.state is not _OPEN:
+            if out.state is _ON_TCP:
                 return -1
-            if out.state is ChannelState.RESET or self.incoming.state is ChannelState.RESET:
+            if out.state is _RESET or self.incoming.state is _RESET:
                 raise self.send_error()
             raise LinkBrokenError(errno.EPIPE)
         room = out.sndbuf + out.rcvbuf - out.queued
@@ -672,7 +681,7 @@ class LinkEnd:
         """What ``getpeername()`` fails with: ENOTCONN once the friend's
         reset came (it closes the kernel's socket, even with bytes left to
         read); None while connected."""
-        if self.incoming.state is ChannelState.RESET:
+        if self.incoming.state is _RESET:
             return LinkBrokenError(errno.ENOTCONN)
         return None
 
@@ -684,9 +693,9 @@ class LinkEnd:
     def shutdown_write(self) -> None:
         """``shutdown(SHUT_WR)``: EOF after what was written. After the
         friend's reset the socket is closed, and shutdown fails ENOTCONN."""
-        if self.incoming.state is ChannelState.RESET:
+        if self.incoming.state is _RESET:
             raise LinkBrokenError(errno.ENOTCONN)
-        if self.outgoing.state is ChannelState.OPEN:
+        if self.outgoing.state is _OPEN:
             self.outgoing.shutdown()
 
     def drop_own_buffer(self) -> None:
@@ -719,9 +728,9 @@ class LinkEnd:
         out = self.outgoing
         if self.incoming.queued:
             out.reset(keep=out.rcvbuf)
-        elif out.state is ChannelState.OPEN:
+        elif out.state is _OPEN:
             out.shutdown()
-        if self.incoming.close_reader() and out.state is not ChannelState.RESET:
+        if self.incoming.close_reader() and out.state is not _RESET:
             out.reset(keep=out.rcvbuf)  # bytes came in meanwhile (another thread)
         link._end_closed()
 
@@ -753,9 +762,9 @@ def _may_hand_over(client: LinkEnd, server: LinkEnd, limit: int) -> bool:
         return False
     for end in (client, server):
         channel = end.outgoing
-        if channel.state not in (ChannelState.OPEN, ChannelState.EOF) or channel.queued > limit:
+        if channel.state not in (_OPEN, _EOF) or channel.queued > limit:
             return False
-        if end.closed and not (channel.state is ChannelState.EOF and end.incoming.reader_closed):
+        if end.closed and not (channel.state is _EOF and end.incoming.reader_closed):
             return False
     return True
 
@@ -909,7 +918,7 @@ class Link:
             channel.queued = 0
             channel._writer_wake_at = None
             channel.reset_after_fin = False
-            channel.state = ChannelState.RESET
+            channel.state = _RESET
 
     def _claim_close(self, end: LinkEnd) -> bool:
         lock = self._lock
