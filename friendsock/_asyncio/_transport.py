@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import os
 import socket
 import warnings
 from asyncio import format_helpers
@@ -35,6 +34,7 @@ from .._core._addresses import shared_host
 from .._core._errors import LinkBrokenError, PeerResetError
 from .._core._link import ChannelState, LinkEnd, Seen
 from .._friend_socket import FriendSocket, copy_buffer_sizes
+from .._handshake import current_pid
 from ._loop_state import LoopState, loop_state
 
 logger = logging.getLogger("friendsock")
@@ -256,7 +256,7 @@ class FriendTransport(_FlowControlMixin):
         return "<{}>".format(" ".join(info))
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        if not self._closed and not self._closing and self._state.pid == os.getpid():
+        if not self._closed and not self._closing and self._state.pid == current_pid():
             try:
                 _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
             finally:  # the warning an error: the friend must not wait forever

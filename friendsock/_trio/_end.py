@@ -13,7 +13,6 @@ kind of end translates them once (``_broken``, ``_closed_error``).
 from __future__ import annotations
 
 import errno
-import os
 import warnings
 import weakref
 from typing import Any, Callable, Optional, Tuple
@@ -23,6 +22,7 @@ import trio
 from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from .._core._finalizing import close_when_safe
 from .._core._link import ChannelState, LinkEnd, Seen
+from .._handshake import current_pid
 from ._run import RunState
 
 # Small writes are joined into one receive up to this size.
@@ -160,7 +160,7 @@ class TrioEnd:
         names the socket as the stdlib's finalizer does on the TCP path
         ("unclosed <socket.socket ..."), so warning filters match alike."""
         state = getattr(self, "_state", None)  # None: never hooked in
-        if state is None or self._closed or state.pid != os.getpid():
+        if state is None or self._closed or state.pid != current_pid():
             return
         try:
             warn(f"unclosed <socket.socket fd=-1, laddr={self._sockname!r}, "
