@@ -14,9 +14,12 @@ import random
 import tracemalloc
 from typing import List
 
+import pytest
 import uvloop
 
 import friendsock
+from friendsock._bench._memory import IdleWorkload
+from friendsock._bench._transports import Endpoint
 from friendsock._core._registry import registry
 from test_threads import LoopThread
 
@@ -228,3 +231,28 @@ async def test_connect_close_cycles_leave_nothing_behind():
     assert after.pending == registry.pending_count() == 0
     # 10,000 connections: even 4 bytes kept per connection would be 40 kB.
     assert end - start < 32 * 1024, f"grew by {end - start} bytes"
+
+
+async def heap_per_idle_connection(transport: str, tmpdir: str, count: int = 300) -> float:
+    """Python heap per idle connection, both ends, as the benchmark's memory
+    test measures it (tracemalloc, after a warm-up)."""
+    workload = IdleWorkload(Endpoint(transport, tmpdir), count, heap=True)
+    await workload.setup()
+    try:
+        await workload.warm_up()
+        sample = await workload.measure_here()
+    finally:
+        await workload.close()
+    if transport != "tcp":
+        assert sample.friend_ok, sample.note
+    return sample.value
+
+
+@pytest.mark.parametrize("transport", ["friends", "socketless"])
+async def test_an_idle_link_weighs_no_more_than_an_idle_tcp_connection(transport, tmp_path):
+    """Holding many idle connections is one reason to switch friendsock on:
+    an idle friend link (socketless too), both ends, takes no more Python
+    heap than the loop's own TCP connection."""
+    tcp = await heap_per_idle_connection("tcp", str(tmp_path))
+    friend = await heap_per_idle_connection(transport, str(tmp_path))
+    assert friend <= tcp, f"{transport}: {friend:.0f} bytes per idle connection, TCP {tcp:.0f}"
