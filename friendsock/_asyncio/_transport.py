@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .._core._addresses import shared_host
 from .._core._errors import LinkBrokenError, PeerResetError
-from .._core._link import ChannelState, LinkEnd, Seen
+from .._core._link import CHANNEL_OPEN, LinkEnd, Seen
 from .._friend_socket import FriendSocket, copy_buffer_sizes
 from .._handshake import current_pid
 from ._loop_state import LoopState, loop_state
@@ -48,8 +48,6 @@ _MAX_CHUNK = 256 * 1024
 # ones go over by reference, uncopied.
 _MAX_JOIN = 64 * 1024
 _DEFAULT_HIGH_WATER = 64 * 1024
-# Read once per drain: a module global is cheaper than the class attribute.
-_CHANNEL_OPEN = ChannelState.OPEN
 
 
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
@@ -353,7 +351,7 @@ class FriendTransport(_FlowControlMixin):
             except BaseException as exc:
                 self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
                 return
-        if channel.state is not _CHANNEL_OPEN:  # else more may come
+        if channel.state is not CHANNEL_OPEN:  # else more may come
             self._drain_end(channel.seen())
 
     def _drain_end(self, seen: Seen) -> None:

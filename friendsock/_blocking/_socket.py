@@ -44,7 +44,8 @@ from .. import _handshake
 from .._core._addresses import flow_key
 from .._core._errors import FriendError, LinkBrokenError
 from .._core._finalizing import close_when_safe
-from .._core._link import ChannelState, Link, LinkEnd, Seen
+from .._core._link import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_NOTHING, SEEN_TCP,
+                           Link, LinkEnd, Seen)
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
@@ -72,12 +73,6 @@ from ._readiness import Readiness, Signals, leave, parker, readiness_owners, sle
 _ss = _socket.socket  # the C methods, below every Python override
 OriginalSocket: "type[socket.socket]" = socket.socket  # the stdlib class, as it was at import
 _INET = (socket.AF_INET, socket.AF_INET6)
-_OPEN = ChannelState.OPEN
-_ON_TCP = ChannelState.TCP
-_NOTHING = Seen.NOTHING
-_DATA = Seen.DATA
-_EOF = Seen.EOF
-_TCP = Seen.TCP
 _MAX_JOIN = 64 * 1024
 # Plain ints: the socket module's are IntFlag members, whose ``&`` and ``~``
 # run in Python (some microseconds a call).
@@ -459,7 +454,7 @@ def _claim(sock: FriendCapableSocket, address: Any, entry: Entry,
         with _ends_lock:
             # Handed over meanwhile (a fork, the client's hand-over): sock
             # is its connection, and the link nobody's to adopt.
-            handed_over = pending.link.server.incoming.state is _ON_TCP
+            handed_over = pending.link.server.incoming.state is CHANNEL_TCP
             if not handed_over:
                 adopt_accepted(descriptor, pending)  # type: ignore[arg-type]
         if not handed_over:
@@ -681,7 +676,7 @@ def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peerna
     friend socket of ``end``; False, ``sock`` left as it is, when a fork
     handed the link over to TCP meanwhile (``sock`` is its connection)."""
     with _ends_lock:
-        if end.incoming.state is _ON_TCP:
+        if end.incoming.state is CHANNEL_TCP:
             return False
         if type(sock) is not FriendBlockingSocket:  # else made one by the accept already
             _make_friend(sock, end, sockname, peername, descriptor)
@@ -784,7 +779,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             ready = self._signals.ready
             if ready is not None:  # another thread made it meanwhile
                 return ready.fd
-            if self._in.state is _ON_TCP:  # handed over meanwhile
+            if self._in.state is CHANNEL_TCP:  # handed over meanwhile
                 return _ss.fileno(self)  # type: ignore[no-any-return]
             try:
                 ready = Readiness(self)
@@ -941,9 +936,9 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             if self._friend_closed:
                 raise _bad_fd()
             if self._read_shut:
-                return _EOF
+                return SEEN_EOF
             seen = channel.seen()
-            if seen is not _NOTHING:
+            if seen is not SEEN_NOTHING:
                 return seen
             if timeout is not None:
                 deadline = self._wait_deadline(timeout, deadline)
@@ -956,7 +951,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
                 channel.begin_drain()
             else:
                 self._drained()  # and a token that raced in is taken back
-            if channel.queued or channel.state is not _OPEN or self._read_shut or \
+            if channel.queued or channel.state is not CHANNEL_OPEN or self._read_shut or \
                     self._friend_closed:
                 leave(readers, me)
             else:
@@ -966,7 +961,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         channel = self._in
         if type(bufsize) is int and bufsize > 0 and not flags:  # the common case
             if channel.queued and not self._friend_closed and not self._read_shut:
-                seen = _DATA
+                seen = SEEN_DATA
             else:
                 seen = self._readable(self.gettimeout())
         else:
@@ -978,7 +973,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             if bufsize == 0:
                 return b""
             seen = self._readable(timeout)
-        while seen is _DATA:
+        while seen is SEEN_DATA:
             peek = flags & _PEEK
             data = channel.peek(bufsize) if peek else channel.pull(bufsize, _MAX_JOIN)
             if data:
@@ -989,9 +984,9 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             # since we looked.
             seen = self._readable(self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS) if flags
                                   else self.gettimeout())
-        if seen is _EOF:
+        if seen is SEEN_EOF:
             return b""
-        if seen is _TCP:
+        if seen is SEEN_TCP:
             return _ss.recv(self, bufsize, flags)  # type: ignore[no-any-return]
         raise self._end.read_error().as_os_error()
 
@@ -1015,17 +1010,18 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         if not view:
             return 0
         channel = self._in
-        seen = _DATA if channel.queued and not self._read_shut else self._readable(self.gettimeout())
-        while seen is _DATA:
+        seen = (SEEN_DATA if channel.queued and not self._read_shut
+                else self._readable(self.gettimeout()))
+        while seen is SEEN_DATA:
             copied = channel.pull_into(view)
             if copied:
                 if not channel.queued and self._signals.ready is not None:
                     self._drained()
                 return copied
             seen = self._readable(self.gettimeout())  # (see recv)
-        if seen is _EOF:
+        if seen is SEEN_EOF:
             return 0
-        if seen is _TCP:
+        if seen is SEEN_TCP:
             return _ss.recv_into(self, view)  # type: ignore[no-any-return]
         raise self._end.read_error().as_os_error()
 
@@ -1106,7 +1102,8 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         me = parker()
         writers.append(me)
         ready = signals.ready
-        if out.wake_writer_at(-1) or out.state is not _OPEN or out.reader_closed or self._friend_closed:
+        if out.wake_writer_at(-1) or out.state is not CHANNEL_OPEN or out.reader_closed or \
+                self._friend_closed:
             leave(writers, me)
             if ready is not None:
                 ready.set_writable()
@@ -1123,7 +1120,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     def _push_whole(self, data: bytes) -> bool:
         """The common case: all of ``data`` (bytes) fits; queued by reference."""
         out = self._out
-        if self._friend_closed or out.state is not _OPEN or out.reader_closed or \
+        if self._friend_closed or out.state is not CHANNEL_OPEN or out.reader_closed or \
                 out.queued + len(data) > out.sndbuf + out.rcvbuf:
             return False
         try:
@@ -1171,7 +1168,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         while offset < total:
             self._check_open()
             room = out.sndbuf + out.rcvbuf - out.queued
-            if room <= 0 and out.state is _OPEN and not out.reader_closed:
+            if room <= 0 and out.state is CHANNEL_OPEN and not out.reader_closed:
                 deadline = self._wait_writable(timeout, deadline)
                 continue
             size = total - offset if room <= 0 else min(room, total - offset)
@@ -1222,7 +1219,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         released with it. None, nothing changed, where it cannot: closed,
         duplicated, under TLS, gone over to TCP."""
         with _ends_lock:
-            if self._friend_closed or self._in.state is _ON_TCP or \
+            if self._friend_closed or self._in.state is CHANNEL_TCP or \
                     self.__dict__.get("_handles") is not None or self.__dict__.get("_under_tls", False):
                 return None
             self._friend_closed = True
@@ -1239,7 +1236,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         releases the TCP descriptor once both ends are done. Of a socket
         duplicated (dup()), only the last one's close does."""
         self._friend_closed = True
-        if self._in.state is _ON_TCP:  # handed over as this close began
+        if self._in.state is CHANNEL_TCP:  # handed over as this close began
             _ss.close(self)
             return
         handles = self.__dict__.get("_handles")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Tuple
 import trio
 
 from .._core._errors import LinkBrokenError
-from .._core._link import ChannelState, LinkEnd, Seen
+from .._core._link import CHANNEL_OPEN, LinkEnd, Seen
 from .._friend_socket import FriendSocket, PairedSocketCalls
 from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
@@ -35,7 +35,6 @@ with socket.socket() as _probe:
 del _probe
 
 _checkpoint = trio.lowlevel.checkpoint
-_OPEN = ChannelState.OPEN
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
 
@@ -178,7 +177,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         if type(data) is not bytes:
             data = _as_bytes(buffer, out.sndbuf + out.rcvbuf - out.queued)
         if out.queued + len(data) <= out.sndbuf + out.rcvbuf and not self._closed and data and \
-                out.state is _OPEN and not out.reader_closed:
+                out.state is CHANNEL_OPEN and not out.reader_closed:
             out.push(data)  # the common case: it fits (a buffer: what of it fits)
             await _cancel_shielded_checkpoint()
             return len(data)
