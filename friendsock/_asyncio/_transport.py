@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .._core._addresses import shared_host
 from .._core._errors import LinkBrokenError, PeerResetError
-from .._core._link import CHANNEL_OPEN, LinkEnd, Seen
+from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
 from .._friend_socket import FriendSocket, copy_buffer_sizes
 from .._handshake import current_pid
 from ._loop_state import LoopState, loop_state
@@ -356,9 +356,9 @@ class FriendTransport(_FlowControlMixin):
 
     def _drain_end(self, seen: Seen) -> None:
         """The writer is done: EOF or the reset once its bytes are read."""
-        if seen is Seen.RESET:
+        if seen is SEEN_RESET:
             self._force_close(self._end.read_error().as_os_error())
-        elif seen is Seen.EOF:
+        elif seen is SEEN_EOF:
             self._deliver_eof()
         # DATA: newer bytes, their drain is scheduled (EOF after them).
 

@@ -21,7 +21,7 @@ import trio
 
 from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from .._core._finalizing import close_when_safe
-from .._core._link import ChannelState, LinkEnd, Seen
+from .._core._link import CHANNEL_TCP, SEEN_DATA, SEEN_NOTHING, SEEN_RESET, SEEN_TCP, LinkEnd
 from .._handshake import current_pid
 from ._run import RunState
 
@@ -215,14 +215,14 @@ class TrioEnd:
             if self._closed:
                 raise self._closed_error()
             seen = channel.seen()
-            if seen is Seen.DATA:
+            if seen is SEEN_DATA:
                 data = channel.pull(max_bytes, _MAX_JOIN)
                 if not data:
                     continue
                 break
-            if seen is Seen.NOTHING:
+            if seen is SEEN_NOTHING:
                 channel.begin_drain()  # the next push notifies us again
-                if channel.seen() is not Seen.NOTHING:
+                if channel.seen() is not SEEN_NOTHING:
                     continue
                 if self._reader is not None:  # as trio's wait_readable on one fd
                     raise trio.BusyResourceError("another task is already reading from this socket")
@@ -234,9 +234,9 @@ class TrioEnd:
                     if data:
                         break
                 continue
-            if seen is Seen.RESET:
+            if seen is SEEN_RESET:
                 raise self._broken(self._end.read_error())
-            if seen is Seen.TCP:  # handed over (LinkEnd.over_tcp): trio's own socket by now
+            if seen is SEEN_TCP:  # handed over (LinkEnd.over_tcp): trio's own socket by now
                 return await self.recv(max_bytes)  # type: ignore[attr-defined,no-any-return]
             data = b""  # EOF
             break
@@ -258,7 +258,7 @@ class TrioEnd:
             except LinkBrokenError as exc:
                 raise self._broken(exc) from None
         except ChannelShutdownError:
-            if out.state is not ChannelState.TCP:
+            if out.state is not CHANNEL_TCP:
                 raise
             # Handed over meanwhile (LinkEnd.over_tcp): trio's own socket by now.
             view = memoryview(data)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Tuple
 import trio
 
 from .._core._errors import LinkBrokenError
-from .._core._link import CHANNEL_OPEN, LinkEnd, Seen
+from .._core._link import CHANNEL_OPEN, SEEN_NOTHING, LinkEnd
 from .._friend_socket import FriendSocket, PairedSocketCalls
 from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
@@ -160,7 +160,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
 
     def is_readable(self) -> bool:
         self._check_open()
-        return self._read_shut or self._in.seen() is not Seen.NOTHING
+        return self._read_shut or self._in.seen() is not SEEN_NOTHING
 
     # -- sending --------------------------------------------------------------
     async def send(self, data: Any, flags: int = 0) -> int:
