@@ -412,6 +412,74 @@ async def test_back_pressure_across_threads(other):
         await close_server(other, server)
 
 
+@pytest.mark.parametrize("friends", [True, False])
+@pytest.mark.parametrize("writer_is", ["closing", "paused"])
+async def test_a_writer_hears_its_buffer_drained_when_the_reader_takes_all_and_closes(
+        other, friends, writer_is):
+    """The writer has bytes in its own buffer, and has closed (or is paused
+    by flow control); the reader, on its thread, takes every byte and
+    closes at once, before the writer's loop learns that its buffer
+    drained. The writer still hears it, as over TCP once its loop has sent
+    the rest: connection_lost(None), or resume_writing()."""
+    size = 0  # set once connected: more than the link holds
+    reader_gone = threading.Event()
+
+    class TakeAllThenClose(ThreadRecorder):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            transport.pause_reading()  # until the writer has closed
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if len(self.data) >= size:
+                self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            super().connection_lost(exc)
+            # Once the transport is done with the link (after this call).
+            asyncio.get_running_loop().call_soon(reader_gone.set)
+
+    factory = Factory(TakeAllThenClose)
+    server = await make_server(other, factory, friends=friends)
+    try:
+        transport, client = await friendsock.create_connection(
+            ThreadRecorder, LOCALHOST, port_of(server), friends=friends
+        )
+        assert friendsock.is_friend(transport) is friends
+        reader = await other.run(factory.wait_first())
+        rcvbuf = await other.call(lambda: reader.transport.get_extra_info("socket").getsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVBUF))
+        sndbuf = transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        _, high = transport.get_write_buffer_limits()
+        # Beyond the link's capacity: past the high-water mark, or not as far.
+        size = sndbuf + rcvbuf + (MiB if writer_is == "paused" else high // 2)
+        payload = random.Random(7).randbytes(size)
+        transport.write(payload)
+        if writer_is == "closing":
+            transport.close()
+        if friends:  # (over TCP the kernel took some of it)
+            assert transport.get_write_buffer_size() > 0
+            assert client.paused.done() is (writer_is == "paused")
+        other.loop.call_soon_threadsafe(reader.transport.resume_reading)
+        if friends:
+            # A friend's reader takes the writer's own buffer without the
+            # writer's loop (over TCP that loop sends it): held until the
+            # reader is gone, this loop hears of the drained buffer only
+            # after the reader closed.
+            assert reader_gone.wait(TIMEOUT)
+        if writer_is == "paused":
+            if client.paused.done():
+                await asyncio.wait_for(client.resumed, TIMEOUT)
+            assert await other.run(reader.wait_bytes(size)) == payload
+            await other.run(reader.lost)
+            transport.close()
+        assert await asyncio.wait_for(client.lost, TIMEOUT) is None
+        assert await other.run(reader.wait_bytes(size)) == payload
+        await other.run(reader.lost)
+    finally:
+        await close_server(other, server)
+
+
 async def test_setsockopt_on_the_reader_thread_moves_the_writer(other):
     """The reader grows its SO_RCVBUF on its own thread while the writer is
     paused: the writer's capacity grows with it, and it resumes."""

@@ -545,7 +545,10 @@ class FriendTransport(_FlowControlMixin):
             error = self._end.pending_send_error()
             if error is not None:
                 self._force_close(error.as_os_error())
-            return
+                return
+            # The friend read all we wrote before it went: our buffer is
+            # flushed, as once TCP has sent it (a close completes, a paused
+            # protocol resumes), whichever of the two we learn of first.
         if self._closing:
             if out.write_buffer_size() == 0:
                 self._conn_lost += 1
