@@ -546,9 +546,10 @@ class FriendTransport(_FlowControlMixin):
             if error is not None:
                 self._force_close(error.as_os_error())
                 return
-            # The friend read all we wrote before it went: our buffer is
-            # flushed, as once TCP has sent it (a close completes, a paused
-            # protocol resumes), whichever of the two we learn of first.
+            # The friend read all we wrote, then went (its close may reach
+            # us before the wake-up saying our buffer drained): the buffer
+            # is flushed, as once TCP has sent it. A close completes, a
+            # paused protocol resumes.
         if self._closing:
             if out.write_buffer_size() == 0:
                 self._conn_lost += 1
