@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gc
 import random
 import ssl
@@ -68,6 +69,49 @@ class Recorder(asyncio.Protocol):
             self._waiters.append((size, fut))
             await fut
         return bytes(self.data)
+
+
+# What ContextRecorder reads in its callbacks' context: the request named
+# there, and how many of its callbacks the context has seen.
+request_var = contextvars.ContextVar("request", default="none")
+calls_var = contextvars.ContextVar("calls", default=0)
+
+
+class ContextRecorder(Recorder):
+    """Notes, per callback after connection_made, the request its context
+    names and how many of this protocol's callbacks that context has seen
+    (one context for them all counts 1, 2, 3...). connection_made names
+    the request "made"; with ``replies``, data_received names "reply" and
+    writes the bytes back."""
+
+    def __init__(self, replies: bool = False) -> None:
+        super().__init__()
+        self.replies = replies
+        self.seen: List[tuple] = []
+
+    def _note(self, what: str) -> None:
+        calls = calls_var.get() + 1
+        calls_var.set(calls)
+        self.seen.append((what, request_var.get(), calls))
+
+    def connection_made(self, transport) -> None:
+        request_var.set("made")
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._note("data")
+        if self.replies:
+            request_var.set("reply")
+            self.transport.write(data)
+        super().data_received(data)
+
+    def eof_received(self):
+        self._note("eof")
+        return super().eof_received()
+
+    def connection_lost(self, exc) -> None:
+        self._note("lost")
+        super().connection_lost(exc)
 
 
 @contextlib.contextmanager

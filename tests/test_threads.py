@@ -29,11 +29,13 @@ from friendsock._core._link import ChannelState, LockedChannel
 from friendsock._core._registry import registry
 from support import (  # noqa: F401 (a fixture)
     LOCALHOST,
+    ContextRecorder,
     Recorder,
     chunked,
     fallbacks_since,
     patient_confirm,
     port_of,
+    request_var,
 )
 
 TIMEOUT = 10
@@ -691,8 +693,7 @@ def test_a_wakeup_outstanding_when_its_loop_closed_still_finds_it_closed(kind):
     the outstanding wake-up; the fd is closed."""
     loop = LOOP_FACTORIES[kind]()
     torn_down: List[bool] = []
-    queue = _wakeups.RemoteDrainQueue(loop, _wakeups.DrainQueue(loop),
-                                       lambda: torn_down.append(True))
+    queue = _wakeups.RemoteDrainQueue(loop, lambda: torn_down.append(True))
     ran: List[int] = []
     queue.add(lambda: ran.append(1))  # the wake-up is written, and outstanding
     fd = queue._fd
@@ -800,3 +801,35 @@ async def test_callback_order_across_threads(other, how, side):
     finally:
         await close_server(other, server)
     assert friendsock.stats().pending == registry.pending_count() == 0
+
+
+async def test_callbacks_across_threads_run_in_their_transports_context(other):
+    """As tests/test_transport.py's test_protocol_callbacks_run_in_their_transports_context,
+    the writer on another thread: the reader's callbacks run in its own
+    transport's context, never in the one its loop's wake-up runs in."""
+    factory = Factory(ContextRecorder)
+    server = await make_server(other, factory)
+    try:
+        transport, client = await friendsock.create_connection(Recorder, LOCALHOST, port_of(server))
+        reader = await other.run(factory.wait_first())
+
+        async def send(request: str, data: bytes) -> None:
+            request_var.set(request)
+            transport.write(data)
+
+        for count, data in enumerate([b"1", b"2"], 1):
+            await asyncio.create_task(send(f"write {count}", data))
+            assert await other.run(reader.wait_bytes(count)) == b"12"[:count]
+
+        async def finish() -> None:
+            request_var.set("eof")
+            transport.write_eof()
+
+        await asyncio.create_task(finish())
+        await other.run(reader.lost)
+        await asyncio.wait_for(client.lost, TIMEOUT)
+    finally:
+        await close_server(other, server)
+    request = "made" if other.kind == "uvloop" else "none"
+    assert reader.seen == [("data", request, 1), ("data", request, 2),
+                           ("eof", request, 3), ("lost", request, 4)]

@@ -20,7 +20,7 @@ import pytest
 import uvloop
 
 import friendsock
-from support import Recorder, chunked, connected_pair, cyclic_garbage_of_ours
+from support import ContextRecorder, Recorder, chunked, connected_pair, cyclic_garbage_of_ours, request_var
 
 TIMEOUT = 10
 MiB = 1 << 20
@@ -170,6 +170,45 @@ async def test_callback_order(friends, how, side):
         else:
             assert ender.events == ["made", "data", "lost"]
         assert other.events == ["made", "data", "eof", "lost"]
+
+
+@pytest.mark.parametrize("side", ["client", "server"])
+@pytest.mark.parametrize("writer", ["task", "reply"])
+async def test_protocol_callbacks_run_in_their_transports_context(friends, side, writer):
+    """A reader's callbacks run in its transport's own context, whatever
+    context the friend wrote from (a task of its own, or a reply in its
+    data_received): the loop's transports copy one as they are made.
+    uvloop runs every callback of a transport in that one context; asyncio
+    runs connection_made in a copy of its own, and connection_lost in a
+    copy of the context of whoever closed."""
+    replies = writer == "reply"
+    made = {"server": lambda: ContextRecorder(replies and side == "client"),
+            "client": lambda: ContextRecorder(replies and side == "server")}
+    async with connected_pair(friends, server_protocol=made["server"],
+                              client_protocol=made["client"]) as (_, client, server):
+        reader, other = (client, server) if side == "client" else (server, client)
+
+        async def send(request: str, data: bytes) -> None:
+            request_var.set(request)  # the writer's context: never the reader's
+            if replies:
+                reader.transport.write(data)  # the other end answers with it
+            else:
+                other.transport.write(data)
+
+        for count, data in enumerate([b"1", b"2"], 1):
+            await asyncio.create_task(send(f"write {count}", data))
+            assert await wait(reader.wait_bytes(count)) == b"12"[:count]
+
+        async def finish() -> None:
+            request_var.set("eof")
+            other.transport.write_eof()
+
+        await asyncio.create_task(finish())
+        await wait(reader.lost)  # its eof_received returns False: it closes
+    one_context = isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    request = "made" if one_context else "none"
+    assert reader.seen == [("data", request, 1), ("data", request, 2),
+                           ("eof", request, 3), ("lost", request, 4)]
 
 
 async def test_a_closed_transports_protocol_goes_without_the_garbage_collector(friends):

@@ -36,7 +36,7 @@ class LoopState:
     with them open (their friends, on other loops, must not hang)."""
 
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
-                 "polls_after_callbacks", "__weakref__")
+                 "polls_after_callbacks", "one_context_per_transport", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -53,14 +53,20 @@ class LoopState:
         # uvloop runs a turn's callbacks, then polls its descriptors in the
         # same turn (libuv's idle phase, then its poll); asyncio's loops poll
         # first. See connection_made_turn.
-        self.polls_after_callbacks = type(loop).__module__.partition(".")[0] == "uvloop"
+        is_uvloop = type(loop).__module__.partition(".")[0] == "uvloop"
+        self.polls_after_callbacks = is_uvloop
+        # uvloop calls all of a transport's protocol callbacks in one
+        # context (copied as the transport is made); asyncio's loops call
+        # connection_made in a copy of its own, and connection_lost in a
+        # copy of close()'s caller's.
+        self.one_context_per_transport = is_uvloop
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on
         the loop's own thread, by the first end whose friend is elsewhere)."""
         remote = self._remote
         if remote is None:
-            remote = RemoteDrainQueue(self._loop, self.drains, self.loop_closed)
+            remote = RemoteDrainQueue(self._loop, self.loop_closed)
             with self._lock:
                 self._remote = remote
         return remote

@@ -98,6 +98,7 @@ class FriendTransport(_FlowControlMixin):
         "_paused_reading",
         "_drains",
         "_drain_now",
+        "_context",
         "_state",
         "_sock",
         "_sockname",
@@ -147,6 +148,10 @@ class FriendTransport(_FlowControlMixin):
         self._state = state = state or loop_state(loop)
         self._drains = state.drains
         self._drain_now = self._drain  # bound once: scheduled per burst
+        # What the protocol's data_received and eof_received run in: a copy
+        # of the context the transport is made in, as the loop's own
+        # transports copy it, never the context of the friend's write().
+        self._context = contextvars.copy_context()
         if server is not None:
             server._attach()
 
@@ -198,7 +203,7 @@ class FriendTransport(_FlowControlMixin):
         poll (aioftp's server answers, then frees the data port a step
         later, and its tests count on the port being free when the answer
         is read)."""
-        self._drains.add(self._drain_now)
+        self._drains.add(self._drain_now, self._context)
 
     def _connection_made(self) -> bool:
         """The protocol's connection_made, as the loop's own transports call
@@ -207,7 +212,7 @@ class FriendTransport(_FlowControlMixin):
         and leaves the connection as it is (asyncio and uvloop keep it: a
         later close() gives connection_lost(None)). False if it raised."""
         callback = self._protocol.connection_made
-        context = contextvars.copy_context()
+        context = self._context if self._state.one_context_per_transport else contextvars.copy_context()
         try:
             context.run(callback, self)
         except (SystemExit, KeyboardInterrupt):
@@ -233,7 +238,7 @@ class FriendTransport(_FlowControlMixin):
         both through the loop's one remote queue, which also finds a loop
         that closed unseen (and tears it down)."""
         add_remote = self._state.remote().add
-        return partial(add_remote, self._drain), partial(add_remote, self._writable)
+        return partial(add_remote, partial(self._context.run, self._drain)), partial(add_remote, self._writable)
 
     def __repr__(self) -> str:
         info = [self.__class__.__name__]
@@ -291,7 +296,7 @@ class FriendTransport(_FlowControlMixin):
         self._closing = True
         if self._out.write_buffer_size() == 0 or self._out.reader_closed:
             self._conn_lost += 1
-            self._loop.call_soon(self._call_connection_lost, None)
+            self._schedule_connection_lost(None)
         else:
             # Like asyncio: connection_lost once the own buffer is flushed,
             # i.e. once what is queued fits in sndbuf + friend rcvbuf.
@@ -323,36 +328,48 @@ class FriendTransport(_FlowControlMixin):
         """Deliver what is queued now, then EOF or the reset if that is all
         that is left. A push from here on schedules the next drain: a writer
         refilling from resume_writing() (called from this loop) must not
-        keep the event loop in one callback forever."""
+        keep the event loop in one callback forever. The outermost drain
+        runs the drains asked for meanwhile as it ends (see DrainQueue)."""
         if self._paused_reading or self._closing or self._eof_delivered:
             # The notification stays taken: no wake-ups while paused
             # (resume_reading() drains), nor after EOF, when asyncio stops
             # reading for good (a later reset is learnt by writing).
             return
         channel = self._in
-        if self._buffered:
-            if not self._drain_into_buffers():
-                return
-        else:  # data_received(), the hot path: inline
-            try:
-                # The first chunk with the same lock round trip as begin_drain.
-                data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
-                while data:
-                    # (Looked up each time: set_protocol() may come.)
-                    self._protocol.data_received(data)  # type: ignore[attr-defined]
-                    if self._paused_reading or self._closing:
-                        return
-                    if budget <= 0 or not channel.queued:
-                        break
-                    data = channel.pull(_MAX_CHUNK, _MAX_JOIN)
-                    budget -= len(data)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
-                return
-        if channel.state is not CHANNEL_OPEN:  # else more may come
-            self._drain_end(channel.seen())
+        drains = self._drains
+        outermost = not drains.running
+        if outermost:
+            drains.running = True
+        try:
+            if self._buffered:
+                self._drain_into_buffers()
+            else:  # data_received(), the hot path: inline
+                try:
+                    # The first chunk with the same lock round trip as begin_drain.
+                    data, budget = channel.begin_pull(_MAX_CHUNK, _MAX_JOIN)
+                    while data:
+                        # (Looked up each time: set_protocol() may come.)
+                        self._protocol.data_received(data)  # type: ignore[attr-defined]
+                        if budget <= 0 or not channel.queued or self._paused_reading or self._closing:
+                            break
+                        data = channel.pull(_MAX_CHUNK, _MAX_JOIN)
+                        budget -= len(data)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
+            # The writer is done (else more may come), and this end still reads.
+            if channel.state is not CHANNEL_OPEN and not (self._paused_reading or self._closing):
+                self._drain_end(channel.seen())
+        except BaseException:
+            if outermost:
+                drains.stop()
+            raise
+        if outermost:
+            if drains.waiting:
+                drains.run_rounds(self._context)
+            else:
+                drains.running = False
 
     def _drain_end(self, seen: Seen) -> None:
         """The writer is done: EOF or the reset once its bytes are read."""
@@ -362,10 +379,10 @@ class FriendTransport(_FlowControlMixin):
             self._deliver_eof()
         # DATA: newer bytes, their drain is scheduled (EOF after them).
 
-    def _drain_into_buffers(self) -> bool:
-        """``get_buffer()``/``buffer_updated()`` with what is queued now;
-        False when reading stopped meanwhile. Each call's failure is
-        reported as asyncio reports it."""
+    def _drain_into_buffers(self) -> None:
+        """``get_buffer()``/``buffer_updated()`` with what is queued now,
+        until reading stops. Each call's failure is reported as asyncio
+        reports it."""
         channel = self._in
         channel.begin_drain()
         budget = channel.queued
@@ -379,7 +396,7 @@ class FriendTransport(_FlowControlMixin):
                 raise
             except BaseException as exc:
                 self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
-                return False
+                return
             size = channel.pull_into(memoryview(buffer).cast("B"))
             budget -= size
             try:
@@ -388,10 +405,9 @@ class FriendTransport(_FlowControlMixin):
                 raise
             except BaseException as exc:
                 self._fatal_error(exc, "Fatal error: protocol.buffer_updated() call failed.")
-                return False
+                return
             if self._paused_reading or self._closing:
-                return False
-        return True
+                return
 
     def _deliver_eof(self) -> None:
         self._eof_delivered = True
@@ -597,7 +613,11 @@ class FriendTransport(_FlowControlMixin):
         self._end.drop_own_buffer()
         self._closing = True
         self._conn_lost += 1
-        self._loop.call_soon(self._call_connection_lost, exc)
+        self._schedule_connection_lost(exc)
+
+    def _schedule_connection_lost(self, exc: Optional[BaseException]) -> None:
+        context = self._context if self._state.one_context_per_transport else None
+        self._loop.call_soon(self._call_connection_lost, exc, context=context)
 
     def _call_connection_lost(self, exc: Optional[BaseException]) -> None:
         if self._closed:

@@ -1,11 +1,13 @@
-"""Per-loop wake-ups: the drain queue that runs many links' deliveries in
-one loop callback, and the queue (with its eventfd) through which other
-threads hand this loop's callbacks over, one wake-up per batch."""
+"""Per-loop wake-ups: the drain queue through which a loop's links deliver
+(replies in rounds, with no loop turn each), and the queue (with its
+eventfd) through which other threads hand this loop's callbacks over, one
+wake-up per batch."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import threading
 from typing import Callable, List, Optional, Tuple
@@ -19,54 +21,85 @@ _DRAIN_BYTES = 256 * 1024
 
 
 class DrainQueue:
-    """One loop callback runs every drain asked for since the last: many
-    busy links cost one loop handle, not one each. Replies written while
-    delivering are delivered by the same callback, for a bounded number of
-    rounds (like NAPI's poll budget); then the loop gets its turn for I/O,
-    timers and tasks. A reply never runs inside its writer's write()."""
+    """A loop's drains (a transport delivering what its friend wrote),
+    each in its transport's context (``contextvars``), as the loop's own
+    transports call their protocols.
 
-    __slots__ = ("_call_soon", "_ready", "_scheduled", "_meter")
+    A drain asked for from outside any drain is a loop callback of its own.
+    One asked for while a drain runs (a reply, written from
+    ``data_received``) waits in the queue, and the outermost drain runs
+    those when it is done, round after round, so a request/response
+    exchange between two ends on this loop costs no loop turn per message;
+    after a bounded number of rounds or bytes (like NAPI's poll budget) the
+    rest goes to a callback of its own, and the loop gets its turn for I/O,
+    timers and tasks. A reply never runs inside its writer's write().
+
+    ``running``: a drain runs now (the drain sets it, see
+    ``FriendTransport._drain``)."""
+
+    __slots__ = ("_call_soon", "waiting", "running", "_meter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._call_soon = loop.call_soon
-        self._ready: List[Callable[[], None]] = []
-        self._scheduled = False
+        # Drains asked for while one runs: for its rounds.
+        self.waiting: List[Tuple[Callable[[], None], contextvars.Context]] = []
+        self.running = False
         # The loop thread's counters shard (what its readers consumed: the
         # budget), found on the first run, on that thread.
         self._meter: Optional[Shard] = None
 
-    def add(self, drain: Callable[[], None]) -> None:
-        self._ready.append(drain)
-        if not self._scheduled:
-            self._scheduled = True
-            self._call_soon(self._run)
+    def add(self, drain: Callable[[], None], context: contextvars.Context) -> None:
+        if self.running:
+            self.waiting.append((drain, context))
+        else:
+            self._call_soon(drain, context=context)
 
-    def _run(self) -> None:
+    def run_rounds(self, entered: Optional[contextvars.Context]) -> None:
+        """Run the drains that waited, and those they ask for, in rounds;
+        called by the outermost drain as it ends (``running`` still set),
+        which is unset once no round is due. ``entered``: the context the
+        caller runs in, where a drain of its own runs as it is (a context
+        cannot be entered twice)."""
         meter = self._meter
         if meter is None:
             meter = self._meter = counters.shard()
         start = meter.moved
         rounds = _DRAIN_ROUNDS
-        ready = self._ready
+        ready = self.waiting
         while True:
-            self._ready = []  # drains asked for from here on: the next round
+            self.waiting = []  # drains asked for from here on: the next round
             index = 0
             try:
-                for drain in ready:
+                for drain, context in ready:
                     index += 1
-                    drain()
+                    if context is entered:
+                        drain()
+                    else:
+                        context.run(drain)
             except BaseException:  # only SystemExit/KeyboardInterrupt get here
-                self._ready[:0] = ready[index:]
-                self._call_soon(self._run)
+                self.waiting[:0] = ready[index:]
+                self.stop()
                 raise
-            ready = self._ready
+            ready = self.waiting
             if not ready:
-                self._scheduled = False
+                self.running = False
                 return
             rounds -= 1
             if not rounds or meter.moved - start >= _DRAIN_BYTES:
-                self._call_soon(self._run)
+                self.stop()
                 return
+
+    def stop(self) -> None:
+        """The outermost drain is done, or gives the loop its turn: what
+        waits runs from a callback of its own."""
+        self.running = False
+        if self.waiting:
+            self._call_soon(self._resume)
+
+    def _resume(self) -> None:
+        if self.waiting and not self.running:  # (an outermost drain ran them first)
+            self.running = True
+            self.run_rounds(None)
 
 
 # A loop's wake-up fd: written with ``_signal(fd, 1)``, read with
@@ -116,10 +149,9 @@ class RemoteDrainQueue:
     """
 
     __slots__ = ("_lock", "_ready", "_armed", "_signalling", "_fd", "_read_fd", "_signal_fd",
-                 "_loop", "_is_closed", "_call_soon", "_local", "_on_closed")
+                 "_loop", "_is_closed", "_call_soon", "_on_closed")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, local: DrainQueue,
-                 on_closed: Callable[[], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_closed: Callable[[], None]) -> None:
         self._lock = threading.Lock()
         self._on_closed = on_closed
         self._ready: List[Callable[[], None]] = []
@@ -127,7 +159,6 @@ class RemoteDrainQueue:
         self._loop = loop
         self._is_closed = loop.is_closed
         self._call_soon = loop.call_soon
-        self._local = local
         self._signalling = 0  # writers writing the fd right now (not under the lock)
         # _fd: the fd this loop reads, -1 once closed (_read_fd keeps it
         # until the last writer is done with _signal_fd).
@@ -218,7 +249,7 @@ class RemoteDrainQueue:
                 callback()
             except BaseException:  # only SystemExit/KeyboardInterrupt get here
                 for later in ready[index + 1:]:
-                    self._local.add(later)
+                    self._call_soon(later)
                 self._call_soon(self._pump)  # still armed: the rest comes from there
                 raise
 
