@@ -203,7 +203,12 @@ class FriendTransport(_FlowControlMixin):
         poll (aioftp's server answers, then frees the data port a step
         later, and its tests count on the port being free when the answer
         is read)."""
-        self._drains.add(self._drain_now, self._context)
+        # See DrainQueue: for the running drain's rounds, or a callback of its own.
+        drains = self._drains
+        if drains.running:
+            drains.waiting.append((self._drain_now, self._context))
+        else:
+            self._loop.call_soon(self._drain_now, context=self._context)
 
     def _connection_made(self) -> bool:
         """The protocol's connection_made, as the loop's own transports call

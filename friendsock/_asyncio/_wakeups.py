@@ -35,7 +35,9 @@ class DrainQueue:
     timers and tasks. A reply never runs inside its writer's write().
 
     ``running``: a drain runs now (the drain sets it, see
-    ``FriendTransport._drain``)."""
+    ``FriendTransport._drain``). A drain is asked for, once per burst of
+    writes, by ``FriendTransport._schedule_drain``: appended to ``waiting``
+    while one runs, else a loop callback in its transport's context."""
 
     __slots__ = ("_call_soon", "waiting", "running", "_meter")
 
@@ -47,12 +49,6 @@ class DrainQueue:
         # The loop thread's counters shard (what its readers consumed: the
         # budget), found on the first run, on that thread.
         self._meter: Optional[Shard] = None
-
-    def add(self, drain: Callable[[], None], context: contextvars.Context) -> None:
-        if self.running:
-            self.waiting.append((drain, context))
-        else:
-            self._call_soon(drain, context=context)
 
     def run_rounds(self, entered: Optional[contextvars.Context]) -> None:
         """Run the drains that waited, and those they ask for, in rounds;
