@@ -667,6 +667,19 @@ async def test_setsockopt_rcvbuf_moves_pause_point(friends, new_rcvbuf):
         assert client.flow == ["pause", "resume"]
 
 
+async def test_write_buffer_limits_start_as_the_loops_own(friends):
+    """A new transport's limits are its loop's defaults: uvloop's own start
+    with a low-water mark of 16 bytes; set_write_buffer_limits() with no
+    argument sets 16 KiB and 64 KiB on both loops."""
+    async with connected_pair(friends) as (transport, _, server):
+        uvloop_loop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
+        default = (16 if uvloop_loop else 16 * 1024, 64 * 1024)
+        assert transport.get_write_buffer_limits() == default
+        assert server.transport.get_write_buffer_limits() == default
+        transport.set_write_buffer_limits()
+        assert transport.get_write_buffer_limits() == (16 * 1024, 64 * 1024)
+
+
 async def test_write_buffer_limits_zero(friends):
     async with connected_pair(friends, client_protocol=FlowRecorder) as (transport, client, server):
         server.transport.pause_reading()
@@ -1159,6 +1172,47 @@ async def test_write_errors(friends):
         assert await wait(server.lost) is None
 
 
+class CallsWhenLost(Recorder):
+    """Calls ``call`` on its transport in connection_lost; ``error``: what it raised."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__()
+        self.call = call
+        self.error: Optional[BaseException] = None
+
+    def connection_lost(self, exc) -> None:
+        try:
+            _WRITES[self.call](self.transport)
+        except Exception as error:  # noqa: BLE001 - what it raised is the result
+            self.error = error
+        super().connection_lost(exc)
+
+
+_WRITES = {
+    "write": lambda transport: transport.write(b"x"),
+    "write(b'')": lambda transport: transport.write(b""),
+    "writelines": lambda transport: transport.writelines([b"x"]),
+    "write_eof": lambda transport: transport.write_eof(),
+    "set_write_buffer_limits": lambda transport: transport.set_write_buffer_limits(1024),
+}
+
+
+@pytest.mark.parametrize("call", list(_WRITES))
+async def test_writes_once_connection_lost_returned(friends, call):
+    """Inside connection_lost every loop's transport takes a write (and
+    drops it). Once it has returned, uvloop's refuse it, RuntimeError (the
+    handler is closed); asyncio's still take it."""
+    async with connected_pair(friends, client_protocol=lambda: CallsWhenLost(call)) as (transport, client, _):
+        transport.close()
+        assert await wait(client.lost) is None
+        assert client.error is None
+        if isinstance(asyncio.get_running_loop(), uvloop.Loop):
+            with pytest.raises(RuntimeError, match="the handler is closed"):
+                _WRITES[call](transport)
+        else:
+            _WRITES[call](transport)
+
+
 async def test_write_eof_on_a_closing_transport(friends):
     """A transport closing with bytes still queued: asyncio's ignores a
     write_eof() then, and takes a write(), which goes before the close's
@@ -1232,9 +1286,12 @@ async def test_write_after_peer_closed_fails(friends):
         assert isinstance(exc, (ConnectionResetError, BrokenPipeError)), exc
         assert client.events == ["made", "eof", "lost"]
         assert transport.is_closing()
-        if friends or not isinstance(asyncio.get_running_loop(), uvloop.Loop):
-            # asyncio's transports (and ours) drop writes after the loss;
-            # uvloop's own raises RuntimeError once connection_lost ran.
+        # asyncio's transports drop writes after the loss; uvloop's raise
+        # RuntimeError once connection_lost ran.
+        if isinstance(asyncio.get_running_loop(), uvloop.Loop):
+            with pytest.raises(RuntimeError, match="the handler is closed"):
+                transport.write(b"after connection_lost")
+        else:
             transport.write(b"after connection_lost")
 
 

@@ -36,7 +36,8 @@ class LoopState:
     with them open (their friends, on other loops, must not hang)."""
 
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
-                 "polls_after_callbacks", "one_context_per_transport", "__weakref__")
+                 "polls_after_callbacks", "one_context_per_transport",
+                 "refuses_writes_once_lost", "default_write_limits", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -60,6 +61,14 @@ class LoopState:
         # connection_made in a copy of its own, and connection_lost in a
         # copy of close()'s caller's.
         self.one_context_per_transport = is_uvloop
+        # uvloop's transports refuse writes once connection_lost has
+        # returned (their handle is closed); asyncio's take and drop them.
+        self.refuses_writes_once_lost = is_uvloop
+        # A new transport's write buffer limits (low, high): uvloop's own
+        # start with a low-water mark of 16 bytes (its 64 KiB constant,
+        # divided by 4 before the KiB are counted), until
+        # set_write_buffer_limits() is called.
+        self.default_write_limits = (16 if is_uvloop else 16 * 1024, 64 * 1024)
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

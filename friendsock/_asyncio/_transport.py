@@ -143,9 +143,8 @@ class FriendTransport(_FlowControlMixin):
         self._conn_lost = 0
         self._paused_reading = False
         self._protocol_paused = False
-        self._high_water = _DEFAULT_HIGH_WATER
-        self._low_water = _DEFAULT_HIGH_WATER // 4
         self._state = state = state or loop_state(loop)
+        self._low_water, self._high_water = state.default_write_limits
         self._drains = state.drains
         self._drain_now = self._drain  # bound once: scheduled per burst
         # What the protocol's data_received and eof_received run in: a copy
@@ -428,18 +427,24 @@ class FriendTransport(_FlowControlMixin):
 
     # -- WriteTransport ---------------------------------------------------
     def write(self, data: Any) -> None:
+        # (What is not the common case checks _check_alive() first, as
+        # uvloop's write() does.)
         if type(data) is not bytes:
             if not isinstance(data, (bytes, bytearray, memoryview)):
+                self._check_alive()
                 raise TypeError(
                     f"data argument must be a bytes-like object, not {type(data).__name__!r}"
                 )
             # bytes go by reference; mutable buffers are copied once.
             data = bytes(data)
         if self._eof:
+            self._check_alive()
             raise RuntimeError("Cannot call write() after write_eof()")
         if not data:
+            self._check_alive()
             return
         if self._conn_lost:
+            self._check_alive()
             if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
                 logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
@@ -457,10 +462,12 @@ class FriendTransport(_FlowControlMixin):
             self._maybe_pause_protocol()
 
     def writelines(self, list_of_data: Any) -> None:
+        self._check_alive()
         for data in list_of_data:
             self.write(data)
 
     def write_eof(self) -> None:
+        self._check_alive()
         if self._eof:
             return
         if self._closing:
@@ -511,6 +518,7 @@ class FriendTransport(_FlowControlMixin):
         return (self._low_water, self._high_water)
 
     def set_write_buffer_limits(self, high: Optional[int] = None, low: Optional[int] = None) -> None:
+        self._check_alive()
         if high is None:
             high = _DEFAULT_HIGH_WATER if low is None else 4 * low
         if low is None:
@@ -522,6 +530,12 @@ class FriendTransport(_FlowControlMixin):
         if self._protocol_paused:
             self._wake_me_at(low)
         self._maybe_pause_protocol()
+
+    def _check_alive(self) -> None:
+        """On uvloop, as its transports: RuntimeError once connection_lost()
+        has returned (the protocol is let go of then)."""
+        if self._closed and self._protocol is None and self._state.refuses_writes_once_lost:
+            raise RuntimeError(f"unable to perform operation on {self!r}; the handler is closed")
 
     # -- flow control -----------------------------------------------------
     def _maybe_pause_protocol(self) -> None:
