@@ -641,6 +641,53 @@ async def test_pause_resume_writing(friends):
         assert client.flow == ["pause", "resume"]
 
 
+class ContextFlowRecorder(FlowRecorder):
+    """A FlowRecorder that notes the request its context names in
+    pause_writing and resume_writing; connection_made names "made"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts: List[tuple] = []
+
+    def connection_made(self, transport) -> None:
+        request_var.set("made")
+        super().connection_made(transport)
+
+    def pause_writing(self) -> None:
+        self.contexts.append(("pause", request_var.get()))
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self.contexts.append(("resume", request_var.get()))
+        super().resume_writing()
+
+
+async def test_flow_control_callbacks_run_in_the_loops_context(friends):
+    """uvloop's transports call pause_writing and resume_writing in a copy
+    of the transport's context; asyncio's call pause_writing in the write()
+    that filled the buffer, and resume_writing in a copy of that context.
+    Neither in the context of the reader that made room."""
+    async with connected_pair(friends, client_protocol=ContextFlowRecorder) as (transport, client, server):
+        server.transport.pause_reading()
+        filler = Filler(transport, seed=9)
+
+        async def fill() -> None:
+            request_var.set("writer")
+            filler.until_paused(client)
+
+        await asyncio.create_task(fill())
+
+        async def make_room() -> None:
+            request_var.set("reader")
+            server.transport.resume_reading()
+
+        await asyncio.create_task(make_room())
+        await wait(client.resumed)
+        assert await wait(server.wait_bytes(len(filler.sent))) == filler.sent
+    expected = "made" if isinstance(asyncio.get_running_loop(), uvloop.Loop) else "writer"
+    assert client.contexts == [("pause", expected), ("resume", expected)]
+
+
 @pytest.mark.parametrize("new_rcvbuf", [32 * 1024, MiB])
 async def test_setsockopt_rcvbuf_moves_pause_point(friends, new_rcvbuf):
     async with connected_pair(friends, client_protocol=FlowRecorder) as (transport, client, server):

@@ -99,6 +99,7 @@ class FriendTransport(_FlowControlMixin):
         "_drains",
         "_drain_now",
         "_context",
+        "_resume_context",
         "_state",
         "_sock",
         "_sockname",
@@ -151,6 +152,7 @@ class FriendTransport(_FlowControlMixin):
         # of the context the transport is made in, as the loop's own
         # transports copy it, never the context of the friend's write().
         self._context = contextvars.copy_context()
+        self._resume_context: Optional[contextvars.Context] = None  # see _call_flow_control
         if server is not None:
             server._attach()
 
@@ -544,7 +546,7 @@ class FriendTransport(_FlowControlMixin):
         self._protocol_paused = True
         self._wake_me_at(self._low_water)
         try:
-            self._protocol.pause_writing()
+            self._call_flow_control(self._protocol.pause_writing, pausing=True)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
@@ -560,7 +562,7 @@ class FriendTransport(_FlowControlMixin):
             return
         self._protocol_paused = False
         try:
-            self._protocol.resume_writing()
+            self._call_flow_control(self._protocol.resume_writing, pausing=False)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
@@ -570,6 +572,22 @@ class FriendTransport(_FlowControlMixin):
                 "transport": self,
                 "protocol": self._protocol,
             })
+
+    def _call_flow_control(self, callback: Callable[[], None], pausing: bool) -> None:
+        """pause_writing() or resume_writing() as the loop's own transports
+        call them: uvloop's in a copy of the transport's context; asyncio's
+        pause_writing() in the call that filled the buffer (a write()), and
+        resume_writing() in a copy of that call's context (their writer
+        callback's). Never in the context of the friend's read that made
+        room."""
+        if self._state.one_context_per_transport:
+            self._context.copy().run(callback)
+        elif pausing:
+            self._resume_context = contextvars.copy_context()
+            callback()
+        else:
+            context, self._resume_context = self._resume_context, None
+            (context or self._context.copy()).run(callback)
 
     def _writable(self) -> None:
         """The reader consumed down to our threshold, or went away."""
