@@ -606,7 +606,11 @@ class FriendTransport(_FlowControlMixin):
         if self._closing:
             if out.write_buffer_size() == 0:
                 self._conn_lost += 1
-                self._call_connection_lost(None)
+                if self._state.one_context_per_transport:
+                    # uvloop's transports: a callback in the transport's context.
+                    self._schedule_connection_lost(None)
+                else:  # asyncio's: at once, from their writer callback
+                    self._call_connection_lost(None)
             else:
                 self._wake_me_at(0)
             return
