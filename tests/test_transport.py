@@ -217,7 +217,7 @@ async def test_a_close_that_flushed_loses_the_connection_in_the_transports_conte
     context, never in the reader's."""
     async with connected_pair(friends, client_protocol=ContextRecorder) as (transport, client, server):
         server.transport.pause_reading()
-        payload = random.Random(11).randbytes(8 * MiB)
+        payload = random.Random(11).randbytes(sum(buffer_sizes(transport, server.transport)) + 4 * MiB)
         transport.write(payload)
         transport.close()
         assert not client.lost.done()
@@ -526,9 +526,9 @@ async def test_close_delivers_everything_then_eof(friends):
 
 
 async def test_abort_keeps_what_is_in_the_buffers(friends):
-    payload = random.Random(3).randbytes(8 * MiB)
     async with connected_pair(friends) as (transport, client, server):
         sndbuf, rcvbuf = buffer_sizes(transport, server.transport)
+        payload = random.Random(3).randbytes(sndbuf + rcvbuf + 4 * MiB)  # more than the buffers take
         for chunk in chunked(payload, random.Random(4), largest=256 * 1024):
             transport.write(chunk)
         transport.abort()
