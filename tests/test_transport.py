@@ -20,7 +20,16 @@ import pytest
 import uvloop
 
 import friendsock
-from support import ContextRecorder, Recorder, chunked, connected_pair, cyclic_garbage_of_ours, request_var
+from support import (
+    LOCALHOST,
+    ContextRecorder,
+    Recorder,
+    chunked,
+    connected_pair,
+    cyclic_garbage_of_ours,
+    port_of,
+    request_var,
+)
 
 TIMEOUT = 10
 MiB = 1 << 20
@@ -209,6 +218,59 @@ async def test_protocol_callbacks_run_in_their_transports_context(friends, side,
     request = "made" if one_context else "none"
     assert reader.seen == [("data", request, 1), ("data", request, 2),
                            ("eof", request, 3), ("lost", request, 4)]
+
+
+async def test_a_servers_ends_are_made_in_the_servers_context(friends):
+    """The loops' servers accept in their listeners' reader callbacks: a
+    server's ends (and a stream server's handler task) are made in a copy of
+    the context it started serving in, never in the connecting client's."""
+    seen: dict = {}
+    protocols: List[Recorder] = []
+
+    class Server(Recorder):
+        def connection_made(self, transport) -> None:
+            seen["made"] = request_var.get()
+            protocols.append(self)
+            super().connection_made(transport)
+
+        def data_received(self, data: bytes) -> None:
+            seen.setdefault("data", []).append(request_var.get())
+            super().data_received(data)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen["handler"] = request_var.get()
+        writer.write(await reader.readexactly(1))
+        writer.close()
+
+    async def serve() -> tuple:
+        request_var.set("server")
+        return (await friendsock.create_server(Server, LOCALHOST, 0, friends=friends),
+                await friendsock.start_server(handler, LOCALHOST, 0, friends=friends))
+
+    async def connect() -> asyncio.BaseTransport:
+        request_var.set("client")
+        transport, _ = await friendsock.create_connection(
+            asyncio.Protocol, LOCALHOST, port_of(server), friends=friends)
+        transport.write(b"x")
+        reader, writer = await friendsock.open_connection(LOCALHOST, port_of(streams), friends=friends)
+        writer.write(b"y")
+        assert await reader.read() == b"y"
+        writer.close()
+        await writer.wait_closed()
+        return transport
+
+    server, streams = await asyncio.create_task(serve())
+    try:
+        transport = await wait(asyncio.create_task(connect()))
+        try:
+            assert await wait(protocols[0].wait_bytes(1)) == b"x"
+        finally:
+            transport.close()
+        await wait(protocols[0].lost)
+    finally:
+        server.close()
+        streams.close()
+    assert seen == {"made": "server", "data": ["server"], "handler": "server"}
 
 
 async def test_a_close_that_flushed_loses_the_connection_in_the_transports_context(friends):

@@ -9,6 +9,7 @@ friend link (``_tls``), or the loop's own TLS transport.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import errno
 import socket
 import sys
@@ -119,6 +120,7 @@ class FriendServer(asyncio.AbstractServer):
         self._waiters: Optional[List[asyncio.Future]] = []
         self._serving = False
         self._serving_forever_fut: Optional[asyncio.Future] = None
+        self._accept_context: Optional[contextvars.Context] = None  # set as it starts serving
         self._state = loop_state(loop)
         self._state.servers.add(self)
 
@@ -152,6 +154,9 @@ class FriendServer(asyncio.AbstractServer):
         if self._serving or self._sockets is None:
             return
         self._serving = True
+        # What the server's ends are made in: a copy of this context, as
+        # the loop's own servers accept in their listeners' reader callbacks.
+        self._accept_context = contextvars.copy_context()
         for sock in self._sockets:
             sock.listen(self._backlog)
             entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
@@ -255,9 +260,10 @@ class FriendServer(asyncio.AbstractServer):
             # A link on one loop is not threaded (known when it was made:
             # no get_running_loop(), which costs a getpid() call).
             if not link.threaded:
-                loop.call_soon(self._accept_socketless, link, sock, address)
+                loop.call_soon(self._accept_socketless, link, sock, address, context=self._accept_context)
             else:
-                loop.call_soon_threadsafe(self._accept_socketless, link, sock, address)
+                loop.call_soon_threadsafe(self._accept_socketless, link, sock, address,
+                                          context=self._accept_context)
         except RuntimeError:  # the server's loop closed: as a listener gone
             link.server.reset()
 
