@@ -412,7 +412,11 @@ async def child_process(*args, env=None, pass_fds=()):
 
 
 async def child_report(proc) -> dict:
-    out, _ = await bounded(proc.communicate(b""))  # b"": closes its stdin
+    # EOF on its stdin, by closing it, not by communicate(b""): a child that
+    # exited already has closed the pipe, and on uvloop a write to it then
+    # raises RuntimeError (asyncio's feed catches only BrokenPipeError).
+    proc.stdin.close()
+    out, _ = await bounded(proc.communicate())
     assert proc.returncode == 0, out
     return json.loads(out.splitlines()[-1])
 
