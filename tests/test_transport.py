@@ -1306,10 +1306,11 @@ async def test_write_errors(friends):
 
 
 class CallsWhenLost(Recorder):
-    """Calls ``call`` on its transport in connection_lost; ``error``: what it raised."""
+    """Calls ``call`` (one of _WRITES) on its transport in connection_lost;
+    ``error``: what it raised."""
 
-    def __init__(self, call: str) -> None:
-        super().__init__()
+    def __init__(self, call: str, eof_keep_open: bool = False) -> None:
+        super().__init__(eof_keep_open)
         self.call = call
         self.error: Optional[BaseException] = None
 
@@ -1389,17 +1390,9 @@ async def test_unresolvable_host(friends):
             ))
 
 
-class WritesWhenLost(Recorder):
-    """Writes from inside connection_lost: the connection is gone by then."""
-
-    def connection_lost(self, exc) -> None:
-        self.transport.write(b"from connection_lost")  # must not raise
-        super().connection_lost(exc)
-
-
 async def test_write_after_peer_closed_fails(friends):
     def client_protocol() -> Recorder:
-        return WritesWhenLost(eof_keep_open=True)
+        return CallsWhenLost("write", eof_keep_open=True)  # the connection is gone by then
 
     async with connected_pair(friends, client_protocol=client_protocol) as (
         transport, client, server
@@ -1420,6 +1413,7 @@ async def test_write_after_peer_closed_fails(friends):
         exc = client.lost.result()
         assert isinstance(exc, (ConnectionResetError, BrokenPipeError)), exc
         assert client.events == ["made", "eof", "lost"]
+        assert client.error is None  # its write from connection_lost was taken
         assert transport.is_closing()
         # asyncio's transports drop writes after the loss; uvloop's raise
         # RuntimeError once connection_lost ran.
