@@ -30,6 +30,11 @@ class LoopEnd(Protocol):
     def _loop_gone(self) -> None:
         """The loop closed with this end open."""
 
+# A transport's write buffer high-water mark until set_write_buffer_limits()
+# says otherwise (asyncio's and uvloop's), and what a call without one sets.
+DEFAULT_HIGH_WATER = 64 * 1024
+
+
 class LoopState:
     """What friendsock keeps per event loop: its drain queues, and the friend
     transports and servers living on it, to tear down if the loop closes
@@ -68,7 +73,7 @@ class LoopState:
         # start with a low-water mark of 16 bytes (its 64 KiB constant,
         # divided by 4 before the KiB are counted), until
         # set_write_buffer_limits() is called.
-        self.default_write_limits = (16 if is_uvloop else 16 * 1024, 64 * 1024)
+        self.default_write_limits = (16 if is_uvloop else DEFAULT_HIGH_WATER // 4, DEFAULT_HIGH_WATER)
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

@@ -35,7 +35,7 @@ from .._core._errors import LinkBrokenError, PeerResetError
 from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
 from .._friend_socket import FriendSocket, copy_buffer_sizes
 from .._handshake import current_pid
-from ._loop_state import LoopState, loop_state
+from ._loop_state import DEFAULT_HIGH_WATER, LoopState, loop_state
 
 logger = logging.getLogger("friendsock")
 
@@ -47,7 +47,6 @@ _MAX_CHUNK = 256 * 1024
 # Small writes are joined into one data_received up to this size; larger
 # ones go over by reference, uncopied.
 _MAX_JOIN = 64 * 1024
-_DEFAULT_HIGH_WATER = 64 * 1024
 
 
 _NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
@@ -522,7 +521,7 @@ class FriendTransport(_FlowControlMixin):
     def set_write_buffer_limits(self, high: Optional[int] = None, low: Optional[int] = None) -> None:
         self._check_alive()
         if high is None:
-            high = _DEFAULT_HIGH_WATER if low is None else 4 * low
+            high = DEFAULT_HIGH_WATER if low is None else 4 * low
         if low is None:
             low = high // 4
         if not high >= low >= 0:
