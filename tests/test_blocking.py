@@ -21,6 +21,7 @@ import selectors
 import socket
 import struct
 import threading
+import time
 import warnings
 from typing import Any, Callable, Iterator, List, Tuple
 from unittest import mock
@@ -1423,32 +1424,81 @@ def test_a_forked_child_reads_what_a_client_sent_before_closing(patched):
         assert _exit_code(pid) == 0
 
 
+def _thread_asleep(tid: int) -> bool:
+    """Whether thread ``tid`` of this process sleeps (in a system call)."""
+    with open(f"/proc/self/task/{tid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0] == "S"
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """Wait, bounded, until ``condition()`` holds (checked between naps:
+    it is about another thread's state, which nothing announces)."""
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {TIMEOUT} s for {what}"
+        time.sleep(0.001)
+
+
+@contextlib.contextmanager
+def _runs_only_while_we_wait(tid: int) -> Iterator[None]:
+    """Thread ``tid`` runs only when the calling thread waits: both on one
+    CPU, ``tid`` at idle priority. What it does when woken comes after
+    whatever the caller does without waiting."""
+    ours = os.sched_getaffinity(0)
+    theirs = os.sched_getaffinity(tid)
+    cpu = {min(ours)}
+    os.sched_setaffinity(0, cpu)
+    os.sched_setaffinity(tid, cpu)
+    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        os.sched_setaffinity(tid, theirs)
+        os.sched_setaffinity(0, ours)
+
+
 def test_fork_keeps_the_number_a_polling_thread_holds(patched):
     """A socket somebody polls, as test code and urllib3 do (select, then
     recv), keeps its fileno() across the fork: a select() asleep on it
-    then wakes, and one made later on that number sees the connection."""
+    then wakes, and one made later on that number sees the connection.
+    The select is asleep when the fork comes, and looks at the number
+    again only after the fork has done all it does without waiting (a
+    select then watches what it found on its first look only); the child
+    sends once it has."""
     with blocking_pair(patched) as (client, server):
         number = client.fileno()
+        poller: List[int] = []
 
         def select_then_receive() -> bytes:
+            poller.append(threading.get_native_id())
             received = b""
             while True:
-                assert select.select([number], [], [], TIMEOUT)[0] == [number]
+                # Longer than the join waits: a select that missed its
+                # wake-up would find the bytes at its timeout, too late.
+                assert select.select([number], [], [], 3 * TIMEOUT)[0] == [number]
                 chunk = client.recv(100)
                 if not chunk:
                     return received
                 received += chunk
 
         answer = run_thread(select_then_receive)
-        pid = _in_child(lambda: server.sendall(b"from the child") is None)
+        _until(lambda: poller and _thread_asleep(poller[0]), "the select to sleep")
+        go_read, go_write = os.pipe()
+        with _runs_only_while_we_wait(poller[0]):
+            pid = _in_child(lambda: os.read(go_read, 1) == b"!" and server.sendall(b"from the child") is None)
+        _until(lambda: _thread_asleep(poller[0]), "the poller to sleep again")
+        os.write(go_write, b"!")
+        os.close(go_read)
+        os.close(go_write)
         server.close()
         assert _exit_code(pid) == 0
         assert answer() == b"from the child"
         assert client.fileno() == number
         client.sendall(b"after the fork")  # the peer is gone: TCP takes it, then resets
-        poller = select.poll()
-        poller.register(number, select.POLLIN)
-        assert poller.poll(TIMEOUT * 1000)
+        poller_after = select.poll()
+        poller_after.register(number, select.POLLIN)
+        assert poller_after.poll(TIMEOUT * 1000)
 
 
 def test_forks_during_a_transfer_lose_and_reorder_nothing(patched):

@@ -37,6 +37,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 _FILL = bytes(4096)  # enough to make a minimal AF_UNIX send buffer unwritable
 _TOKEN = b"r"
+# How long a hand-over waits for the threads asleep on a readiness
+# descriptor to wake and let go of it (a woken select() needs no GIL:
+# microseconds, unless its CPU is busy).
+_SLEEPERS_LET_GO_MS = 500
 
 # The inodes of live readiness descriptors, and whose each is: a socket
 # made of one (``socket.fromfd(friend.fileno())``, ``socket.socket(fileno=
@@ -130,13 +134,28 @@ class Readiness:
         """The socket's connection went on over TCP (a fork): wake whoever
         waits on this descriptor, and make its number a duplicate of ``fd``,
         the connection's, for whoever holds the number (``fileno()`` was
-        asked: a ``select()`` to come). Returns the number, no longer ours."""
+        asked: a ``select()`` to come). Returns the number, no longer ours.
+
+        A ``select()``/``poll()`` asleep on the number watches the file it
+        found there on its first look; woken, it looks at the number again
+        and, finding it not ready, sleeps watching nothing new. So the
+        number first shows a stand-in that is always ready, until every
+        such sleeper has let go of ``user`` (``signal`` then hangs up),
+        and only then the connection (a sleeper that wakes to the stand-in
+        reports the socket ready, as a select may: its call finds out)."""
         self.set_readable()
         self.set_writable()
         with _inodes_lock:
             readiness_owners.pop(self.inode, None)
         number = self.user.detach()
-        os.dup2(fd, number, inheritable=False)  # closes our end there
+        stand_in = os.eventfd(1, os.EFD_CLOEXEC)  # readable and writable
+        os.dup2(stand_in, number, inheritable=False)  # closes our end of ``user``
+        os.close(stand_in)
+        hung_up = select.poll()
+        hung_up.register(self.signal.fileno(), 0)  # reports POLLHUP (or an error) only
+        # Bounded: one asleep for exceptional conditions only is not woken.
+        hung_up.poll(_SLEEPERS_LET_GO_MS)
+        os.dup2(fd, number, inheritable=False)
         self.signal.close()
         return number
 
