@@ -80,6 +80,29 @@ async def test_lifecycle(how, friends):
         await server.serve_forever()
 
 
+async def test_sockets_and_a_closed_server_as_the_loops_own(how, friends):
+    """``sockets`` is of the loop's own server's type (uvloop's a list,
+    asyncio's a tuple), open and closed, and so is its repr; a closed
+    server refuses to start serving as the loop's own does."""
+    loop = asyncio.get_running_loop()
+    own = await loop.create_server(asyncio.Protocol, LOCALHOST, 0)
+    server, _ = await make_server(how, friends)
+    try:
+        assert type(server.sockets) is type(own.sockets)
+        assert len(server.sockets) == len(own.sockets) == 1
+    finally:
+        server.close()
+        own.close()
+    assert server.sockets == own.sockets
+    assert repr(server).partition(" ")[2] == repr(own).partition(" ")[2]
+    for closed in (server, own):
+        with pytest.raises(TypeError):
+            await closed.start_serving()
+    assert server.is_serving() is own.is_serving()
+    await bounded(server.wait_closed())
+    await bounded(own.wait_closed())
+
+
 async def test_start_serving_false_refuses_until_started(how, friends):
     echoes = Echoes()
     server, sock = await make_server(how, friends, echoes, start_serving=False)

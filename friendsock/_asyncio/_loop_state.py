@@ -42,7 +42,8 @@ class LoopState:
 
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
                  "polls_after_callbacks", "one_context_per_transport",
-                 "refuses_writes_once_lost", "default_write_limits", "__weakref__")
+                 "refuses_writes_once_lost", "default_write_limits", "lists_server_sockets",
+                 "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -74,6 +75,8 @@ class LoopState:
         # divided by 4 before the KiB are counted), until
         # set_write_buffer_limits() is called.
         self.default_write_limits = (16 if is_uvloop else DEFAULT_HIGH_WATER // 4, DEFAULT_HIGH_WATER)
+        # uvloop's Server.sockets is a list; asyncio's a tuple.
+        self.lists_server_sockets = is_uvloop
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

@@ -15,7 +15,7 @@ import socket
 import sys
 from asyncio import selector_events, trsock
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .._core._link import Link
 from .._core._registry import PendingState, registry
@@ -420,12 +420,16 @@ class FriendServer(asyncio.AbstractServer):
         return self._serving
 
     @property
-    def sockets(self) -> Tuple[trsock.TransportSocket, ...]:
-        if self._sockets is None:
-            return ()
-        return tuple(trsock.TransportSocket(s) for s in self._sockets)
+    def sockets(self) -> Sequence[trsock.TransportSocket]:
+        listed = [trsock.TransportSocket(s) for s in self._sockets or ()]
+        return listed if self._state.lists_server_sockets else tuple(listed)
 
     async def start_serving(self) -> None:
+        if self._sockets is None:
+            # The loops' own servers fail so (iterating None), and say they
+            # serve from then on.
+            self._serving = True
+            raise TypeError(f"{self!r} is closed: it cannot start serving")
         self._start_serving()
         # One loop iteration, so the add_reader calls take effect (as asyncio).
         await asyncio.sleep(0)
