@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+import sys
 import types
 import weakref
 from typing import Any, Callable, Dict, Optional
@@ -204,7 +205,13 @@ class PairedSocketCalls:
 
     def getsockopt(self, *args: Any) -> Any:
         self._check_open()
-        return self._options.getsockopt(*args)
+        value = self._options.getsockopt(*args)
+        if args[:2] == (socket.SOL_SOCKET, socket.SO_ERROR):
+            error = self._end.take_error()  # the friend's reset, pending: reported once
+            if error is not None:
+                number = error.errno
+                return number if type(value) is int else number.to_bytes(4, sys.byteorder)[:len(value)]
+        return value
 
     def setsockopt(self, *args: Any) -> None:
         self._check_open()

@@ -503,6 +503,113 @@ def test_an_abortive_close_resets_the_peer(patched):
                 server.shutdown(how)
 
 
+def _reset_by_the_peer(client: socket.socket, server: socket.socket) -> None:
+    """The server closes with the client's bytes unread: a reset, which the
+    client has not looked at yet."""
+    client.sendall(b"never read")
+    assert select.select([server], [], [], TIMEOUT)[0] == [server]
+    server.close()
+    assert select.select([client], [], [], TIMEOUT)[0] == [client]
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except OSError as exc:
+        return type(exc).__name__
+
+
+_ASK_ERROR = (socket.SOL_SOCKET, socket.SO_ERROR)
+
+
+@pytest.mark.parametrize("calls, expected", [
+    (["recv", "recv", "send"], ["ConnectionResetError", b"", "BrokenPipeError"]),
+    (["send", "send", "recv"], ["ConnectionResetError", "BrokenPipeError", b""]),
+    (["send empty", "send empty", "recv"], ["ConnectionResetError", "BrokenPipeError", b""]),
+    (["SO_ERROR", "SO_ERROR", "send", "recv"], [errno.ECONNRESET, 0, "BrokenPipeError", b""]),
+    (["SO_ERROR as bytes", "recv"], [struct.pack("i", errno.ECONNRESET), b""]),
+], ids=["recv first", "send first", "empty send first", "SO_ERROR first", "SO_ERROR as bytes"])
+def test_the_peers_reset_is_reported_once(patched, calls, expected):
+    """The kernel leaves a reset's error pending, and the first call that
+    reports it (a read with nothing left, any send, SO_ERROR) clears it:
+    after that a read finds EOF and a send EPIPE (code that carries on
+    after one ConnectionResetError must not see it forever)."""
+    make = {
+        "recv": lambda sock: sock.recv(100),
+        "send": lambda sock: sock.send(b"x"),
+        "send empty": lambda sock: sock.send(b""),
+        "SO_ERROR": lambda sock: sock.getsockopt(*_ASK_ERROR),
+        "SO_ERROR as bytes": lambda sock: sock.getsockopt(*_ASK_ERROR, 4),
+    }
+    with blocking_pair(patched) as (client, server):
+        _reset_by_the_peer(client, server)
+        assert [_outcome(lambda: make[call](client)) for call in calls] == expected
+
+
+def test_poll_shows_the_peers_fin_and_reset(patched):
+    """poll() events as TCP's: POLLRDHUP once the peer is done writing (or
+    we shut our reading), POLLHUP too after its reset."""
+    wanted = select.POLLIN | select.POLLOUT | select.POLLRDHUP | select.POLLHUP
+
+    def events(sock: socket.socket) -> int:
+        poller = select.poll()
+        poller.register(sock, wanted)
+        found = poller.poll(TIMEOUT * 1000)
+        return found[0][1] & wanted if found else 0
+
+    with blocking_pair(patched) as (client, server):
+        assert events(client) == select.POLLOUT
+        server.shutdown(socket.SHUT_WR)
+        assert events(client) == select.POLLIN | select.POLLOUT | select.POLLRDHUP
+        client.shutdown(socket.SHUT_WR)  # done both ways
+        assert events(client) == wanted
+        assert events(server) == wanted
+    with blocking_pair(patched) as (client, server):
+        client.shutdown(socket.SHUT_RD)
+        assert events(client) == select.POLLIN | select.POLLOUT | select.POLLRDHUP
+    with blocking_pair(patched) as (client, server):
+        _reset_by_the_peer(client, server)
+        assert events(client) == wanted
+
+
+def test_bytes_that_come_after_shutdown_read_are_read(patched):
+    """Linux's shutdown(SHUT_RD) does not stop the connection's bytes: a
+    read gets what came, then EOF at once."""
+    with blocking_pair(patched) as (client, server):
+        server.shutdown(socket.SHUT_RD)
+        client.sendall(b"late")
+        assert select.select([server], [], [], TIMEOUT)[0] == [server]
+        assert server.recv(100) == b"late"
+        assert server.recv(100) == b""
+        client.sendall(b"later")
+        assert select.select([server], [], [], TIMEOUT)[0] == [server]
+        buffer = bytearray(10)
+        assert server.recv_into(buffer) == 5 and buffer[:5] == b"later"
+        assert server.recv_into(buffer) == 0
+
+
+def test_an_empty_send_is_checked_as_any_send(patched):
+    with blocking_pair(patched) as (client, server):
+        assert client.send(b"") == 0
+        client.sendall(b"")
+        client.shutdown(socket.SHUT_WR)
+        with pytest.raises(BrokenPipeError):
+            client.send(b"")
+        with pytest.raises(BrokenPipeError):
+            client.sendall(b"")
+        assert server.recv(10) == b""
+
+
+def test_calls_on_a_closed_socket_fail_as_the_stdlibs(patched):
+    with blocking_pair(patched) as (client, server):
+        client.close()
+        assert client.recv(0) == b""  # answered before any check, as the C call does
+        for call in (client.listen, lambda: client.recv(1), lambda: client.send(b"x")):
+            with pytest.raises(OSError) as caught:
+                call()
+            assert caught.value.errno == errno.EBADF
+
+
 @pytest.mark.parametrize("path_taken", ["sendfile", "_sendfile_use_sendfile"])
 def test_sendfile_sends_all_once(patched, tmp_path, path_taken):
     """socket.sendfile(), and its os.sendfile() path that code may call

@@ -223,12 +223,58 @@ def test_a_friend_that_closed_with_bytes_unread_resets_reads_and_sends():
     link.client.outgoing.push(b"unread")
     link.server.close()  # unread bytes: a reset, no FIN
     assert link.client.incoming.seen() is Seen.RESET
-    assert link.client.read_error().errno == errno.ECONNRESET
     with pytest.raises(PeerResetError):
         link.client.outgoing.push(b"x")
     with pytest.raises(LinkBrokenError) as raised:
         link.client.send_refused()
     assert isinstance(raised.value.as_os_error(), ConnectionResetError)
+
+
+@pytest.mark.parametrize("first", ["read", "send", "empty send"])
+def test_a_reset_is_reported_once_then_eof_and_epipe(first):
+    """The kernel leaves the reset's error pending and clears it as the
+    first call reports it: after that a read finds EOF, a send EPIPE."""
+    link = Link(100, 100, 100, 100)
+    link.client.outgoing.push(b"unread")
+    link.server.close()
+    end = link.client
+    if first == "read":
+        error = end.take_error()
+    else:
+        with pytest.raises(LinkBrokenError) as raised:
+            end.send_some(b"x" if first == "send" else b"")
+        error = raised.value
+    assert error is not None and error.errno == errno.ECONNRESET
+    assert end.take_error() is None  # a read: EOF
+    for data in (b"x", b""):
+        with pytest.raises(LinkBrokenError) as raised:
+            end.send_some(data)
+        assert raised.value.errno == errno.EPIPE
+
+
+def test_a_reset_after_the_fin_is_pending_as_epipe():
+    """tcp_reset() in CLOSE_WAIT: the pending error is EPIPE, and reads go
+    on to the bytes and EOF."""
+    link = Link(100, 100, 100, 100)
+    link.server.outgoing.push(b"last")
+    link.server.shutdown_write()
+    link.client.outgoing.push(b"unread")
+    link.server.close()
+    end = link.client
+    assert end.incoming.seen() is Seen.DATA
+    error = end.take_error()
+    assert error is not None and error.errno == errno.EPIPE
+    assert end.take_error() is None
+
+
+def test_an_empty_send_is_checked_and_sends_nothing():
+    link = Link(100, 100, 100, 100)
+    assert link.client.send_some(b"") == 0
+    assert link.client.outgoing.queued == 0
+    link.client.shutdown_write()
+    with pytest.raises(LinkBrokenError) as raised:
+        link.client.send_some(b"")
+    assert raised.value.errno == errno.EPIPE
 
 
 def test_a_friend_closing_with_a_backlog_unread_fails_only_the_pending_send():

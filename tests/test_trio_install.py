@@ -11,6 +11,7 @@ import functools
 import hashlib
 import os
 import random
+import errno
 import socket
 import ssl
 import subprocess
@@ -313,6 +314,47 @@ async def test_close_with_unread_bytes_resets_the_peer(installed):
             assert await client.recv(10) == b"read"
             with pytest.raises(ConnectionResetError):
                 await client.recv(10)
+            # Reported once, as the kernel clears the error it reports:
+            # then EOF, and a send gets EPIPE.
+            assert await client.recv(10) == b""
+            assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+            with pytest.raises(BrokenPipeError):
+                await client.send(b"")
+
+
+async def readable(sock) -> None:
+    """Until ``sock.is_readable()`` (a friend socket's descriptor is not the
+    connection's: trio's wait_readable would not see it)."""
+    await trio.testing.wait_all_tasks_blocked()
+    while not sock.is_readable():
+        await trio.sleep(0)
+
+
+@pytest.mark.trio
+async def test_a_reset_is_pending_until_a_call_reports_it(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        await client.send(b"never read")
+        with trio.fail_after(TIMEOUT):
+            await readable(server)
+            server.close()
+            await readable(client)
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET
+        with pytest.raises(BrokenPipeError):
+            await client.send(b"x")
+        assert await client.recv(10) == b""
+
+
+@pytest.mark.trio
+async def test_bytes_that_come_after_shutdown_read_are_read(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        server.shutdown(socket.SHUT_RD)
+        await client.send(b"late")
+        with trio.fail_after(TIMEOUT):
+            await readable(server)
+            assert await server.recv(10) == b"late"
+            assert await server.recv(10) == b""
 
 
 @pytest.mark.trio

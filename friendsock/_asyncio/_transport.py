@@ -379,7 +379,11 @@ class FriendTransport(_FlowControlMixin):
     def _drain_end(self, seen: Seen) -> None:
         """The writer is done: EOF or the reset once its bytes are read."""
         if seen is SEEN_RESET:
-            self._force_close(self._end.read_error().as_os_error())
+            error = self._end.take_error()
+            if error is not None:
+                self._force_close(error.as_os_error())
+                return
+            self._deliver_eof()  # reported already, as a read gets EOF then
         elif seen is SEEN_EOF:
             self._deliver_eof()
         # DATA: newer bytes, their drain is scheduled (EOF after them).

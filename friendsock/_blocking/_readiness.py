@@ -35,8 +35,12 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
+from .._core._link import CHANNEL_EOF, CHANNEL_RESET
+
 _FILL = bytes(4096)  # enough to make a minimal AF_UNIX send buffer unwritable
 _TOKEN = b"r"
+# How far the connection's shutdown shows on a readiness descriptor.
+_OPEN, _READ_DONE, _HUNG_UP = 0, 1, 2
 # How long a hand-over waits for the threads asleep on a readiness
 # descriptor to wake and let go of it (a woken select() needs no GIL:
 # microseconds, unless its CPU is busy).
@@ -71,7 +75,7 @@ def _nobody() -> None:
 class Readiness:
     """One friend socket's readiness descriptor (see the module doc)."""
 
-    __slots__ = ("user", "signal", "fd", "inode")
+    __slots__ = ("user", "signal", "fd", "inode", "ended")
 
     def __init__(self, owner: Any = None) -> None:
         user, signal = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -84,6 +88,7 @@ class Readiness:
         self.signal = signal
         self.fd = user.fileno()
         self.inode = os.fstat(self.fd).st_ino
+        self.ended = _OPEN
         with _inodes_lock:
             readiness_owners[self.inode] = weakref.ref(owner) if owner is not None else _nobody
 
@@ -111,6 +116,21 @@ class Readiness:
             self.set_readable()
         else:
             self.clear_readable()
+
+    def show_end(self, ended: int) -> None:
+        """The connection's shutdown as TCP's poll() shows it, for good:
+        _READ_DONE (nothing more to come: the friend's FIN, or our SHUT_RD)
+        adds POLLRDHUP, as ``signal`` shut for writing does; _HUNG_UP (that,
+        and our SHUT_WR; or a reset) adds POLLHUP too, as ``signal`` shut
+        both ways does. (Not POLLERR: only a close gives an AF_UNIX socket
+        that, and ``signal`` is used on other threads.)"""
+        if ended <= self.ended:
+            return
+        self.ended = ended
+        try:
+            self.signal.shutdown(socket.SHUT_RDWR if ended == _HUNG_UP else socket.SHUT_WR)
+        except OSError:  # closed meanwhile
+            pass
 
     # -- writable: ``user``'s send buffer not filled ----------------------
     def clear_writable(self) -> None:
@@ -288,7 +308,7 @@ class Signals:
     step. Holds no reference to the socket: a friend socket its user drops
     is collected (and closed) as a real one is."""
 
-    __slots__ = ("readers", "writers", "ready", "incoming", "read_shut")
+    __slots__ = ("readers", "writers", "ready", "incoming", "read_shut", "write_shut")
 
     def __init__(self, incoming: Any) -> None:
         self.readers: Sleepers = []
@@ -296,6 +316,7 @@ class Signals:
         self.ready: Optional[Readiness] = None
         self.incoming = incoming  # the channel read from
         self.read_shut = False  # shutdown(SHUT_RD): readable for good
+        self.write_shut = False  # shutdown(SHUT_WR)
 
     def readable(self) -> None:
         """The friend wrote, shut down or reset (or we shut our reading).
@@ -310,10 +331,16 @@ class Signals:
             wake(self.readers)
 
     def sync_readable(self, ready: Readiness) -> None:
+        incoming = self.incoming
         if self.read_shut:
             ready.set_readable()
         else:
-            self.incoming.synced(ready.show)
+            incoming.synced(ready.show)
+        state = incoming.state
+        if state is CHANNEL_RESET:
+            ready.show_end(_HUNG_UP)
+        elif state is CHANNEL_EOF or self.read_shut:
+            ready.show_end(_HUNG_UP if self.write_shut else _READ_DONE)
 
     def writable(self) -> None:
         """Room was made, or the friend's reader went away (or we shut our

@@ -861,12 +861,15 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         return OriginalSocket.detach(self)
 
     def listen(self, *args: Any) -> None:
+        self._check_open()
         raise OSError(errno.EINVAL, "Invalid argument")
 
     def accept(self) -> Tuple[socket.socket, Any]:
+        self._check_open()
         raise OSError(errno.EINVAL, "Invalid argument")
 
     def bind(self, address: Any) -> None:
+        self._check_open()
         raise OSError(errno.EINVAL, "Invalid argument")
 
     def connect(self, address: Any) -> None:
@@ -935,11 +938,11 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         while True:
             if self._friend_closed:
                 raise _bad_fd()
-            if self._read_shut:
-                return SEEN_EOF
             seen = channel.seen()
             if seen is not SEEN_NOTHING:
                 return seen
+            if self._read_shut:  # Linux still reads what comes (then EOF, not a wait)
+                return SEEN_EOF
             if timeout is not None:
                 deadline = self._wait_deadline(timeout, deadline)
             me = parker()
@@ -960,7 +963,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         channel = self._in
         if type(bufsize) is int and bufsize > 0 and not flags:  # the common case
-            if channel.queued and not self._friend_closed and not self._read_shut:
+            if channel.queued and not self._friend_closed:
                 seen = SEEN_DATA
             else:
                 seen = self._readable(self.gettimeout())
@@ -968,10 +971,10 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             bufsize = operator.index(bufsize)
             if bufsize < 0:
                 raise ValueError("negative buffersize in recv")
+            if bufsize == 0:  # the C call's answer before any other check
+                return b""
             timeout = self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS)
             self._check_open()
-            if bufsize == 0:
-                return b""
             seen = self._readable(timeout)
         while seen is SEEN_DATA:
             peek = flags & _PEEK
@@ -988,7 +991,8 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             return b""
         if seen is SEEN_TCP:
             return _ss.recv(self, bufsize, flags)  # type: ignore[no-any-return]
-        raise self._end.read_error().as_os_error()
+        self._read_reset()
+        return b""
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         view = memoryview(buffer)
@@ -1010,8 +1014,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         if not view:
             return 0
         channel = self._in
-        seen = (SEEN_DATA if channel.queued and not self._read_shut
-                else self._readable(self.gettimeout()))
+        seen = SEEN_DATA if channel.queued else self._readable(self.gettimeout())
         while seen is SEEN_DATA:
             copied = channel.pull_into(view)
             if copied:
@@ -1023,7 +1026,15 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             return 0
         if seen is SEEN_TCP:
             return _ss.recv_into(self, view)  # type: ignore[no-any-return]
-        raise self._end.read_error().as_os_error()
+        self._read_reset()
+        return 0
+
+    def _read_reset(self) -> None:
+        """A read found the friend's reset and nothing left: its error, the
+        first time (raised); EOF after that (returns)."""
+        error = self._end.take_error()
+        if error is not None:
+            raise error.as_os_error()
 
     def recvfrom(self, bufsize: int, flags: int = 0) -> Tuple[bytes, None]:
         # A connected stream socket's recvfrom() gives no address.
@@ -1143,7 +1154,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         deadline = None
         while True:
             self._check_open()
-            sent = self._send_some(data) if data else 0
+            sent = self._send_some(data)
             if sent < 0:
                 return _ss.send(self, data, flags)  # type: ignore[no-any-return]
             if sent or not data:
@@ -1162,6 +1173,10 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         view = memoryview(data).cast("B")
         total = len(view)
         self._check_open()
+        if not total:  # a send of nothing is checked as any send is
+            if self._send_some(b"") < 0:
+                _ss.sendall(self, b"")
+            return
         offset = 0
         deadline = None
         out = self._out
@@ -1202,6 +1217,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         if self._read_shut:
             self._signals.read_shut = True
         if wrote_shut:
+            self._signals.write_shut = True
             self._signals.writable()  # as TCP's: a send now fails at once
         if wrote_shut or self._read_shut:
             self._signals.readable()

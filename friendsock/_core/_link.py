@@ -589,7 +589,7 @@ class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
     __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner", "abortive",
-                 "over_tcp", "fd_hidden", "fin_owed")
+                 "over_tcp", "fd_hidden", "fin_owed", "error_taken")
 
     def __init__(self, link: "Link", outgoing: Channel, incoming: Channel) -> None:
         self.link = link
@@ -619,14 +619,27 @@ class LinkEnd:
         # The friend's descriptor is hidden: our real socket, whose FIN
         # (the end done writing) waits until the friend's is asked for.
         self.fin_owed: Any = None
+        # The friend's reset was reported (see take_error).
+        self.error_taken = False
 
     # -- what this end's socket calls get ---------------------------------
+    def take_error(self) -> Optional[LinkBrokenError]:
+        """The friend's reset, as the kernel reports it: once. The reset
+        leaves an error pending on the socket (EPIPE when the friend's FIN
+        had come in first, CLOSE_WAIT; ECONNRESET otherwise), and the first
+        call that reports it clears it (``sock_error()``): a read that
+        finds nothing left, a send, ``getsockopt(SO_ERROR)``. After it, a
+        read gets EOF and a send EPIPE. None: no error pending."""
+        incoming = self.incoming
+        if incoming.state is not CHANNEL_RESET or self.error_taken:
+            return None
+        self.error_taken = True
+        return LinkBrokenError(errno.EPIPE if incoming.reset_after_fin else errno.ECONNRESET)
+
     def send_error(self) -> LinkBrokenError:
-        """What a send fails with after the friend's reset: EPIPE when its
-        FIN had come in first (CLOSE_WAIT), ECONNRESET otherwise."""
-        if self.incoming.reset_after_fin:
-            return LinkBrokenError(errno.EPIPE)
-        return LinkBrokenError(errno.ECONNRESET)
+        """What a send fails with after the friend's reset: its pending
+        error (:meth:`take_error`), then EPIPE (tcp_sendmsg)."""
+        return self.take_error() or LinkBrokenError(errno.EPIPE)
 
     def send_refused(self) -> None:
         """A send found the friend's reader gone (``outgoing.push`` raised
@@ -665,6 +678,10 @@ class LinkEnd:
             if out.state is CHANNEL_RESET or self.incoming.state is CHANNEL_RESET:
                 raise self.send_error()
             raise LinkBrokenError(errno.EPIPE)
+        if self.incoming.state is CHANNEL_RESET:
+            raise self.send_error()
+        if not data:  # checked as any send is, and sends nothing
+            return 0
         room = out.sndbuf + out.rcvbuf - out.queued
         if room <= 0 and not out.reader_closed:
             return 0
@@ -685,11 +702,6 @@ class LinkEnd:
         if self.incoming.state is CHANNEL_RESET:
             return LinkBrokenError(errno.ENOTCONN)
         return None
-
-    @staticmethod
-    def read_error() -> LinkBrokenError:
-        """What a read fails with once the reset is all that is left."""
-        return LinkBrokenError(errno.ECONNRESET)
 
     def shutdown_write(self) -> None:
         """``shutdown(SHUT_WR)``: EOF after what was written. After the

@@ -235,7 +235,9 @@ class TrioEnd:
                         break
                 continue
             if seen is SEEN_RESET:
-                raise self._broken(self._end.read_error())
+                error = self._end.take_error()
+                if error is not None:
+                    raise self._broken(error)
             if seen is SEEN_TCP:  # handed over (LinkEnd.over_tcp): trio's own socket by now
                 return await self.recv(max_bytes)  # type: ignore[attr-defined,no-any-return]
             data = b""  # EOF

@@ -126,7 +126,8 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
         _no_flags(flags)
-        if bufsize == 0 or self._read_shut:
+        # Shut for reading, Linux still reads what comes (then EOF, not a wait).
+        if bufsize == 0 or self._read_shut and self._in.seen() is SEEN_NOTHING:
             await _checkpoint()
             return b""
         return await self._receive(bufsize)
@@ -189,7 +190,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
             if data is not buffer:  # a buffer: what fits now (a byte, to learn there is no room)
                 data = _as_bytes(buffer, max(out.sndbuf + out.rcvbuf - out.queued, 1))
             try:
-                sent = end.send_some(data) if data else 0
+                sent = end.send_some(data)
             except LinkBrokenError as exc:
                 raise exc.as_os_error() from None
             if sent < 0:  # handed over meanwhile
