@@ -404,6 +404,34 @@ async def test_friend_sockets_refuse_what_would_bypass_the_link(installed):
 
 
 @pytest.mark.trio
+async def test_sendto_on_a_connected_socket_ignores_the_address(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        assert await client.sendto(b"xx", ("127.0.0.1", 9)) == 2
+        assert await client.sendto(b"x", 0, ("127.0.0.1", 9)) == 1
+        client.shutdown(socket.SHUT_WR)
+        assert await drain_socket(server) == 3
+
+
+@pytest.mark.trio
+async def test_calls_on_a_closed_socket_fail_as_trios_own(installed):
+    listening, client, server = await socket_pair()
+    with listening, client, server:
+        client.close()
+        for call in (client.listen, lambda: client.sendto(b"x", ("127.0.0.1", 9)),
+                     lambda: client.connect(listening.getsockname())):
+            with pytest.raises(OSError) as info:
+                result = call()
+                if result is not None:
+                    await result
+            assert info.value.errno == errno.EBADF
+        with pytest.raises(ValueError):
+            client.is_readable()
+        with pytest.raises(ValueError):
+            await client.wait_writable()
+
+
+@pytest.mark.trio
 async def test_a_socket_made_in_a_with_block_closes_its_end_on_leaving_it(installed):
     """``with trio.socket.socket() as s: await s.connect(...)``: leaving the
     block closes the socket, so its peer sees EOF (``with`` took __exit__

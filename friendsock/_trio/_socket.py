@@ -60,6 +60,12 @@ def _as_bytes(data: Any, limit: int) -> bytes:
     return view.tobytes()[:max(limit, 0)]
 
 
+def _no_descriptor() -> ValueError:
+    """What trio's readiness calls on a closed socket raise (they poll its
+    descriptor, -1 by then)."""
+    return ValueError("file descriptor cannot be a negative integer (-1)")
+
+
 def _no_flags(flags: int) -> None:
     if flags:
         raise _unsupported(f"flags={flags!r}")
@@ -104,14 +110,17 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         raise _unsupported("share()")
 
     def listen(self, *args: Any) -> None:
+        self._check_open()
         raise OSError(errno.EINVAL, "Invalid argument")
 
     async def accept(self) -> Any:
         await _checkpoint()
+        self._check_open()
         raise OSError(errno.EINVAL, "Invalid argument")
 
     async def connect(self, address: Any) -> None:
         await _checkpoint()
+        self._check_open()
         raise OSError(errno.EISCONN, "Transport endpoint is already connected")
 
     def _check_open(self) -> None:
@@ -160,7 +169,8 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         raise _unsupported("recvmsg_into()")
 
     def is_readable(self) -> bool:
-        self._check_open()
+        if self._closed:
+            raise _no_descriptor()
         return self._read_shut or self._in.seen() is not SEEN_NOTHING
 
     # -- sending --------------------------------------------------------------
@@ -202,15 +212,19 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
             await _cancel_shielded_checkpoint()
         return sent
 
-    async def sendto(self, *args: Any) -> int:
-        await _checkpoint()
-        raise OSError(errno.EISCONN, "Transport endpoint is already connected")
+    async def sendto(self, data: Any, *args: Any) -> int:
+        # A connected stream socket ignores the address, as Linux's TCP does.
+        if len(args) not in (1, 2):
+            raise TypeError(f"sendto() takes 2 or 3 arguments ({len(args) + 1} given)")
+        return await self.send(data, args[0] if len(args) == 2 else 0)
 
     async def sendmsg(self, *args: Any) -> int:
         await _checkpoint()
         raise _unsupported("sendmsg()")
 
     async def wait_writable(self) -> None:
+        if self._closed:
+            raise _no_descriptor()
         await _checkpoint_if_cancelled()
         if not await self._wait_for_room(-1, raise_broken=False):
             await _cancel_shielded_checkpoint()
