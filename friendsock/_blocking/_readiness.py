@@ -168,9 +168,10 @@ class Readiness:
         with _inodes_lock:
             readiness_owners.pop(self.inode, None)
         number = self.user.detach()
-        stand_in = os.eventfd(1, os.EFD_CLOEXEC)  # readable and writable
-        os.dup2(stand_in, number, inheritable=False)  # closes our end of ``user``
-        os.close(stand_in)
+        stand_in, gone = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone.close()  # ``stand_in`` reads EOF: readable, and writable
+        os.dup2(stand_in.fileno(), number, inheritable=False)  # closes our end of ``user``
+        stand_in.close()
         hung_up = select.poll()
         hung_up.register(self.signal.fileno(), 0)  # reports POLLHUP (or an error) only
         # Bounded: one asleep for exceptional conditions only is not woken.
