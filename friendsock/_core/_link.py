@@ -633,7 +633,14 @@ class LinkEnd:
         incoming = self.incoming
         if incoming.state is not CHANNEL_RESET or self.error_taken:
             return None
-        self.error_taken = True
+        lock = self.link._lock
+        if lock is None:
+            self.error_taken = True
+        else:
+            with lock:  # one caller gets it, as the kernel's xchg() gives it to one
+                if self.error_taken:
+                    return None
+                self.error_taken = True
         return LinkBrokenError(errno.EPIPE if incoming.reset_after_fin else errno.ECONNRESET)
 
     def send_error(self) -> LinkBrokenError:
