@@ -1,0 +1,192 @@
+"""Every call of a ``trio.socket`` socket, in every state of its
+connection, answers on a paired socket (``friendsock.trio.install()``) as
+on a TCP one: the same return value, or the same exception type and errno,
+or both wait.
+
+As tests/test_blocking_parity.py: each state on a fresh pair, each call on
+its own pair, every differing answer printed.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any, Awaitable, Callable, Dict, Tuple
+
+import pytest
+import trio
+import trio.testing
+
+import friendsock
+import friendsock.trio as fst
+
+LOCALHOST = "127.0.0.1"
+TIMEOUT = 10.0
+WAIT = 0.05  # how long a call that would block is given: "waits" on both paths
+Sock = Any  # a trio socket
+
+
+async def _readable(sock: Sock) -> None:
+    """Until ``sock`` has something to read (a friend socket's descriptor
+    is not the connection's: trio's wait_readable would not see it)."""
+    with trio.fail_after(TIMEOUT):
+        await trio.testing.wait_all_tasks_blocked()
+        while not sock.is_readable():
+            await trio.sleep(0)
+
+
+async def _pair() -> Tuple[Sock, Sock]:
+    listener = trio.socket.socket()
+    with listener:
+        await listener.bind((LOCALHOST, 0))
+        listener.listen()
+        client = trio.socket.socket()
+        with trio.fail_after(TIMEOUT):
+            await client.connect(listener.getsockname())
+            server, _ = await listener.accept()
+    return client, server
+
+
+# -- states -----------------------------------------------------------------------
+async def _fresh(client: Sock, server: Sock) -> None:
+    pass
+
+
+async def _peer_sent(client: Sock, server: Sock) -> None:
+    await server.send(b"hello world")
+    await _readable(client)
+
+
+async def _we_shut_writing(client: Sock, server: Sock) -> None:
+    client.shutdown(socket.SHUT_WR)
+
+
+async def _we_shut_reading(client: Sock, server: Sock) -> None:
+    client.shutdown(socket.SHUT_RD)
+
+
+async def _shut_reading_then_data(client: Sock, server: Sock) -> None:
+    client.shutdown(socket.SHUT_RD)
+    await server.send(b"late")
+    await _readable(client)
+
+
+async def _peer_shut_writing(client: Sock, server: Sock) -> None:
+    server.shutdown(socket.SHUT_WR)
+    await _readable(client)
+
+
+async def _peer_closed(client: Sock, server: Sock) -> None:
+    server.close()
+    await _readable(client)
+
+
+async def _reset_by_peer(client: Sock, server: Sock) -> None:
+    await client.send(b"never read")
+    await _readable(server)
+    server.close()  # unread bytes: a reset
+    await _readable(client)
+
+
+async def _linger_zero_close(client: Sock, server: Sock) -> None:
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server.close()
+    await _readable(client)
+
+
+async def _closed(client: Sock, server: Sock) -> None:
+    client.close()
+
+
+STATES: Dict[str, Callable[[Sock, Sock], Awaitable[None]]] = {
+    "fresh": _fresh,
+    "bytes to read": _peer_sent,
+    "we shut writing": _we_shut_writing,
+    "we shut reading": _we_shut_reading,
+    "we shut reading, then bytes came": _shut_reading_then_data,
+    "peer shut writing": _peer_shut_writing,
+    "peer closed": _peer_closed,
+    "peer reset": _reset_by_peer,
+    "peer closed with SO_LINGER 0": _linger_zero_close,
+    "closed": _closed,
+}
+
+
+# -- calls ------------------------------------------------------------------------
+async def _sync(value: Any) -> Any:
+    return value
+
+
+def _calls(sock: Sock) -> Dict[str, Callable[[], Awaitable[Any]]]:
+    return {
+        "recv": lambda: sock.recv(10),
+        "recv(0)": lambda: sock.recv(0),
+        "recv_into": lambda: sock.recv_into(bytearray(5)),
+        "recvfrom": lambda: sock.recvfrom(10),
+        "send": lambda: sock.send(b"x"),
+        "send(b'')": lambda: sock.send(b""),
+        "sendto": lambda: sock.sendto(b"z", (LOCALHOST, 9)),
+        "wait_writable": lambda: sock.wait_writable(),
+        "is_readable": lambda: _sync(sock.is_readable()),
+        "SO_ERROR": lambda: _sync(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)),
+        "getpeername": lambda: _sync(type(sock.getpeername()).__name__),
+        "getsockname": lambda: _sync(type(sock.getsockname()).__name__),
+        "shutdown(SHUT_RDWR)": lambda: _sync(sock.shutdown(socket.SHUT_RDWR)),
+        "listen": lambda: _sync(sock.listen()),
+        "recv, recv, send": lambda: _each(lambda: sock.recv(10), lambda: sock.recv(10),
+                                          lambda: sock.send(b"q")),
+        "send, send, recv": lambda: _each(lambda: sock.send(b"q"), lambda: sock.send(b"q"),
+                                          lambda: sock.recv(10)),
+    }
+# Not compared: connect() on a connected socket (trio's connect is
+# non-blocking, and the kernel then answers 0 once; friendsock EISCONN).
+
+
+async def _each(*calls: Callable[[], Awaitable[Any]]) -> Any:
+    """Each call's answer, in turn (each given WAIT)."""
+    return [await _answer(call) for call in calls]
+
+
+async def _answer(call: Callable[[], Awaitable[Any]], wait: float = WAIT) -> Any:
+    try:
+        with trio.move_on_after(wait) as waited:
+            result = await call()
+        if waited.cancelled_caught:
+            return "waits"
+        return "returned", result
+    except OSError as exc:
+        return type(exc).__name__, exc.errno
+    except (TypeError, ValueError) as exc:
+        return type(exc).__name__
+
+
+async def _answers(state: str) -> Dict[str, Any]:
+    answers = {}
+    for name in _calls(None):
+        client, server = await _pair()
+        with client, server:
+            await STATES[state](client, server)
+            # A sequence gives each of its calls WAIT.
+            answers[name] = await _answer(_calls(client)[name], WAIT * (2 + name.count(",")))
+    return answers
+
+
+def _run_answers(paired: bool, state: str) -> Dict[str, Any]:
+    made = friendsock.stats().links_made
+    if paired:
+        fst.install()
+    try:
+        answers = trio.run(_answers, state)
+    finally:
+        fst.uninstall()
+    assert (friendsock.stats().links_made > made) is paired
+    return answers
+
+
+@pytest.mark.parametrize("state", list(STATES))
+def test_every_call_answers_as_over_tcp(state):
+    over_tcp = _run_answers(False, state)
+    paired = _run_answers(True, state)
+    differing = {name: (over_tcp[name], paired[name]) for name in over_tcp if over_tcp[name] != paired[name]}
+    assert not differing, "\n".join(f"{name}: TCP {tcp!r}, paired {friend!r}"
+                                    for name, (tcp, friend) in differing.items())
