@@ -1,0 +1,201 @@
+"""asyncio streams over a friend link answer as over TCP, call by call and
+state by state, on asyncio's loop and on uvloop: the same value, the same
+exception type (and errno, and an IncompleteReadError's partial bytes), or
+both wait.
+
+As tests/test_blocking_parity.py: each state on a fresh connection, each
+call on its own connection, every differing answer printed. Exception
+messages are not compared (uvloop's name the transport's class).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from typing import Any, Awaitable, Callable, Dict, List, Tuple
+
+import pytest
+import uvloop
+
+import friendsock
+
+LOCALHOST = "127.0.0.1"
+TIMEOUT = 10.0
+WAIT = 0.05  # how long a call that would wait is given: "waits" on both paths
+Streams = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Loop turns, bounded, until ``condition()`` holds (a state the peer's
+    bytes, EOF or reset bring about)."""
+    async with asyncio.timeout(TIMEOUT) if hasattr(asyncio, "timeout") else _no_timeout():
+        while not condition():
+            await asyncio.sleep(0)
+
+
+class _no_timeout:  # Python 3.10: the test's own pytest-timeout bounds it
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+
+def _buffered(reader: asyncio.StreamReader) -> int:
+    return len(reader._buffer)  # type: ignore[attr-defined]
+
+
+# -- states -----------------------------------------------------------------------
+async def _fresh(client: Streams, server: Streams) -> None:
+    pass
+
+
+async def _peer_sent(client: Streams, server: Streams) -> None:
+    server[1].write(b"hello\nworld")
+    await _until(lambda: _buffered(client[0]) == 11)
+
+
+async def _peer_eof(client: Streams, server: Streams) -> None:
+    server[1].write_eof()
+    await _until(client[0].at_eof)
+
+
+async def _peer_closed(client: Streams, server: Streams) -> None:
+    server[1].close()
+    await server[1].wait_closed()
+    await _until(client[0].at_eof)
+
+
+async def _peer_reset(client: Streams, server: Streams) -> None:
+    server[1].transport.pause_reading()  # what comes stays unread, in the kernel
+    client[1].write(b"never read")  # sent within the call, on either path
+    server[1].transport.abort()
+    await _until(lambda: client[0].exception() is not None)
+
+
+async def _peer_linger_zero(client: Streams, server: Streams) -> None:
+    raw = server[1].get_extra_info("socket")
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server[1].close()
+    await _until(lambda: client[0].exception() is not None or client[0].at_eof())
+
+
+async def _we_wrote_eof(client: Streams, server: Streams) -> None:
+    client[1].write_eof()
+    await _until(server[0].at_eof)
+
+
+async def _we_closed(client: Streams, server: Streams) -> None:
+    client[1].close()
+    await client[1].wait_closed()
+
+
+STATES: Dict[str, Callable[[Streams, Streams], Awaitable[None]]] = {
+    "fresh": _fresh,
+    "bytes to read": _peer_sent,
+    "peer wrote EOF": _peer_eof,
+    "peer closed": _peer_closed,
+    "peer reset": _peer_reset,
+    "peer closed with SO_LINGER 0": _peer_linger_zero,
+    "we wrote EOF": _we_wrote_eof,
+    "we closed": _we_closed,
+}
+
+
+# -- calls ------------------------------------------------------------------------
+async def _value(value: Any) -> Any:
+    return value
+
+
+async def _write_and_drain(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"x")
+    await writer.drain()
+
+
+async def _close_and_wait(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    await writer.wait_closed()
+
+
+def _calls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Dict[str, Callable[[], Awaitable[Any]]]:
+    return {
+        "read(10)": lambda: reader.read(10),
+        "read()": lambda: reader.read(),
+        "readline": lambda: reader.readline(),
+        "readexactly(3)": lambda: reader.readexactly(3),
+        "readuntil": lambda: reader.readuntil(b"\n"),
+        "at_eof": lambda: _value(reader.at_eof()),
+        "exception": lambda: _value(type(reader.exception()).__name__),
+        "write, drain": lambda: _write_and_drain(writer),
+        "drain": lambda: writer.drain(),
+        "write_eof": lambda: _value(writer.write_eof()),
+        "can_write_eof": lambda: _value(writer.can_write_eof()),
+        "is_closing": lambda: _value(writer.is_closing()),
+        "wait_closed": lambda: writer.wait_closed(),
+        "close, wait_closed": lambda: _close_and_wait(writer),
+        "peername": lambda: _value(type(writer.get_extra_info("peername")).__name__),
+        "get_write_buffer_size": lambda: _value(writer.transport.get_write_buffer_size()),
+        "write, drain x3": lambda: _each([lambda: _write_and_drain(writer)] * 3),
+        "read, read": lambda: _each([lambda: reader.read(10)] * 2),
+    }
+
+
+async def _each(calls: List[Callable[[], Awaitable[Any]]]) -> Any:
+    return [await _answer(call) for call in calls]
+
+
+async def _answer(call: Callable[[], Awaitable[Any]], wait: float = WAIT) -> Any:
+    try:
+        return "returned", await asyncio.wait_for(call(), wait)
+    except asyncio.TimeoutError:
+        return "waits"
+    except asyncio.IncompleteReadError as exc:
+        return "IncompleteReadError", exc.partial
+    except OSError as exc:
+        return type(exc).__name__, exc.errno
+    except Exception as exc:  # noqa: BLE001 - compared by type
+        return type(exc).__name__
+
+
+async def _connection(friends: bool) -> Tuple[Streams, Streams, asyncio.AbstractServer]:
+    accepted: "asyncio.Future[Streams]" = asyncio.get_running_loop().create_future()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set_result((reader, writer))
+
+    server = await friendsock.start_server(handler, LOCALHOST, 0, friends=friends)
+    port = server.sockets[0].getsockname()[1]
+    client = await asyncio.wait_for(friendsock.open_connection(LOCALHOST, port), TIMEOUT)
+    assert friendsock.is_friend(client[1].transport) is friends
+    return client, await asyncio.wait_for(accepted, TIMEOUT), server
+
+
+async def _answers(friends: bool, state: str) -> Dict[str, Any]:
+    answers = {}
+    for name in _calls(None, None):  # type: ignore[arg-type]
+        client, served, server = await _connection(friends)
+        try:
+            await STATES[state](client, served)
+            # A sequence gives each of its calls WAIT.
+            answers[name] = await _answer(_calls(*client)[name], WAIT * (2 + name.count(",")))
+        finally:
+            for writer in (client[1], served[1]):
+                writer.transport.abort()
+            server.close()
+            await server.wait_closed()
+    return answers
+
+
+LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
+
+
+@pytest.mark.parametrize("state", list(STATES))
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_every_call_answers_as_over_tcp(loop, state):
+    run = LOOPS[loop]
+    over_tcp = run(_answers(False, state))
+    paired = run(_answers(True, state))
+    differing = {name: (over_tcp[name], paired[name]) for name in over_tcp if over_tcp[name] != paired[name]}
+    assert not differing, "\n".join(f"{name}: TCP {tcp!r}, friends {friend!r}"
+                                    for name, (tcp, friend) in differing.items())
