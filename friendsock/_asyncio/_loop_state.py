@@ -43,7 +43,7 @@ class LoopState:
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
                  "polls_after_callbacks", "one_context_per_transport",
                  "refuses_writes_once_lost", "default_write_limits", "lists_server_sockets",
-                 "__weakref__")
+                 "checks_state_before_type", "stops_reading_at_eof", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -77,6 +77,12 @@ class LoopState:
         self.default_write_limits = (16 if is_uvloop else DEFAULT_HIGH_WATER // 4, DEFAULT_HIGH_WATER)
         # uvloop's Server.sockets is a list; asyncio's a tuple.
         self.lists_server_sockets = is_uvloop
+        # uvloop's write() looks at the transport's state (past write_eof(),
+        # lost) before the data's type; asyncio's at the type first.
+        self.checks_state_before_type = is_uvloop
+        # uvloop's streams stop reading at EOF (is_reading() is False from
+        # then on); asyncio's stay "reading".
+        self.stops_reading_at_eof = is_uvloop
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

@@ -420,6 +420,8 @@ class FriendTransport(_FlowControlMixin):
 
     def _deliver_eof(self) -> None:
         self._eof_delivered = True
+        if self._state.stops_reading_at_eof:
+            self._paused_reading = True
         try:
             keep_open = self._protocol.eof_received()  # type: ignore[attr-defined]
         except (SystemExit, KeyboardInterrupt):
@@ -437,6 +439,14 @@ class FriendTransport(_FlowControlMixin):
         if type(data) is not bytes:
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 self._check_alive()
+                if self._state.checks_state_before_type:
+                    if self._eof:
+                        raise RuntimeError("Cannot call write() after write_eof()")
+                    if not data:
+                        return
+                    if self._conn_lost:
+                        self._conn_lost += 1
+                        return
                 raise TypeError(
                     f"data argument must be a bytes-like object, not {type(data).__name__!r}"
                 )

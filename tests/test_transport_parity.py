@@ -1,0 +1,198 @@
+"""A friend transport's methods answer as the loop's own TCP transport's,
+state by state, on asyncio's loop and on uvloop (each loop's own rules:
+uvloop's transports refuse writes once the connection is lost, asyncio's
+drop them): the same value, or the same exception type.
+
+As tests/test_blocking_parity.py: each state on a fresh connection, each
+call on its own connection, every differing answer printed. What the call
+makes the protocol see later is the other transport tests' business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import pytest
+import uvloop
+
+import friendsock
+
+LOCALHOST = "127.0.0.1"
+TIMEOUT = 10.0
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: Optional[asyncio.Transport] = None
+        self.received = bytearray()
+        self.eof = False
+        self.lost = False
+        self.lost_with: Optional[BaseException] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return True  # keep the transport open: the state is "peer wrote EOF"
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self.lost = True
+        self.lost_with = exc
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Loop turns, bounded, until ``condition()`` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TIMEOUT
+    while not condition():
+        assert loop.time() < deadline, "the state never came"
+        await asyncio.sleep(0)
+
+
+End = Tuple[asyncio.Transport, _Protocol]
+
+
+# -- states -----------------------------------------------------------------------
+async def _fresh(client: End, server: End) -> None:
+    pass
+
+
+async def _closing_with_a_backlog(client: End, server: End) -> None:
+    server[0].pause_reading()
+    client[0].set_write_buffer_limits(high=1)
+    sndbuf = client[0].get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    rcvbuf = server[0].get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    client[0].write(bytes(sndbuf + rcvbuf + 4 * 1024 * 1024))  # more than the buffers take
+    client[0].close()
+
+
+async def _lost(client: End, server: End) -> None:
+    client[0].close()
+    await _until(lambda: client[1].lost)
+
+
+async def _wrote_eof(client: End, server: End) -> None:
+    client[0].write_eof()
+    await _until(lambda: server[1].eof)
+
+
+async def _reading_paused(client: End, server: End) -> None:
+    client[0].pause_reading()
+
+
+async def _peer_wrote_eof(client: End, server: End) -> None:
+    server[0].write_eof()
+    await _until(lambda: client[1].eof)
+
+
+async def _peer_reset(client: End, server: End) -> None:
+    raw = server[0].get_extra_info("socket")
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server[0].close()
+    await _until(lambda: client[1].lost)
+
+
+async def _aborted(client: End, server: End) -> None:
+    client[0].abort()
+    await _until(lambda: client[1].lost)
+
+
+STATES: Dict[str, Callable[[End, End], Any]] = {
+    "open": _fresh,
+    "closing, its buffer full": _closing_with_a_backlog,
+    "closed and lost": _lost,
+    "after write_eof": _wrote_eof,
+    "reading paused": _reading_paused,
+    "peer wrote EOF": _peer_wrote_eof,
+    "peer reset": _peer_reset,
+    "aborted": _aborted,
+}
+
+
+# -- calls ------------------------------------------------------------------------
+CALLS: Dict[str, Callable[[asyncio.Transport], Any]] = {
+    "write": lambda transport: transport.write(b"x"),
+    "write(b'')": lambda transport: transport.write(b""),
+    "write(str)": lambda transport: transport.write("text"),  # type: ignore[arg-type]
+    "writelines": lambda transport: transport.writelines([b"a", b"b"]),
+    "write_eof": lambda transport: transport.write_eof(),
+    "can_write_eof": lambda transport: transport.can_write_eof(),
+    "get_write_buffer_size > 0": lambda transport: transport.get_write_buffer_size() > 0,
+    "get_write_buffer_limits": lambda transport: transport.get_write_buffer_limits(),
+    "set_write_buffer_limits": lambda transport: transport.set_write_buffer_limits(high=1000),
+    "set_write_buffer_limits(low > high)": lambda transport: transport.set_write_buffer_limits(high=1, low=2),
+    "is_closing": lambda transport: transport.is_closing(),
+    "is_reading": lambda transport: transport.is_reading(),
+    "pause_reading": lambda transport: transport.pause_reading(),
+    "resume_reading": lambda transport: transport.resume_reading(),
+    "pause, is_reading": lambda transport: (transport.pause_reading(), transport.is_reading()),
+    "close": lambda transport: transport.close(),
+    "close, is_closing": lambda transport: (transport.close(), transport.is_closing()),
+    "abort": lambda transport: transport.abort(),
+    "peername": lambda transport: type(transport.get_extra_info("peername")).__name__,
+    "sockname": lambda transport: type(transport.get_extra_info("sockname")).__name__,
+    "unknown extra": lambda transport: transport.get_extra_info("no such thing", "default"),
+    "get_protocol": lambda transport: type(transport.get_protocol()).__name__,
+}
+
+
+def _answer(call: Callable[[], Any]) -> Any:
+    try:
+        return "returned", call()
+    except Exception as exc:  # noqa: BLE001 - compared by type
+        return type(exc).__name__
+
+
+async def _connection(friends: bool) -> Tuple[End, End, asyncio.AbstractServer]:
+    served: "asyncio.Future[_Protocol]" = asyncio.get_running_loop().create_future()
+
+    def serve() -> _Protocol:
+        protocol = _Protocol()
+        served.set_result(protocol)
+        return protocol
+
+    server = await friendsock.create_server(serve, LOCALHOST, 0, friends=friends)
+    port = server.sockets[0].getsockname()[1]
+    transport, client = await asyncio.wait_for(
+        friendsock.create_connection(_Protocol, LOCALHOST, port, friends=friends), TIMEOUT)
+    assert friendsock.is_friend(transport) is friends
+    server_protocol = await asyncio.wait_for(served, TIMEOUT)
+    await _until(lambda: server_protocol.transport is not None)
+    return (transport, client), (server_protocol.transport, server_protocol), server  # type: ignore[return-value]
+
+
+async def _answers(friends: bool, state: str) -> Dict[str, Any]:
+    answers = {}
+    for name, call in CALLS.items():
+        client, served, server = await _connection(friends)
+        try:
+            await STATES[state](client, served)
+            answers[name] = _answer(lambda: call(client[0]))
+        finally:
+            for transport, _ in (client, served):
+                transport.abort()
+            server.close()
+            await server.wait_closed()
+            await _until(lambda: client[1].lost and served[1].lost)
+    return answers
+
+
+LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
+
+
+@pytest.mark.parametrize("state", list(STATES))
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_every_method_answers_as_the_loops_own(loop, state):
+    run = LOOPS[loop]
+    over_tcp = run(_answers(False, state))
+    paired = run(_answers(True, state))
+    differing = {name: (over_tcp[name], paired[name]) for name in CALLS if over_tcp[name] != paired[name]}
+    assert not differing, "\n".join(f"{name}: TCP {tcp!r}, friends {friend!r}"
+                                    for name, (tcp, friend) in differing.items())
