@@ -64,12 +64,16 @@ async def _fresh(client: End, server: End) -> None:
     pass
 
 
-async def _closing_with_a_backlog(client: End, server: End) -> None:
+async def _backlogged(client: End, server: End) -> None:
     server[0].pause_reading()
     client[0].set_write_buffer_limits(high=1)
     sndbuf = client[0].get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
     rcvbuf = server[0].get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
     client[0].write(bytes(sndbuf + rcvbuf + 4 * 1024 * 1024))  # more than the buffers take
+
+
+async def _closing_with_a_backlog(client: End, server: End) -> None:
+    await _backlogged(client, server)
     client[0].close()
 
 
@@ -99,6 +103,18 @@ async def _peer_reset(client: End, server: End) -> None:
     await _until(lambda: client[1].lost)
 
 
+async def _peer_closed(client: End, server: End) -> None:
+    server[0].close()
+    await _until(lambda: client[1].eof)
+
+
+async def _peer_aborted_over_unread_bytes(client: End, server: End) -> None:
+    server[0].pause_reading()  # what comes stays unread, in the kernel
+    client[0].write(b"never read")
+    server[0].abort()
+    await _until(lambda: client[1].lost)
+
+
 async def _aborted(client: End, server: End) -> None:
     client[0].abort()
     await _until(lambda: client[1].lost)
@@ -106,11 +122,14 @@ async def _aborted(client: End, server: End) -> None:
 
 STATES: Dict[str, Callable[[End, End], Any]] = {
     "open": _fresh,
+    "its buffer full": _backlogged,
     "closing, its buffer full": _closing_with_a_backlog,
     "closed and lost": _lost,
     "after write_eof": _wrote_eof,
     "reading paused": _reading_paused,
     "peer wrote EOF": _peer_wrote_eof,
+    "peer closed": _peer_closed,
+    "peer aborted over unread bytes": _peer_aborted_over_unread_bytes,
     "peer reset": _peer_reset,
     "aborted": _aborted,
 }
@@ -121,7 +140,10 @@ CALLS: Dict[str, Callable[[asyncio.Transport], Any]] = {
     "write": lambda transport: transport.write(b"x"),
     "write(b'')": lambda transport: transport.write(b""),
     "write(str)": lambda transport: transport.write("text"),  # type: ignore[arg-type]
+    "write(bytearray)": lambda transport: transport.write(bytearray(b"x")),
+    "write(memoryview)": lambda transport: transport.write(memoryview(b"x")),
     "writelines": lambda transport: transport.writelines([b"a", b"b"]),
+    "writelines([str])": lambda transport: transport.writelines(["text"]),  # type: ignore[list-item]
     "write_eof": lambda transport: transport.write_eof(),
     "can_write_eof": lambda transport: transport.can_write_eof(),
     "get_write_buffer_size > 0": lambda transport: transport.get_write_buffer_size() > 0,
@@ -140,6 +162,9 @@ CALLS: Dict[str, Callable[[asyncio.Transport], Any]] = {
     "sockname": lambda transport: type(transport.get_extra_info("sockname")).__name__,
     "unknown extra": lambda transport: transport.get_extra_info("no such thing", "default"),
     "get_protocol": lambda transport: type(transport.get_protocol()).__name__,
+    "socket given": lambda transport: transport.get_extra_info("socket") is not None,
+    "limits set, then read": lambda transport: (transport.set_write_buffer_limits(high=100, low=10),
+                                                transport.get_write_buffer_limits()),
 }
 
 
