@@ -11,6 +11,7 @@ messages are not compared (uvloop's name the transport's class).
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 from typing import Any, Awaitable, Callable, Dict, List, Tuple
@@ -166,9 +167,13 @@ async def _connection(friends: bool) -> Tuple[Streams, Streams, asyncio.Abstract
 
     server = await friendsock.start_server(handler, LOCALHOST, 0, friends=friends)
     port = server.sockets[0].getsockname()[1]
+    descriptors = _descriptors()
     client = await asyncio.wait_for(friendsock.open_connection(LOCALHOST, port), TIMEOUT)
     assert friendsock.is_friend(client[1].transport) is friends
-    return client, await asyncio.wait_for(accepted, TIMEOUT), server
+    served = await asyncio.wait_for(accepted, TIMEOUT)
+    # Two sockets, the client's and the accepted one; none when socketless.
+    assert _descriptors() - descriptors == (0 if friends and friendsock.is_socketless() else 2)
+    return client, served, server
 
 
 async def _answers(friends: bool, state: str) -> Dict[str, Any]:
@@ -187,15 +192,25 @@ async def _answers(friends: bool, state: str) -> Dict[str, Any]:
     return answers
 
 
+def _descriptors() -> int:
+    """How many descriptors this process has open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
 
 
 @pytest.mark.parametrize("state", list(STATES))
 @pytest.mark.parametrize("loop", list(LOOPS))
-def test_every_call_answers_as_over_tcp(loop, state):
+@pytest.mark.parametrize("link", ["friend", "socketless"])
+def test_every_call_answers_as_over_tcp(link, loop, state):
     run = LOOPS[loop]
     over_tcp = run(_answers(False, state))
-    paired = run(_answers(True, state))
+    friendsock.set_socketless(link == "socketless")
+    try:
+        paired = run(_answers(True, state))
+    finally:
+        friendsock.set_socketless(False)
     differing = {name: (over_tcp[name], paired[name]) for name in over_tcp if over_tcp[name] != paired[name]}
     assert not differing, "\n".join(f"{name}: TCP {tcp!r}, friends {friend!r}"
                                     for name, (tcp, friend) in differing.items())

@@ -11,6 +11,7 @@ makes the protocol see later is the other transport tests' business.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -185,11 +186,14 @@ async def _connection(friends: bool) -> Tuple[End, End, asyncio.AbstractServer]:
 
     server = await friendsock.create_server(serve, LOCALHOST, 0, friends=friends)
     port = server.sockets[0].getsockname()[1]
+    descriptors = _descriptors()
     transport, client = await asyncio.wait_for(
         friendsock.create_connection(_Protocol, LOCALHOST, port, friends=friends), TIMEOUT)
     assert friendsock.is_friend(transport) is friends
     server_protocol = await asyncio.wait_for(served, TIMEOUT)
     await _until(lambda: server_protocol.transport is not None)
+    # Two sockets, the client's and the accepted one; none when socketless.
+    assert _descriptors() - descriptors == (0 if friends and friendsock.is_socketless() else 2)
     return (transport, client), (server_protocol.transport, server_protocol), server  # type: ignore[return-value]
 
 
@@ -209,15 +213,25 @@ async def _answers(friends: bool, state: str) -> Dict[str, Any]:
     return answers
 
 
+def _descriptors() -> int:
+    """How many descriptors this process has open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
 
 
 @pytest.mark.parametrize("state", list(STATES))
 @pytest.mark.parametrize("loop", list(LOOPS))
-def test_every_method_answers_as_the_loops_own(loop, state):
+@pytest.mark.parametrize("link", ["friend", "socketless"])
+def test_every_method_answers_as_the_loops_own(link, loop, state):
     run = LOOPS[loop]
     over_tcp = run(_answers(False, state))
-    paired = run(_answers(True, state))
+    friendsock.set_socketless(link == "socketless")
+    try:
+        paired = run(_answers(True, state))
+    finally:
+        friendsock.set_socketless(False)
     differing = {name: (over_tcp[name], paired[name]) for name in CALLS if over_tcp[name] != paired[name]}
     assert not differing, "\n".join(f"{name}: TCP {tcp!r}, friends {friend!r}"
                                     for name, (tcp, friend) in differing.items())
