@@ -164,6 +164,8 @@ async def _answers(state: str) -> Dict[str, Any]:
     answers = {}
     for name in _calls(None):
         client, server = await _pair()
+        # A socket of the kernel's under each end; none when socketless.
+        assert (client.fileno() < 0) is (fst.is_installed() and friendsock.is_socketless())
         with client, server:
             await STATES[state](client, server)
             # A sequence gives each of its calls WAIT.
@@ -184,9 +186,14 @@ def _run_answers(paired: bool, state: str) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("state", list(STATES))
-def test_every_call_answers_as_over_tcp(state):
+@pytest.mark.parametrize("link", ["friend", "socketless"])
+def test_every_call_answers_as_over_tcp(link, state):
     over_tcp = _run_answers(False, state)
-    paired = _run_answers(True, state)
+    friendsock.set_socketless(link == "socketless")
+    try:
+        paired = _run_answers(True, state)
+    finally:
+        friendsock.set_socketless(False)
     differing = {name: (over_tcp[name], paired[name]) for name in over_tcp if over_tcp[name] != paired[name]}
     assert not differing, "\n".join(f"{name}: TCP {tcp!r}, paired {friend!r}"
                                     for name, (tcp, friend) in differing.items())
