@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import gc
+import os
 import random
 import ssl
 import sys
@@ -13,6 +14,7 @@ import warnings
 from typing import AsyncIterator, Iterator, List, Optional, Tuple
 
 import pytest
+import uvloop
 
 import friendsock
 from friendsock import _handshake
@@ -352,3 +354,47 @@ def run_inner_pytest(pytester: pytest.Pytester, *args: str, timeout: float,
     plugins it does not ``need`` of :data:`UNUSED_IN_INNER_RUNS`."""
     off = [arg for name in UNUSED_IN_INNER_RUNS if name not in needs for arg in ("-p", f"no:{name}")]
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *off, *args, timeout=timeout)
+
+
+LOOP_RUNNERS = {"asyncio": asyncio.run, "uvloop": uvloop.run}  # each loop's asyncio.run
+
+
+def descriptors_open() -> int:
+    """How many descriptors this process has open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def until(condition, timeout: float = 10) -> None:
+    """Loop turns, bounded, until ``condition()`` holds (a state that the
+    peer's bytes, EOF or reset bring about, which nothing announces)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "the state never came"
+        await asyncio.sleep(0)
+
+
+WAITED = "waits"  # a parity test's answer for a call that was still waiting when given up on
+
+
+def answers_that_differ(over_tcp: dict, paired: dict, ask_again) -> dict:
+    """The calls whose answers differ over TCP and paired: ``{name: (TCP's,
+    paired's)}``. A call that waited (WAITED) on one side only is asked
+    again there, through ``ask_again(name, paired)``, given longer: a busy
+    machine may take longer than the short wait over a loop turn, which is
+    no difference."""
+    differing = {}
+    for name, answer in over_tcp.items():
+        other = paired[name]
+        if answer != other and WAITED in (answer, other):
+            if answer == WAITED:
+                answer = ask_again(name, False)
+            else:
+                other = ask_again(name, True)
+        if answer != other:
+            differing[name] = (answer, other)
+    return differing
+
+
+def report(differing: dict) -> str:
+    return "\n".join(f"{name}: TCP {tcp!r}, paired {friend!r}" for name, (tcp, friend) in differing.items())

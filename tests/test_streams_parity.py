@@ -11,36 +11,19 @@ messages are not compared (uvloop's name the transport's class).
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import struct
-from typing import Any, Awaitable, Callable, Dict, List, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import pytest
-import uvloop
 
 import friendsock
+from support import LOOP_RUNNERS, WAITED, answers_that_differ, descriptors_open, report, until
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
-WAIT = 0.05  # how long a call that would wait is given: "waits" on both paths
+WAIT = 0.05  # how long a call that would wait is given: WAITED on both paths
 Streams = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    """Loop turns, bounded, until ``condition()`` holds (a state the peer's
-    bytes, EOF or reset bring about)."""
-    async with asyncio.timeout(TIMEOUT) if hasattr(asyncio, "timeout") else _no_timeout():
-        while not condition():
-            await asyncio.sleep(0)
-
-
-class _no_timeout:  # Python 3.10: the test's own pytest-timeout bounds it
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: Any) -> None:
-        return None
 
 
 def _buffered(reader: asyncio.StreamReader) -> int:
@@ -54,37 +37,37 @@ async def _fresh(client: Streams, server: Streams) -> None:
 
 async def _peer_sent(client: Streams, server: Streams) -> None:
     server[1].write(b"hello\nworld")
-    await _until(lambda: _buffered(client[0]) == 11)
+    await until(lambda: _buffered(client[0]) == 11)
 
 
 async def _peer_eof(client: Streams, server: Streams) -> None:
     server[1].write_eof()
-    await _until(client[0].at_eof)
+    await until(client[0].at_eof)
 
 
 async def _peer_closed(client: Streams, server: Streams) -> None:
     server[1].close()
     await server[1].wait_closed()
-    await _until(client[0].at_eof)
+    await until(client[0].at_eof)
 
 
 async def _peer_reset(client: Streams, server: Streams) -> None:
     server[1].transport.pause_reading()  # what comes stays unread, in the kernel
     client[1].write(b"never read")  # sent within the call, on either path
     server[1].transport.abort()
-    await _until(lambda: client[0].exception() is not None)
+    await until(lambda: client[0].exception() is not None)
 
 
 async def _peer_linger_zero(client: Streams, server: Streams) -> None:
     raw = server[1].get_extra_info("socket")
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     server[1].close()
-    await _until(lambda: client[0].exception() is not None or client[0].at_eof())
+    await until(lambda: client[0].exception() is not None or client[0].at_eof())
 
 
 async def _we_wrote_eof(client: Streams, server: Streams) -> None:
     client[1].write_eof()
-    await _until(server[0].at_eof)
+    await until(server[0].at_eof)
 
 
 async def _we_closed(client: Streams, server: Streams) -> None:
@@ -150,7 +133,7 @@ async def _answer(call: Callable[[], Awaitable[Any]], wait: float = WAIT) -> Any
     try:
         return "returned", await asyncio.wait_for(call(), wait)
     except asyncio.TimeoutError:
-        return "waits"
+        return WAITED
     except asyncio.IncompleteReadError as exc:
         return "IncompleteReadError", exc.partial
     except OSError as exc:
@@ -167,23 +150,24 @@ async def _connection(friends: bool) -> Tuple[Streams, Streams, asyncio.Abstract
 
     server = await friendsock.start_server(handler, LOCALHOST, 0, friends=friends)
     port = server.sockets[0].getsockname()[1]
-    descriptors = _descriptors()
+    descriptors = descriptors_open()
     client = await asyncio.wait_for(friendsock.open_connection(LOCALHOST, port), TIMEOUT)
     assert friendsock.is_friend(client[1].transport) is friends
     served = await asyncio.wait_for(accepted, TIMEOUT)
     # Two sockets, the client's and the accepted one; none when socketless.
-    assert _descriptors() - descriptors == (0 if friends and friendsock.is_socketless() else 2)
+    assert descriptors_open() - descriptors == (0 if friends and friendsock.is_socketless() else 2)
     return client, served, server
 
 
-async def _answers(friends: bool, state: str) -> Dict[str, Any]:
+async def _answers(friends: bool, state: str, names: Optional[List[str]] = None,
+                   wait: float = WAIT) -> Dict[str, Any]:
     answers = {}
-    for name in _calls(None, None):  # type: ignore[arg-type]
+    for name in names or _calls(None, None):  # type: ignore[arg-type]
         client, served, server = await _connection(friends)
         try:
             await STATES[state](client, served)
-            # A sequence gives each of its calls WAIT.
-            answers[name] = await _answer(_calls(*client)[name], WAIT * (2 + name.count(",")))
+            # A sequence gives each of its calls ``wait``.
+            answers[name] = await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
         finally:
             for writer in (client[1], served[1]):
                 writer.transport.abort()
@@ -192,25 +176,19 @@ async def _answers(friends: bool, state: str) -> Dict[str, Any]:
     return answers
 
 
-def _descriptors() -> int:
-    """How many descriptors this process has open."""
-    return len(os.listdir("/proc/self/fd"))
-
-
-LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
-
-
 @pytest.mark.parametrize("state", list(STATES))
-@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize("loop", list(LOOP_RUNNERS))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_call_answers_as_over_tcp(link, loop, state):
-    run = LOOPS[loop]
-    over_tcp = run(_answers(False, state))
-    friendsock.set_socketless(link == "socketless")
-    try:
-        paired = run(_answers(True, state))
-    finally:
-        friendsock.set_socketless(False)
-    differing = {name: (over_tcp[name], paired[name]) for name in over_tcp if over_tcp[name] != paired[name]}
-    assert not differing, "\n".join(f"{name}: TCP {tcp!r}, friends {friend!r}"
-                                    for name, (tcp, friend) in differing.items())
+    run = LOOP_RUNNERS[loop]
+
+    def answers(paired: bool, names: Optional[List[str]] = None, wait: float = WAIT) -> Dict[str, Any]:
+        friendsock.set_socketless(paired and link == "socketless")
+        try:
+            return run(_answers(paired, state, names, wait))
+        finally:
+            friendsock.set_socketless(False)
+
+    differing = answers_that_differ(answers(False), answers(True),
+                                    lambda name, paired: answers(paired, [name], 1.0)[name])
+    assert not differing, report(differing)

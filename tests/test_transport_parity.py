@@ -11,15 +11,14 @@ makes the protocol see later is the other transport tests' business.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import struct
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import pytest
-import uvloop
 
 import friendsock
+from support import LOOP_RUNNERS, descriptors_open, report, until
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -48,15 +47,6 @@ class _Protocol(asyncio.Protocol):
         self.lost_with = exc
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    """Loop turns, bounded, until ``condition()`` holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + TIMEOUT
-    while not condition():
-        assert loop.time() < deadline, "the state never came"
-        await asyncio.sleep(0)
-
-
 End = Tuple[asyncio.Transport, _Protocol]
 
 
@@ -80,12 +70,12 @@ async def _closing_with_a_backlog(client: End, server: End) -> None:
 
 async def _lost(client: End, server: End) -> None:
     client[0].close()
-    await _until(lambda: client[1].lost)
+    await until(lambda: client[1].lost)
 
 
 async def _wrote_eof(client: End, server: End) -> None:
     client[0].write_eof()
-    await _until(lambda: server[1].eof)
+    await until(lambda: server[1].eof)
 
 
 async def _reading_paused(client: End, server: End) -> None:
@@ -94,31 +84,31 @@ async def _reading_paused(client: End, server: End) -> None:
 
 async def _peer_wrote_eof(client: End, server: End) -> None:
     server[0].write_eof()
-    await _until(lambda: client[1].eof)
+    await until(lambda: client[1].eof)
 
 
 async def _peer_reset(client: End, server: End) -> None:
     raw = server[0].get_extra_info("socket")
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     server[0].close()
-    await _until(lambda: client[1].lost)
+    await until(lambda: client[1].lost)
 
 
 async def _peer_closed(client: End, server: End) -> None:
     server[0].close()
-    await _until(lambda: client[1].eof)
+    await until(lambda: client[1].eof)
 
 
 async def _peer_aborted_over_unread_bytes(client: End, server: End) -> None:
     server[0].pause_reading()  # what comes stays unread, in the kernel
     client[0].write(b"never read")
     server[0].abort()
-    await _until(lambda: client[1].lost)
+    await until(lambda: client[1].lost)
 
 
 async def _aborted(client: End, server: End) -> None:
     client[0].abort()
-    await _until(lambda: client[1].lost)
+    await until(lambda: client[1].lost)
 
 
 STATES: Dict[str, Callable[[End, End], Any]] = {
@@ -186,14 +176,14 @@ async def _connection(friends: bool) -> Tuple[End, End, asyncio.AbstractServer]:
 
     server = await friendsock.create_server(serve, LOCALHOST, 0, friends=friends)
     port = server.sockets[0].getsockname()[1]
-    descriptors = _descriptors()
+    descriptors = descriptors_open()
     transport, client = await asyncio.wait_for(
         friendsock.create_connection(_Protocol, LOCALHOST, port, friends=friends), TIMEOUT)
     assert friendsock.is_friend(transport) is friends
     server_protocol = await asyncio.wait_for(served, TIMEOUT)
-    await _until(lambda: server_protocol.transport is not None)
+    await until(lambda: server_protocol.transport is not None)
     # Two sockets, the client's and the accepted one; none when socketless.
-    assert _descriptors() - descriptors == (0 if friends and friendsock.is_socketless() else 2)
+    assert descriptors_open() - descriptors == (0 if friends and friendsock.is_socketless() else 2)
     return (transport, client), (server_protocol.transport, server_protocol), server  # type: ignore[return-value]
 
 
@@ -209,23 +199,15 @@ async def _answers(friends: bool, state: str) -> Dict[str, Any]:
                 transport.abort()
             server.close()
             await server.wait_closed()
-            await _until(lambda: client[1].lost and served[1].lost)
+            await until(lambda: client[1].lost and served[1].lost)
     return answers
 
 
-def _descriptors() -> int:
-    """How many descriptors this process has open."""
-    return len(os.listdir("/proc/self/fd"))
-
-
-LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
-
-
 @pytest.mark.parametrize("state", list(STATES))
-@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize("loop", list(LOOP_RUNNERS))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_method_answers_as_the_loops_own(link, loop, state):
-    run = LOOPS[loop]
+    run = LOOP_RUNNERS[loop]
     over_tcp = run(_answers(False, state))
     friendsock.set_socketless(link == "socketless")
     try:
@@ -233,5 +215,4 @@ def test_every_method_answers_as_the_loops_own(link, loop, state):
     finally:
         friendsock.set_socketless(False)
     differing = {name: (over_tcp[name], paired[name]) for name in CALLS if over_tcp[name] != paired[name]}
-    assert not differing, "\n".join(f"{name}: TCP {tcp!r}, friends {friend!r}"
-                                    for name, (tcp, friend) in differing.items())
+    assert not differing, report(differing)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any, Awaitable, Callable, Dict, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import trio
@@ -19,10 +19,11 @@ import trio.testing
 
 import friendsock
 import friendsock.trio as fst
+from support import WAITED, answers_that_differ, report
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
-WAIT = 0.05  # how long a call that would block is given: "waits" on both paths
+WAIT = 0.05  # how long a call that would block is given: WAITED on both paths
 Sock = Any  # a trio socket
 
 
@@ -152,7 +153,7 @@ async def _answer(call: Callable[[], Awaitable[Any]], wait: float = WAIT) -> Any
         with trio.move_on_after(wait) as waited:
             result = await call()
         if waited.cancelled_caught:
-            return "waits"
+            return WAITED
         return "returned", result
     except OSError as exc:
         return type(exc).__name__, exc.errno
@@ -160,26 +161,29 @@ async def _answer(call: Callable[[], Awaitable[Any]], wait: float = WAIT) -> Any
         return type(exc).__name__
 
 
-async def _answers(state: str) -> Dict[str, Any]:
+async def _answers(state: str, names: Optional[List[str]] = None, wait: float = WAIT) -> Dict[str, Any]:
     answers = {}
-    for name in _calls(None):
+    for name in names or _calls(None):
         client, server = await _pair()
         # A socket of the kernel's under each end; none when socketless.
         assert (client.fileno() < 0) is (fst.is_installed() and friendsock.is_socketless())
         with client, server:
             await STATES[state](client, server)
-            # A sequence gives each of its calls WAIT.
-            answers[name] = await _answer(_calls(client)[name], WAIT * (2 + name.count(",")))
+            # A sequence gives each of its calls ``wait``.
+            answers[name] = await _answer(_calls(client)[name], wait * (2 + name.count(",")))
     return answers
 
 
-def _run_answers(paired: bool, state: str) -> Dict[str, Any]:
+def _run_answers(paired: bool, state: str, socketless: bool, names: Optional[List[str]] = None,
+                 wait: float = WAIT) -> Dict[str, Any]:
     made = friendsock.stats().links_made
     if paired:
         fst.install()
+    friendsock.set_socketless(paired and socketless)
     try:
-        answers = trio.run(_answers, state)
+        answers = trio.run(_answers, state, names, wait)
     finally:
+        friendsock.set_socketless(False)
         fst.uninstall()
     assert (friendsock.stats().links_made > made) is paired
     return answers
@@ -188,12 +192,8 @@ def _run_answers(paired: bool, state: str) -> Dict[str, Any]:
 @pytest.mark.parametrize("state", list(STATES))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_call_answers_as_over_tcp(link, state):
-    over_tcp = _run_answers(False, state)
-    friendsock.set_socketless(link == "socketless")
-    try:
-        paired = _run_answers(True, state)
-    finally:
-        friendsock.set_socketless(False)
-    differing = {name: (over_tcp[name], paired[name]) for name in over_tcp if over_tcp[name] != paired[name]}
-    assert not differing, "\n".join(f"{name}: TCP {tcp!r}, paired {friend!r}"
-                                    for name, (tcp, friend) in differing.items())
+    socketless = link == "socketless"
+    differing = answers_that_differ(
+        _run_answers(False, state, socketless), _run_answers(True, state, socketless),
+        lambda name, paired: _run_answers(paired, state, socketless, [name], 1.0)[name])
+    assert not differing, report(differing)
