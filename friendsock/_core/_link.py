@@ -679,14 +679,12 @@ class LinkEnd:
         EPIPE after our own shutdown, the friend's reset (see
         :meth:`send_refused`)."""
         out = self.outgoing
-        if out.state is not CHANNEL_OPEN:
-            if out.state is CHANNEL_TCP:
-                return -1
-            if out.state is CHANNEL_RESET or self.incoming.state is CHANNEL_RESET:
-                raise self.send_error()
-            raise LinkBrokenError(errno.EPIPE)
-        if self.incoming.state is CHANNEL_RESET:
+        if out.state is CHANNEL_TCP:
+            return -1
+        if out.state is CHANNEL_RESET or self.incoming.state is CHANNEL_RESET:
             raise self.send_error()
+        if out.state is not CHANNEL_OPEN:
+            raise LinkBrokenError(errno.EPIPE)
         if not data:  # checked as any send is, and sends nothing
             return 0
         room = out.sndbuf + out.rcvbuf - out.queued
