@@ -1,0 +1,144 @@
+"""asyncio streams across two threads, the client's loop in the test's
+thread and the server's in another, answer over a friend link as over
+TCP: the calls and the comparison of tests/test_streams_parity.py, with
+the server's side driven on its own loop (a link between threads goes
+through other code: locked channels, wake-ups handed to the other loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+import friendsock
+from support import LOOP_RUNNERS, answers_that_differ, report, until
+from test_streams_parity import WAIT, Streams, _answer, _buffered, _calls
+
+TIMEOUT = 10.0
+
+
+class ServerThread:
+    """An event loop of the given kind, running in a thread of its own."""
+
+    def __init__(self, new_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+        self.loop = new_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, function: Callable[[], Any]) -> "asyncio.Future[Any]":
+        """``function()`` on the server's loop; its result, to await."""
+        async def run() -> Any:
+            return function()
+        return self.run(run())
+
+    def run(self, coroutine: Awaitable[Any]) -> "asyncio.Future[Any]":
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self.loop))  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(TIMEOUT)
+        assert not self.thread.is_alive()
+        self.loop.close()
+
+
+async def _connection(friends: bool, thread: ServerThread) -> Tuple[Streams, Streams, asyncio.AbstractServer]:
+    accepted: List[Streams] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append((reader, writer))
+
+    server = await asyncio.wait_for(
+        thread.run(friendsock.start_server(handler, "127.0.0.1", 0, friends=friends)), TIMEOUT)
+    port = server.sockets[0].getsockname()[1]
+    client = await asyncio.wait_for(friendsock.open_connection("127.0.0.1", port), TIMEOUT)
+    assert friendsock.is_friend(client[1].transport) is friends
+    await until(lambda: bool(accepted))
+    if friends:  # a link between two threads' loops
+        sockname = client[1].get_extra_info("sockname")
+        assert [link.threaded for link in friendsock.links() if link.client.address == sockname] == [True]
+    return client, accepted[0], server
+
+
+# -- states: the server's side acts on its own loop --------------------------------
+def _states(thread: ServerThread) -> Dict[str, Callable[[Streams, Streams], Awaitable[None]]]:
+    async def fresh(client: Streams, served: Streams) -> None:
+        pass
+
+    async def peer_sent(client: Streams, served: Streams) -> None:
+        await thread.call(lambda: served[1].write(b"hello\nworld"))
+        await until(lambda: _buffered(client[0]) == 11)
+
+    async def peer_wrote_eof(client: Streams, served: Streams) -> None:
+        await thread.call(served[1].write_eof)
+        await until(client[0].at_eof)
+
+    async def peer_closed(client: Streams, served: Streams) -> None:
+        await thread.call(served[1].close)
+        await until(client[0].at_eof)
+
+    async def peer_reset(client: Streams, served: Streams) -> None:
+        await thread.call(served[1].transport.pause_reading)  # what comes stays unread
+        client[1].write(b"never read")
+        await thread.call(served[1].transport.abort)
+        await until(lambda: client[0].exception() is not None)
+
+    async def we_wrote_eof(client: Streams, served: Streams) -> None:
+        client[1].write_eof()
+        await until(served[0].at_eof)
+
+    async def we_closed(client: Streams, served: Streams) -> None:
+        client[1].close()
+        await client[1].wait_closed()
+
+    return {"fresh": fresh, "bytes to read": peer_sent, "peer wrote EOF": peer_wrote_eof,
+            "peer closed": peer_closed, "peer reset": peer_reset, "we wrote EOF": we_wrote_eof,
+            "we closed": we_closed}
+
+
+STATES = list(_states(None))  # type: ignore[arg-type]
+
+
+async def _answers(friends: bool, state: str, thread: ServerThread, names: Optional[List[str]] = None,
+                   wait: float = WAIT) -> Dict[str, Any]:
+    answers = {}
+    for name in names or _calls(None, None):  # type: ignore[arg-type]
+        client, served, server = await _connection(friends, thread)
+        try:
+            await _states(thread)[state](client, served)
+            answers[name] = await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
+        finally:
+            client[1].transport.abort()
+            await thread.call(served[1].transport.abort)
+            await thread.call(server.close)
+    return answers
+
+
+@pytest.fixture(params=list(LOOP_RUNNERS))
+def loop_kind(request) -> Iterator[str]:
+    yield request.param
+
+
+@pytest.fixture
+def server_thread(loop_kind: str) -> Iterator[ServerThread]:
+    import uvloop
+
+    thread = ServerThread(uvloop.new_event_loop if loop_kind == "uvloop" else asyncio.new_event_loop)
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_every_call_answers_as_over_tcp(loop_kind, server_thread, state):
+    run = LOOP_RUNNERS[loop_kind]
+
+    def answers(paired: bool, names: Optional[List[str]] = None, wait: float = WAIT) -> Dict[str, Any]:
+        return run(_answers(paired, state, server_thread, names, wait))
+
+    differing = answers_that_differ(answers(False), answers(True),
+                                    lambda name, paired: answers(paired, [name], 1.0)[name])
+    assert not differing, report(differing)
