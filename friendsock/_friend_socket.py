@@ -147,10 +147,17 @@ class FriendSocket:
             if args[1] in _BUFFER_OPTIONS:
                 self.sync_buffer_sizes()
             elif args[1] == socket.SO_LINGER:
-                # Read back as the kernel keeps it: {1, 0} makes a close abortive.
-                onoff, linger = _LINGER.unpack(self._sock.getsockopt(
-                    socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size))
-                self._end.abortive = bool(onoff) and linger == 0
+                self.sync_linger()
+
+    def sync_linger(self) -> None:
+        """SO_LINGER read back as the kernel keeps it: {1, 0} makes the
+        end's close abortive."""
+        try:
+            kept = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size)
+        except OSError:  # a socketless end's, never set
+            return
+        onoff, linger = _LINGER.unpack(kept)
+        self._end.abortive = bool(onoff) and linger == 0
 
     def sync_buffer_sizes(self) -> None:
         """:func:`copy_buffer_sizes`, then tell the owner."""

@@ -13,6 +13,7 @@ import os
 import random
 import errno
 import socket
+import struct
 import ssl
 import subprocess
 import sys
@@ -849,6 +850,25 @@ async def test_anyio_listeners_pair_from_connect_on_unless_reuse_port(installed,
     assert after.links_made - before.links_made == (1 if paired else 0)
     unconfirmed = after.fallbacks.get("unconfirmed", 0) - before.fallbacks.get("unconfirmed", 0)
     assert unconfirmed == (1 if installed and reuse_port and not socketless else 0)
+
+
+@pytest.mark.trio
+async def test_so_linger_set_on_anyios_raw_socket_resets(installed):
+    """anyio hands out the real socket under a stream (its raw_socket), the
+    place its users set options: SO_LINGER {1, 0} set there makes the
+    stream's close reset the connection, as over TCP."""
+    multi = await anyio.create_tcp_listener(local_host=LOCALHOST)
+    async with multi:
+        port = multi.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
+        with trio.fail_after(TIMEOUT):
+            async with await anyio.connect_tcp(LOCALHOST, port) as client, \
+                    await multi.listeners[0].accept() as server:
+                assert fst.is_friend(client._trio_socket) is installed
+                raw = server.extra(anyio.abc.SocketAttribute.raw_socket)
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                await server.aclose()
+                with pytest.raises(anyio.BrokenResourceError):
+                    await client.receive()
 
 
 @pytest.fixture(scope="module")

@@ -236,6 +236,9 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
 
     def close(self) -> None:
         if not self._closed:
+            # SO_LINGER may have been set on the socket underneath itself
+            # (anyio hands it out as its streams' raw_socket).
+            self._options.sync_linger()
             release = self._end.link.on_done
             if isinstance(release, SocketRelease):
                 release.keep(self._sock)
