@@ -22,7 +22,8 @@ import trio.testing
 
 import friendsock
 import friendsock.trio as fst
-from support import WAITED, answers_that_differ, report
+from support import WAITED, report
+from trio_support import differences_under_trio, until_readable
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -45,13 +46,7 @@ async def _pair() -> Tuple[Stream, Stream]:
 
 
 async def _readable(stream: Stream) -> None:
-    """Until the stream's socket has something to read (its trio socket's
-    is_readable(): a friend socket's descriptor is not the connection's)."""
-    sock = stream._trio_socket  # type: ignore[attr-defined]
-    with trio.fail_after(TIMEOUT):
-        await trio.testing.wait_all_tasks_blocked()
-        while not sock.is_readable():
-            await trio.sleep(0)
+    await until_readable(stream._trio_socket)  # type: ignore[attr-defined]
 
 
 # -- states -----------------------------------------------------------------------
@@ -151,26 +146,8 @@ async def _answers(state: str, names: Optional[List[str]], wait: float) -> Dict[
     return answers
 
 
-def _run_answers(paired: bool, state: str, socketless: bool, names: Optional[List[str]] = None,
-                 wait: float = WAIT) -> Dict[str, Any]:
-    made = friendsock.stats().links_made
-    if paired:
-        fst.install()
-    friendsock.set_socketless(paired and socketless)
-    try:
-        answers = trio.run(_answers, state, names, wait)
-    finally:
-        friendsock.set_socketless(False)
-        fst.uninstall()
-    assert (friendsock.stats().links_made > made) is paired
-    return answers
-
-
 @pytest.mark.parametrize("state", list(STATES))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_call_answers_as_over_tcp(link, state):
-    socketless = link == "socketless"
-    differing = answers_that_differ(
-        _run_answers(False, state, socketless), _run_answers(True, state, socketless),
-        lambda name, paired: _run_answers(paired, state, socketless, [name], 1.0)[name])
+    differing = differences_under_trio(_answers, state, link == "socketless", WAIT)
     assert not differing, report(differing)

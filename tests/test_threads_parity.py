@@ -8,7 +8,6 @@ through other code: locked channels, wake-ups handed to the other loop).
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
@@ -16,42 +15,17 @@ import pytest
 import friendsock
 from support import LOOP_RUNNERS, answers_that_differ, report, until
 from test_streams_parity import WAIT, Streams, _answer, _buffered, _calls
-
-TIMEOUT = 10.0
-
-
-class ServerThread:
-    """An event loop of the given kind, running in a thread of its own."""
-
-    def __init__(self, new_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
-        self.loop = new_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def call(self, function: Callable[[], Any]) -> "asyncio.Future[Any]":
-        """``function()`` on the server's loop; its result, to await."""
-        async def run() -> Any:
-            return function()
-        return self.run(run())
-
-    def run(self, coroutine: Awaitable[Any]) -> "asyncio.Future[Any]":
-        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self.loop))  # type: ignore[arg-type]
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(TIMEOUT)
-        assert not self.thread.is_alive()
-        self.loop.close()
+from test_threads import TIMEOUT, LoopThread
 
 
-async def _connection(friends: bool, thread: ServerThread) -> Tuple[Streams, Streams, asyncio.AbstractServer]:
+
+async def _connection(friends: bool, thread: LoopThread) -> Tuple[Streams, Streams, asyncio.AbstractServer]:
     accepted: List[Streams] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         accepted.append((reader, writer))
 
-    server = await asyncio.wait_for(
-        thread.run(friendsock.start_server(handler, "127.0.0.1", 0, friends=friends)), TIMEOUT)
+    server = await thread.run(friendsock.start_server(handler, "127.0.0.1", 0, friends=friends))
     port = server.sockets[0].getsockname()[1]
     client = await asyncio.wait_for(friendsock.open_connection("127.0.0.1", port), TIMEOUT)
     assert friendsock.is_friend(client[1].transport) is friends
@@ -63,7 +37,7 @@ async def _connection(friends: bool, thread: ServerThread) -> Tuple[Streams, Str
 
 
 # -- states: the server's side acts on its own loop --------------------------------
-def _states(thread: ServerThread) -> Dict[str, Callable[[Streams, Streams], Awaitable[None]]]:
+def _states(thread: LoopThread) -> Dict[str, Callable[[Streams, Streams], Awaitable[None]]]:
     async def fresh(client: Streams, served: Streams) -> None:
         pass
 
@@ -101,7 +75,7 @@ def _states(thread: ServerThread) -> Dict[str, Callable[[Streams, Streams], Awai
 STATES = list(_states(None))  # type: ignore[arg-type]
 
 
-async def _answers(friends: bool, state: str, thread: ServerThread, names: Optional[List[str]] = None,
+async def _answers(friends: bool, state: str, thread: LoopThread, names: Optional[List[str]] = None,
                    wait: float = WAIT) -> Dict[str, Any]:
     answers = {}
     for name in names or _calls(None, None):  # type: ignore[arg-type]
@@ -116,23 +90,20 @@ async def _answers(friends: bool, state: str, thread: ServerThread, names: Optio
     return answers
 
 
-@pytest.fixture(params=list(LOOP_RUNNERS))
-def loop_kind(request) -> Iterator[str]:
-    yield request.param
-
-
 @pytest.fixture
-def server_thread(loop_kind: str) -> Iterator[ServerThread]:
-    import uvloop
-
-    thread = ServerThread(uvloop.new_event_loop if loop_kind == "uvloop" else asyncio.new_event_loop)
+def server_thread(loop_kind: str) -> Iterator[LoopThread]:
+    """The server's loop, of the test's kind, in a thread of its own; must
+    see no loop errors."""
+    thread = LoopThread(loop_kind)
     try:
         yield thread
     finally:
-        thread.stop()
+        thread.close()
+    assert thread.errors == []
 
 
 @pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("loop_kind", list(LOOP_RUNNERS))
 def test_every_call_answers_as_over_tcp(loop_kind, server_thread, state):
     run = LOOP_RUNNERS[loop_kind]
 

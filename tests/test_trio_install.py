@@ -42,6 +42,7 @@ from trio_support import (  # noqa: F401 (nothing_left_behind: an autouse fixtur
     receive_exactly,
     receive_until_eof,
     shrink_buffers,
+    until_readable,
 )
 from support import run_inner_pytest
 
@@ -323,23 +324,15 @@ async def test_close_with_unread_bytes_resets_the_peer(installed):
                 await client.send(b"")
 
 
-async def readable(sock) -> None:
-    """Until ``sock.is_readable()`` (a friend socket's descriptor is not the
-    connection's: trio's wait_readable would not see it)."""
-    await trio.testing.wait_all_tasks_blocked()
-    while not sock.is_readable():
-        await trio.sleep(0)
-
-
 @pytest.mark.trio
 async def test_a_reset_is_pending_until_a_call_reports_it(installed):
     listening, client, server = await socket_pair()
     with listening, client, server:
         await client.send(b"never read")
         with trio.fail_after(TIMEOUT):
-            await readable(server)
+            await until_readable(server)
             server.close()
-            await readable(client)
+            await until_readable(client)
         assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET
         with pytest.raises(BrokenPipeError):
             await client.send(b"x")
@@ -353,7 +346,7 @@ async def test_bytes_that_come_after_shutdown_read_are_read(installed):
         server.shutdown(socket.SHUT_RD)
         await client.send(b"late")
         with trio.fail_after(TIMEOUT):
-            await readable(server)
+            await until_readable(server)
             assert await server.recv(10) == b"late"
             assert await server.recv(10) == b""
 

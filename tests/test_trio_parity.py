@@ -19,21 +19,13 @@ import trio.testing
 
 import friendsock
 import friendsock.trio as fst
-from support import WAITED, answers_that_differ, report
+from support import WAITED, report
+from trio_support import differences_under_trio, until_readable
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
 WAIT = 0.05  # how long a call that would block is given: WAITED on both paths
 Sock = Any  # a trio socket
-
-
-async def _readable(sock: Sock) -> None:
-    """Until ``sock`` has something to read (a friend socket's descriptor
-    is not the connection's: trio's wait_readable would not see it)."""
-    with trio.fail_after(TIMEOUT):
-        await trio.testing.wait_all_tasks_blocked()
-        while not sock.is_readable():
-            await trio.sleep(0)
 
 
 async def _pair() -> Tuple[Sock, Sock]:
@@ -55,7 +47,7 @@ async def _fresh(client: Sock, server: Sock) -> None:
 
 async def _peer_sent(client: Sock, server: Sock) -> None:
     await server.send(b"hello world")
-    await _readable(client)
+    await until_readable(client)
 
 
 async def _we_shut_writing(client: Sock, server: Sock) -> None:
@@ -69,30 +61,30 @@ async def _we_shut_reading(client: Sock, server: Sock) -> None:
 async def _shut_reading_then_data(client: Sock, server: Sock) -> None:
     client.shutdown(socket.SHUT_RD)
     await server.send(b"late")
-    await _readable(client)
+    await until_readable(client)
 
 
 async def _peer_shut_writing(client: Sock, server: Sock) -> None:
     server.shutdown(socket.SHUT_WR)
-    await _readable(client)
+    await until_readable(client)
 
 
 async def _peer_closed(client: Sock, server: Sock) -> None:
     server.close()
-    await _readable(client)
+    await until_readable(client)
 
 
 async def _reset_by_peer(client: Sock, server: Sock) -> None:
     await client.send(b"never read")
-    await _readable(server)
+    await until_readable(server)
     server.close()  # unread bytes: a reset
-    await _readable(client)
+    await until_readable(client)
 
 
 async def _linger_zero_close(client: Sock, server: Sock) -> None:
     server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     server.close()
-    await _readable(client)
+    await until_readable(client)
 
 
 async def _closed(client: Sock, server: Sock) -> None:
@@ -174,26 +166,8 @@ async def _answers(state: str, names: Optional[List[str]] = None, wait: float = 
     return answers
 
 
-def _run_answers(paired: bool, state: str, socketless: bool, names: Optional[List[str]] = None,
-                 wait: float = WAIT) -> Dict[str, Any]:
-    made = friendsock.stats().links_made
-    if paired:
-        fst.install()
-    friendsock.set_socketless(paired and socketless)
-    try:
-        answers = trio.run(_answers, state, names, wait)
-    finally:
-        friendsock.set_socketless(False)
-        fst.uninstall()
-    assert (friendsock.stats().links_made > made) is paired
-    return answers
-
-
 @pytest.mark.parametrize("state", list(STATES))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_call_answers_as_over_tcp(link, state):
-    socketless = link == "socketless"
-    differing = answers_that_differ(
-        _run_answers(False, state, socketless), _run_answers(True, state, socketless),
-        lambda name, paired: _run_answers(paired, state, socketless, [name], 1.0)[name])
+    differing = differences_under_trio(_answers, state, link == "socketless", WAIT)
     assert not differing, report(differing)

@@ -212,3 +212,39 @@ class AsyncioThread(LoopThread):
     async def aclose(self) -> None:
         """close() without blocking the trio thread."""
         await trio.to_thread.run_sync(self.close)
+
+
+async def until_readable(sock: Any) -> None:
+    """Until the trio socket ``sock`` has something to read, bounded (a
+    friend socket's descriptor is not the connection's: trio's
+    wait_readable would not see it)."""
+    with trio.fail_after(TIMEOUT):
+        await trio.testing.wait_all_tasks_blocked()
+        while not sock.is_readable():
+            await trio.sleep(0)
+
+
+# -- parity tests: the same calls over TCP and paired --------------------------------
+
+
+def differences_under_trio(answers: Any, state: str, socketless: bool, wait: float) -> Dict[str, Any]:
+    """The calls whose answers differ over TCP and paired (see
+    ``support.answers_that_differ``), ``answers(state, names, wait)`` run by
+    ``trio.run`` once as trio is, once under ``friendsock.trio.install()``
+    (socketless or not), which must make links exactly then."""
+    from support import answers_that_differ
+
+    def run(paired: bool, names: Optional[List[str]] = None, wait: float = wait) -> Dict[str, Any]:
+        made = friendsock.stats().links_made
+        if paired:
+            fst.install()
+        friendsock.set_socketless(paired and socketless)
+        try:
+            found = trio.run(answers, state, names, wait)
+        finally:
+            friendsock.set_socketless(False)
+            fst.uninstall()
+        assert (friendsock.stats().links_made > made) is paired
+        return found
+
+    return answers_that_differ(run(False), run(True), lambda name, paired: run(paired, [name], 1.0)[name])
