@@ -18,7 +18,6 @@ from test_streams_parity import WAIT, Streams, _answer, _buffered, _calls
 from test_threads import TIMEOUT, LoopThread
 
 
-
 async def _connection(friends: bool, thread: LoopThread) -> Tuple[Streams, Streams, asyncio.AbstractServer]:
     accepted: List[Streams] = []
 
