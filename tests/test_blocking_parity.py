@@ -21,6 +21,7 @@ import pytest
 
 import friendsock
 from support import WAITED, answers_that_differ, report
+from test_blocking import _reset_by_the_peer
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -53,13 +54,6 @@ def _pair(paired: bool, wait: float = WAIT) -> Iterator[Pair]:
 # -- states: what happened to the connection before the call ---------------------
 def _peer_sent(client: socket.socket, server: socket.socket) -> None:
     server.sendall(b"hello\nworld")
-    _until_readable(client)
-
-
-def _reset_by_peer(client: socket.socket, server: socket.socket) -> None:
-    client.sendall(b"never read")
-    _until_readable(server)
-    server.close()  # unread bytes: a reset
     _until_readable(client)
 
 
@@ -111,7 +105,7 @@ STATES: Dict[str, Callable[[socket.socket, socket.socket], None]] = {
     "peer shut writing": _peer_shut_writing,
     "peer sent, then shut writing": _peer_sent_and_shut,
     "peer closed": _peer_closed,
-    "peer reset": _reset_by_peer,
+    "peer reset": _reset_by_the_peer,
     "peer closed with SO_LINGER 0": _linger_zero_close,
     "non-blocking, nothing to read": lambda client, server: client.setblocking(False),
     "non-blocking, bytes to read": _non_blocking_with_data,

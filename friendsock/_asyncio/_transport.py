@@ -439,19 +439,15 @@ class FriendTransport(_FlowControlMixin):
         if type(data) is not bytes:
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 self._check_alive()
-                if self._state.checks_state_before_type:
-                    if self._eof:
-                        raise RuntimeError("Cannot call write() after write_eof()")
-                    if not data:
-                        return
-                    if self._conn_lost:
-                        self._conn_lost += 1
-                        return
-                raise TypeError(
-                    f"data argument must be a bytes-like object, not {type(data).__name__!r}"
-                )
-            # bytes go by reference; mutable buffers are copied once.
-            data = bytes(data)
+                # uvloop looks at the transport's state first: past
+                # write_eof(), nothing to write, or lost, the checks below
+                # answer before the type is.
+                if not (self._state.checks_state_before_type and (self._eof or not data or self._conn_lost)):
+                    raise TypeError(
+                        f"data argument must be a bytes-like object, not {type(data).__name__!r}"
+                    )
+            else:  # bytes go by reference; mutable buffers are copied once.
+                data = bytes(data)
         if self._eof:
             self._check_alive()
             raise RuntimeError("Cannot call write() after write_eof()")
