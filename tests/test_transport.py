@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import random
 import select
 import socket
 import struct
+import sys
 import weakref
 from typing import Any, AsyncIterator, List, Optional
 
@@ -1345,6 +1347,25 @@ async def test_writes_once_connection_lost_returned(friends, call):
                 _WRITES[call](transport)
         else:
             _WRITES[call](transport)
+
+
+async def test_writes_to_a_lost_connection_are_logged_as_the_loops_own(friends, caplog):
+    """asyncio's transports count writes to a lost connection and log each
+    one from the fifth on, on asyncio's logger (writelines() before 3.12 as
+    one write of the joined bytes); uvloop's count them and log nothing."""
+    async with connected_pair(friends) as (transport, client, server):
+        transport.abort()  # lost: connection_lost is still to come
+        with caplog.at_level(logging.WARNING):
+            for _ in range(6):
+                transport.write(b"x")
+            transport.writelines([b"a", b"b"])
+        warnings = [(record.name, record.getMessage()) for record in caplog.records]
+        if isinstance(asyncio.get_running_loop(), uvloop.Loop):
+            expected = 0
+        else:
+            expected = 2 + (sys.version_info < (3, 12))
+        assert warnings == [("asyncio", "socket.send() raised exception.")] * expected
+        assert await wait(client.lost) is None
 
 
 async def test_write_eof_on_a_closing_transport(friends):

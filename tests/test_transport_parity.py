@@ -136,6 +136,9 @@ CALLS: Dict[str, Callable[[asyncio.Transport], Any]] = {
     "write(memoryview)": lambda transport: transport.write(memoryview(b"x")),
     "writelines": lambda transport: transport.writelines([b"a", b"b"]),
     "writelines([str])": lambda transport: transport.writelines(["text"]),  # type: ignore[list-item]
+    "writelines([])": lambda transport: transport.writelines([]),
+    "writelines([b''])": lambda transport: transport.writelines([b""]),
+    "writelines([bytes, str])": lambda transport: transport.writelines([b"a", "text"]),  # type: ignore[list-item]
     "write_eof": lambda transport: transport.write_eof(),
     "can_write_eof": lambda transport: transport.can_write_eof(),
     "get_write_buffer_size > 0": lambda transport: transport.get_write_buffer_size() > 0,

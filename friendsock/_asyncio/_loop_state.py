@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import weakref
+from asyncio.selector_events import _SelectorSocketTransport
 from typing import Any, List, Optional, Protocol
 
 from .._core._finalizing import close_when_safe
@@ -43,7 +44,8 @@ class LoopState:
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
                  "polls_after_callbacks", "one_context_per_transport",
                  "refuses_writes_once_lost", "default_write_limits", "lists_server_sockets",
-                 "checks_state_before_type", "stops_reading_at_eof", "__weakref__")
+                 "checks_state_before_type", "stops_reading_at_eof", "warns_of_lost_writes",
+                 "joins_writelines", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -83,6 +85,13 @@ class LoopState:
         # uvloop's streams stop reading at EOF (is_reading() is False from
         # then on); asyncio's stay "reading".
         self.stops_reading_at_eof = is_uvloop
+        # asyncio's transports log each write to a lost connection past a
+        # threshold; uvloop's count them and say nothing.
+        self.warns_of_lost_writes = not is_uvloop
+        # asyncio's socket transports before 3.12 have no writelines() of
+        # their own: WriteTransport's writes the joined bytes (so a str
+        # among them is a TypeError before any state is looked at).
+        self.joins_writelines = not is_uvloop and "writelines" not in _SelectorSocketTransport.__dict__
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

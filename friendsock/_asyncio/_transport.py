@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 import socket
 import warnings
 from asyncio import format_helpers
+from asyncio.log import logger  # what a loop's own transport says, said where it says it
 from asyncio.constants import _SendfileMode
 from asyncio.transports import _FlowControlMixin
 from functools import partial
@@ -36,8 +36,6 @@ from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
 from .._friend_socket import FriendSocket, copy_buffer_sizes
 from .._handshake import current_pid
 from ._loop_state import DEFAULT_HIGH_WATER, LoopState, loop_state
-
-logger = logging.getLogger("friendsock")
 
 # As asyncio: after this many writes to a lost connection, warn on each.
 _LOG_THRESHOLD_FOR_CONNLOST_WRITES = 5
@@ -456,7 +454,7 @@ class FriendTransport(_FlowControlMixin):
             return
         if self._conn_lost:
             self._check_alive()
-            if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES:
+            if self._conn_lost >= _LOG_THRESHOLD_FOR_CONNLOST_WRITES and self._state.warns_of_lost_writes:
                 logger.warning("socket.send() raised exception.")
             self._conn_lost += 1
             return
@@ -474,6 +472,16 @@ class FriendTransport(_FlowControlMixin):
 
     def writelines(self, list_of_data: Any) -> None:
         self._check_alive()
+        if self._state.joins_writelines:
+            self.write(b"".join(list_of_data))
+            return
+        # The loop's own: past write_eof() or lost, before the data is
+        # looked at; a lost connection counts the call as one write.
+        if self._eof:
+            raise RuntimeError("Cannot call writelines() after write_eof()")
+        if self._conn_lost:
+            self._conn_lost += 1
+            return
         for data in list_of_data:
             self.write(data)
 
