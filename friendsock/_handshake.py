@@ -19,7 +19,7 @@ import struct
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ._core._addresses import flow_key, is_ipv4, is_unspecified, shared_host
 from ._core._link import Link
@@ -276,18 +276,34 @@ def numeric_address_infos(host: Any, port: Any, family: int = 0, proto: int = 0)
         port = int(port)
     except (TypeError, ValueError):
         return None
+    known = _numeric_hosts.get((host, family))
+    if known is None:
+        known = _numeric_host(host, family)
+        if len(_numeric_hosts) < 1024:
+            _numeric_hosts[(host, family)] = known
+    if not known:
+        return None
+    af, host = known
+    address = (host, port) if af == socket.AF_INET else (host, port, 0, 0)
+    return [(af, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP, "", address)]
+
+
+# (host text, family asked) -> (family, canonical text), or () for a name
+# to resolve: a program connects to a handful of hosts, again and again.
+_numeric_hosts: Dict[Tuple[str, int], Tuple[Any, ...]] = {}
+
+
+def _numeric_host(host: str, family: int) -> Tuple[Any, ...]:
     for af in (socket.AF_INET, socket.AF_INET6):
         if family not in (0, af):
             continue
         try:
             # Canonical text, as getsockname() reports it: the flow key
             # must be the one the accepting side computes.
-            host = sys.intern(socket.inet_ntop(af, socket.inet_pton(af, host)))
+            return af, sys.intern(socket.inet_ntop(af, socket.inet_pton(af, host)))
         except OSError:
             continue
-        address = (host, port) if af == socket.AF_INET else (host, port, 0, 0)
-        return [(af, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP, "", address)]
-    return None
+    return ()
 
 
 def bind_local(sock: socket.socket, af: int, local_infos: list) -> None:

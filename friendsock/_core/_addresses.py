@@ -30,11 +30,14 @@ def normalize_endpoint(address: Any) -> Endpoint:
 def shared_host(address: Any) -> Any:
     """``address`` with its host text interned: the ends of thousands of
     idle links to one listener share one "127.0.0.1", not one each."""
-    if type(address) is tuple and address and type(address[0]) is str:
-        host = sys.intern(address[0])
-        if host is not address[0]:
-            return (host,) + address[1:]
-    return address
+    if type(address) is not tuple:
+        return address
+    try:
+        host = address[0]
+        shared = sys.intern(host)  # (TypeError if not a str)
+    except (IndexError, TypeError):
+        return address
+    return address if shared is host else (shared,) + address[1:]
 
 
 def flow_key(local: Any, remote: Any) -> FlowKey:
