@@ -182,6 +182,58 @@ class FriendSocket:
         raise ValueError("setblocking(): transport sockets cannot be blocking")
 
 
+# The stdlib's class, as it was when friendsock was imported (patch_socket()
+# may replace the name later).
+_STDLIB_SOCKET = socket.socket
+_watchers: "weakref.WeakKeyDictionary[socket.socket, FriendSocket]" = weakref.WeakKeyDictionary()
+
+
+class _WatchedSocket(_STDLIB_SOCKET):  # type: ignore[misc,valid-type]
+    """The kernel's socket under a paired socket object that hands it out
+    as it is (anyio's ``raw_socket`` of a stream on trio): the options set
+    on it reach the link as through the paired socket (buffer sizes feed
+    the accounting, SO_LINGER {1, 0} makes the close a reset), and its
+    ``getpeername()`` fails ENOTCONN after the friend's reset, as TCP's.
+    The stdlib class's layout: an object becomes one, and back, by its
+    ``__class__`` (:func:`watch_options`)."""
+
+    __slots__ = ()
+
+    def setsockopt(self, *args: Any) -> None:
+        super().setsockopt(*args)
+        options = _watchers.get(self)
+        if options is not None and args[0] == socket.SOL_SOCKET:
+            if args[1] in _BUFFER_OPTIONS:
+                options.sync_buffer_sizes()
+            elif args[1] == socket.SO_LINGER:
+                options.sync_linger()
+
+    def getpeername(self) -> Any:
+        options = _watchers.get(self)
+        if options is not None and self.fileno() >= 0:
+            error = options._end.peername_error()
+            if error is not None:
+                raise error.as_os_error()
+        return super().getpeername()
+
+
+def watch_options(options: FriendSocket) -> None:
+    """Options set on ``options``' real socket itself reach its link end
+    from now on (see :class:`_WatchedSocket`); a socket of a class of its
+    user's (or of patch_socket()'s) is left as it is."""
+    sock = options._sock
+    if type(sock) is _STDLIB_SOCKET:
+        sock.__class__ = _WatchedSocket
+        _watchers[sock] = options
+
+
+def unwatch_options(sock: Any) -> None:
+    """The socket is the kernel's connection's alone again (gone on over TCP)."""
+    if type(sock) is _WatchedSocket:
+        _watchers.pop(sock, None)
+        sock.__class__ = _STDLIB_SOCKET
+
+
 class PairedSocketCalls:
     """The calls a paired socket object (a trio socket, or a blocking
     socket, whose connection paired) answers from its link end rather than

@@ -17,11 +17,12 @@ import threading
 from typing import Any, Dict, Iterator, Optional, Set, Tuple, Union
 
 from ._core._addresses import flow_key
-from ._core._link import Link
+from ._core._link import Link, LinkEnd
 from ._core._registry import PendingConnect
 from ._core._switch import is_socketless
 from ._handshake import ClientEnd, Entry, Pending
 from ._core._tap import tap_for
+from ._friend_socket import copy_buffer_sizes
 
 # Ports a socketless client end gets: the kernel's default ephemeral range
 # (net.ipv4.ip_local_port_range).
@@ -45,7 +46,7 @@ class SocketlessSocket:
     ``SO_KEEPALIVE`` as 0 or 1), there being no kernel socket for it to
     change; one never set and not known here reads as ``ENOPROTOOPT``."""
 
-    __slots__ = ("family", "_sockname", "_peername", "_sndbuf", "_rcvbuf", "_options")
+    __slots__ = ("family", "_sockname", "_peername", "_sndbuf", "_rcvbuf", "_options", "end")
 
     type = socket.SOCK_STREAM
     proto = socket.IPPROTO_TCP
@@ -59,6 +60,9 @@ class SocketlessSocket:
         self._sndbuf = sndbuf
         self._rcvbuf = rcvbuf
         self._options: Optional[Dict[Tuple[int, int], Union[int, bytes]]] = None
+        # The link end it stands under: closed, it answers as a closed
+        # socket; after the friend's reset, as a reset one.
+        self.end: Optional[LinkEnd] = None
 
     def __repr__(self) -> str:
         return f"<friendsock socketless laddr={self._sockname!r} raddr={self._peername!r}>"
@@ -73,10 +77,19 @@ class SocketlessSocket:
         return -1
 
     def getsockname(self) -> Any:
+        self._check_open()
         return self._sockname
 
     def getpeername(self) -> Any:
+        self._check_open()
+        error = self.end.peername_error() if self.end is not None else None
+        if error is not None:
+            raise error.as_os_error()
         return self._peername
+
+    def _check_open(self) -> None:
+        if self.end is not None and self.end.closed:
+            raise OSError(errno.EBADF, "Bad file descriptor")
 
     def getsockopt(self, level: int, option: int, buflen: Optional[int] = None) -> Any:
         key = (level, option)
@@ -106,11 +119,14 @@ class SocketlessSocket:
 
     def setsockopt(self, level: int, option: int, value: Any, *optlen: int) -> None:
         key = (level, option)
-        if key == _SNDBUF:
-            self._sndbuf = max(2 * int(value), _SNDBUF_MIN)
-            return
-        if key == _RCVBUF:
-            self._rcvbuf = max(2 * int(value), _RCVBUF_MIN)
+        if key == _SNDBUF or key == _RCVBUF:
+            if key == _SNDBUF:
+                self._sndbuf = max(2 * int(value), _SNDBUF_MIN)
+            else:
+                self._rcvbuf = max(2 * int(value), _RCVBUF_MIN)
+            if self.end is not None:  # set here itself (anyio's raw_socket): the accounting's too
+                copy_buffer_sizes(self, self.end)
+                self.end.outgoing.capacity_changed()
             return
         if key in _FIXED:
             raise OSError(errno.ENOPROTOOPT, "Protocol not available")  # read-only, as Linux
@@ -222,6 +238,7 @@ def socketless_connect(entry: Entry, address: Any, threaded: bool) -> Pending:
     link = Link(sndbuf, rcvbuf, sndbuf, rcvbuf, threaded=threaded, listener=entry.endpoint,
                 addresses=(sockname, address), tap=tap_for(sockname, address))
     link.on_done = client_sock.give_back_port
+    client_sock.end, server_sock.end = link.client, link.server
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
                                       ClientEnd(client_sock, sockname, address))  # type: ignore[arg-type]
     link.establish()

@@ -864,6 +864,34 @@ async def test_so_linger_set_on_anyios_raw_socket_resets(installed):
                     await client.receive()
 
 
+@pytest.mark.trio
+async def test_buffer_sizes_set_on_anyios_raw_socket_bound_a_send(installed):
+    """SO_SNDBUF and SO_RCVBUF set on the raw_socket of anyio's streams
+    bound what a send hands over while the reader reads nothing, as over
+    TCP: a send of far more waits for the reader. Friend links with a
+    kernel socket under them and without (socketless)."""
+    for socketless in ([False, True] if installed else [False]):
+        friendsock.set_socketless(socketless)
+        try:
+            multi = await anyio.create_tcp_listener(local_host=LOCALHOST)
+            async with multi:
+                port = multi.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
+                with trio.fail_after(TIMEOUT):
+                    async with await anyio.connect_tcp(LOCALHOST, port) as client, \
+                            await multi.listeners[0].accept() as server:
+                        assert fst.is_friend(client._trio_socket) is installed
+                        raw = anyio.abc.SocketAttribute.raw_socket
+                        assert (client.extra(raw).fileno() < 0) is socketless
+                        client.extra(raw).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                        server.extra(raw).setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                        # The default buffers take this much at once, these do not.
+                        with trio.move_on_after(0.5) as waited:
+                            await client.send(bytes(1 * MiB))
+                        assert waited.cancelled_caught
+        finally:
+            friendsock.set_socketless(False)
+
+
 @pytest.fixture(scope="module")
 def tls_contexts() -> Tuple[ssl.SSLContext, ssl.SSLContext]:
     ca = trustme.CA()

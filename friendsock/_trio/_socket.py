@@ -22,7 +22,7 @@ import trio
 
 from .._core._errors import LinkBrokenError
 from .._core._link import CHANNEL_OPEN, SEEN_NOTHING, LinkEnd
-from .._friend_socket import FriendSocket, PairedSocketCalls
+from .._friend_socket import FriendSocket, PairedSocketCalls, unwatch_options, watch_options
 from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
 from ._run import RunState
@@ -239,6 +239,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
             # SO_LINGER may have been set on the socket underneath itself
             # (anyio hands it out as its streams' raw_socket).
             self._options.sync_linger()
+            unwatch_options(self._sock)  # (released with a linger of the link's own)
             release = self._end.link.on_done
             if isinstance(release, SocketRelease):
                 release.keep(self._sock)
@@ -272,6 +273,9 @@ def become_friend(trio_sock: Any, end: LinkEnd, sockname: Any, peername: Any,
     friend._hook_in()
     if isinstance(friend._sock, socket.socket):  # (a socketless end has none)
         end.over_tcp = _over_tcp(friend)
+        # anyio hands the real socket out (a stream's raw_socket), and its
+        # users set options there.
+        watch_options(friend._options)
     # The kernel sized the real socket's buffers when the connection was set
     # up; the link was made before that.
     friend._options.sync_buffer_sizes()
@@ -294,6 +298,7 @@ def _over_tcp(friend: FriendTrioSocket) -> Callable[[], Optional[Tuple[socket.so
 
         def switch() -> None:  # on the hand-over's thread, under the link's locks
             friend.__class__ = TrioSocketType
+            unwatch_options(friend._sock)
             friend._end.describe = None
             friend._state.streams.pop(id(friend), None)
             if friend._read_shut:
