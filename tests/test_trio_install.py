@@ -7,6 +7,7 @@ Each behaviour test runs on the friend path (installed) and on real TCP
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -18,7 +19,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
-from typing import Any, Iterator, List, Tuple
+from typing import Any, AsyncIterator, Iterator, List, Tuple
 
 import anyio
 import anyio.abc
@@ -845,11 +846,9 @@ async def test_anyio_listeners_pair_from_connect_on_unless_reuse_port(installed,
     assert unconfirmed == (1 if installed and reuse_port and not socketless else 0)
 
 
-@pytest.mark.trio
-async def test_so_linger_set_on_anyios_raw_socket_resets(installed):
-    """anyio hands out the real socket under a stream (its raw_socket), the
-    place its users set options: SO_LINGER {1, 0} set there makes the
-    stream's close reset the connection, as over TCP."""
+@contextlib.asynccontextmanager
+async def anyio_streams(installed: bool) -> AsyncIterator[Tuple[anyio.abc.SocketStream, anyio.abc.SocketStream]]:
+    """(client, server): anyio's own connect to its own listener."""
     multi = await anyio.create_tcp_listener(local_host=LOCALHOST)
     async with multi:
         port = multi.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
@@ -857,11 +856,20 @@ async def test_so_linger_set_on_anyios_raw_socket_resets(installed):
             async with await anyio.connect_tcp(LOCALHOST, port) as client, \
                     await multi.listeners[0].accept() as server:
                 assert fst.is_friend(client._trio_socket) is installed
-                raw = server.extra(anyio.abc.SocketAttribute.raw_socket)
-                raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                await server.aclose()
-                with pytest.raises(anyio.BrokenResourceError):
-                    await client.receive()
+                yield client, server
+
+
+@pytest.mark.trio
+async def test_so_linger_set_on_anyios_raw_socket_resets(installed):
+    """anyio hands out the real socket under a stream (its raw_socket), the
+    place its users set options: SO_LINGER {1, 0} set there makes the
+    stream's close reset the connection, as over TCP."""
+    async with anyio_streams(installed) as (client, server):
+        raw = server.extra(anyio.abc.SocketAttribute.raw_socket)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await server.aclose()
+        with pytest.raises(anyio.BrokenResourceError):
+            await client.receive()
 
 
 @pytest.mark.trio
@@ -873,21 +881,15 @@ async def test_buffer_sizes_set_on_anyios_raw_socket_bound_a_send(installed):
     for socketless in ([False, True] if installed else [False]):
         friendsock.set_socketless(socketless)
         try:
-            multi = await anyio.create_tcp_listener(local_host=LOCALHOST)
-            async with multi:
-                port = multi.listeners[0].extra(anyio.abc.SocketAttribute.local_port)
-                with trio.fail_after(TIMEOUT):
-                    async with await anyio.connect_tcp(LOCALHOST, port) as client, \
-                            await multi.listeners[0].accept() as server:
-                        assert fst.is_friend(client._trio_socket) is installed
-                        raw = anyio.abc.SocketAttribute.raw_socket
-                        assert (client.extra(raw).fileno() < 0) is socketless
-                        client.extra(raw).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-                        server.extra(raw).setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                        # The default buffers take this much at once, these do not.
-                        with trio.move_on_after(0.5) as waited:
-                            await client.send(bytes(1 * MiB))
-                        assert waited.cancelled_caught
+            async with anyio_streams(installed) as (client, server):
+                raw = anyio.abc.SocketAttribute.raw_socket
+                assert (client.extra(raw).fileno() < 0) is socketless
+                client.extra(raw).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                server.extra(raw).setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                # The default buffers take this much at once, these do not.
+                with trio.move_on_after(0.5) as waited:
+                    await client.send(bytes(1 * MiB))
+                assert waited.cancelled_caught
         finally:
             friendsock.set_socketless(False)
 
