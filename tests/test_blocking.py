@@ -336,6 +336,66 @@ def test_a_listener_handed_to_an_event_loop_keeps_its_backlog(patched, server_lo
                 server_loop.close_server(server)  # before the listener's with-block closes it
 
 
+@pytest.mark.parametrize("client", ["blocking", "asyncio"])
+def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, server_loop, client):
+    """A blocking listener handed to an installed loop (start_server(sock=),
+    as a server started on another thread with a socket bound before): a
+    client that connected, and wrote, while the listener was still blocking
+    is served, its bytes first, and stays a friend, as one that connects
+    later is; none is reset."""
+    if patched:
+        server_loop.run(_install())
+    client_loop = ServerLoop("uvloop") if client == "asyncio" else None
+
+    async def echo_one_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.readline())
+        writer.close()
+        await writer.wait_closed()
+
+    try:
+        with socket.create_server((LOCALHOST, 0)) as listener:
+            address = listener.getsockname()
+
+            def connect_and_write(line: bytes) -> Callable[[], Tuple[bytes, bool]]:
+                """Connects and writes now; what it returns reads the answer."""
+                if client_loop is None:
+                    sock = socket.create_connection(address, timeout=TIMEOUT)
+                    sock.sendall(line)
+
+                    def answer() -> Tuple[bytes, bool]:
+                        with sock:
+                            return receive_until_eof(sock), friendsock.is_friend(sock)
+                    return answer
+
+                async def open_and_write() -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+                    reader, writer = await friendsock.open_connection(*address, friends=patched)
+                    writer.write(line)
+                    await writer.drain()
+                    return reader, writer
+
+                async def read(reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> Tuple[bytes, bool]:
+                    got = await reader.read()
+                    writer.close()
+                    await writer.wait_closed()
+                    return got, friendsock.is_friend(writer.transport)
+
+                ends = client_loop.run(open_and_write())
+                return lambda: client_loop.run(read(*ends))  # type: ignore[union-attr]
+
+            early = connect_and_write(b"written before the loop took over\n")
+            server = server_loop.run(asyncio.start_server(echo_one_line, sock=listener))
+            try:
+                answers = [early(), connect_and_write(b"written after\n")()]
+            finally:
+                server_loop.close_server(server)  # before the listener's with-block closes it
+        assert answers == [(b"written before the loop took over\n", patched),
+                           (b"written after\n", patched)]
+    finally:
+        if client_loop is not None:
+            client_loop.close()
+
+
 @pytest.mark.parametrize("listener_timeout", [TIMEOUT, 0.05])
 @pytest.mark.parametrize("client_sends", [True, False])
 def test_an_accept_held_for_a_handover_that_never_comes_is_tcp(patched, server_loop, client_sends,

@@ -7,6 +7,7 @@ Each behaviour test runs on the friend path (installed) and on real TCP
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
@@ -19,7 +20,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
-from typing import Any, AsyncIterator, Iterator, List, Tuple
+from typing import Any, AsyncIterator, Iterator, List, Optional, Tuple
 
 import anyio
 import anyio.abc
@@ -507,6 +508,66 @@ async def test_from_stdlib_socket_of_a_blocking_friend_socket(installed):
                 assert await socket_receive_exactly(client, 4) == b"back"
     finally:
         friendsock.unpatch_socket()
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("client", ["asyncio", "blocking"])
+async def test_a_blocking_listener_handed_to_trio_keeps_its_backlog(installed, client):
+    """A listening socket of the patched class handed to trio
+    (``from_stdlib_socket``, as dnspython's test server does on its thread)
+    after a client connected and wrote: trio's accept takes that
+    connection, its bytes first, and it is a friend link, as a connect made
+    after the hand-over is; none is reset."""
+    if installed:
+        friendsock.patch_socket()
+    try:
+        with socket.create_server((LOCALHOST, 0)) as listening:
+            address = listening.getsockname()
+            early_sent = trio.Event()
+
+            async def asyncio_exchange(request: bytes, sent: Optional[trio.Event]) -> bytes:
+                reader, writer = await friendsock.open_connection(*address, friends=installed)
+                try:
+                    writer.write(request)
+                    await writer.drain()
+                    if sent is not None:
+                        trio.from_thread.run_sync(sent.set)
+                    return await reader.readexactly(len(request))
+                finally:
+                    writer.close()
+
+            def exchange(request: bytes, sent: Optional[trio.Event] = None) -> bytes:
+                if client == "asyncio":
+                    return asyncio.run(asyncio_exchange(request, sent))
+                with socket.create_connection(address, timeout=TIMEOUT) as blocking:
+                    blocking.sendall(request)
+                    if sent is not None:
+                        trio.from_thread.run_sync(sent.set)
+                    return receive_blocking(blocking, len(request))
+
+            async def echo_one(listener: trio.SocketListener) -> bool:
+                async with await listener.accept() as stream:
+                    await stream.send_all((await receive_exactly(stream, 5)).upper())
+                    return fst.is_friend(stream)
+
+            answers: List[bytes] = []
+            with trio.fail_after(TIMEOUT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_append, answers, trio.to_thread.run_sync(exchange, b"early", early_sent))
+                    await early_sent.wait()  # in the backlog, its request sent
+                    listener = trio.SocketListener(trio.socket.from_stdlib_socket(listening))
+                    paired = [await echo_one(listener)]
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_append, answers, trio.to_thread.run_sync(exchange, b"later"))
+                    paired.append(await echo_one(listener))
+            assert answers == [b"EARLY", b"LATER"]
+            assert paired == [installed, installed]
+    finally:
+        friendsock.unpatch_socket()
+
+
+async def _append(results: List[Any], awaitable: Any) -> None:
+    results.append(await awaitable)
 
 
 @pytest.mark.trio

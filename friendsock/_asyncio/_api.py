@@ -148,6 +148,7 @@ async def create_server_on(
     sock = kwargs.pop("sock", None)
     tls = TLSOptions.for_server(kwargs.pop("ssl", None), kwargs.pop("ssl_handshake_timeout", None),
                                 kwargs.pop("ssl_shutdown_timeout", None))
+    taken = None
     if sock is None:
         # The loop resolves and binds exactly as it always does; we take the
         # bound sockets over so our accept loop sees every connection.
@@ -169,9 +170,15 @@ async def create_server_on(
             raise TypeError(f"create_server() got an unexpected keyword argument {next(iter(kwargs))!r}")
         sockets = [sock]
         exclusive = False  # a handed-in listener may be shared: confirm first
+        # A blocking listener of the patched class goes on accepting here,
+        # through friendsock: the connects already in its backlog (a client
+        # quicker than the server's thread) stay friends, claimed by this
+        # server's accept, instead of being reset as by a listener handed on.
+        blocking = sys.modules.get("friendsock._blocking._socket")  # (not imported: none paired)
+        taken = blocking.take_listener(sock) if blocking is not None else None
     for s in sockets:
         s.setblocking(False)
-    server = FriendServer(loop, sockets, protocol_factory, backlog, exclusive, tls)
+    server = FriendServer(loop, sockets, protocol_factory, backlog, exclusive, tls, taken=taken)
     if start_serving:
         await server.start_serving()
     return server

@@ -104,10 +104,14 @@ class FriendServer(asyncio.AbstractServer):
         backlog: int,
         exclusive: bool,
         tls: Optional[TLSOptions] = None,
+        taken: Optional[Entry] = None,
     ) -> None:
         self._loop = loop
         self._sockets: Optional[List[socket.socket]] = sockets
         self._entries: List[Entry] = []
+        # The entry of a blocking listener handed in (sock=): its backlog is
+        # this server's once it listens (see _start_serving).
+        self._taken = taken
         self._protocol_factory = protocol_factory
         self._backlog = backlog
         self._tls = tls
@@ -162,6 +166,9 @@ class FriendServer(asyncio.AbstractServer):
             entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
             entry.handle.socketless_accept = self._socketless_accepted
             self._entries.append(entry)
+            taken, self._taken = self._taken, None
+            if taken is not None:
+                registry.move_listener(taken, entry)
             self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
     def _accept_ready(self, sock: socket.socket, entry: Entry) -> None:
@@ -394,7 +401,8 @@ class FriendServer(asyncio.AbstractServer):
             self._wakeup()
 
     def _forget_listeners(self) -> None:
-        for entry in self._entries:
+        taken, self._taken = self._taken, None
+        for entry in self._entries + ([taken] if taken is not None else []):
             forget_listener(entry)
         self._entries = []
 

@@ -421,19 +421,36 @@ def _register_listener(sock: FriendCapableSocket) -> None:
 
 
 def _forget_listener(sock: FriendCapableSocket, handed_on: bool = False) -> None:
-    """``sock`` stops pairing: closed, or ``handed_on`` (to an event loop,
-    which accepts natively): connects waiting in its backlog from blocking
-    sockets then go on over TCP, where the new owner's accept finds them
-    (their friend ends elsewhere are reset, as by a closing listener)."""
+    """``sock`` stops pairing: closed, or ``handed_on`` (see
+    :func:`listener_handed_on`)."""
     entry = sock.__dict__.pop(_ENTRY, None)
     if entry is None:
         return
     if not handed_on:
         forget_listener(entry)
         return
+    listener_handed_on(entry)
+
+
+def listener_handed_on(entry: Entry) -> None:
+    """The listener of ``entry`` goes on in the hands of code that accepts
+    natively (an event loop's): connects waiting in its backlog from
+    blocking sockets go on over TCP, where the new owner's accept finds
+    them (their friend ends elsewhere are reset, as by a closing listener)."""
     with _ends_lock:
         ends = _ends_of_sockets()
         forget_listener(entry, lambda link: _hand_over(link, ends, unaccepted=True))
+
+
+def take_listener(sock: socket.socket) -> Optional[Entry]:
+    """The entry of ``sock``, a listener of the patched class, taken from it
+    for code that goes on accepting through friendsock (trio's, installed):
+    the socket no longer answers for it (made non-blocking, it forgets
+    nothing), and the taker moves its backlog on (``Registry.move_listener``)
+    or hands it on (:func:`listener_handed_on`). None for any other socket."""
+    if type(sock) is not FriendCapableSocket:
+        return None
+    return sock.__dict__.pop(_ENTRY, None)  # type: ignore[no-any-return]
 
 
 def _claim(sock: FriendCapableSocket, address: Any, entry: Entry,

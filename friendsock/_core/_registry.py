@@ -116,16 +116,8 @@ class Registry:
         """Forget ``entry``; returns the connects still waiting in its backlog
         (now withdrawn: the kernel resets them when the listener closes)."""
         with self._lock:
-            entries = self._listeners.get(entry.endpoint)
-            if entries is None or entry not in entries:
+            if not self._unlist(entry):
                 return []
-            entries.remove(entry)
-            if not entries:
-                del self._listeners[entry.endpoint]
-            port = entry.endpoint[1]
-            self._ports[port] -= 1
-            if not self._ports[port]:
-                del self._ports[port]
             orphans = [p for p in self._pending.values() if p.listener is entry]
             for pending in orphans:
                 del self._pending[pending.key]
@@ -135,6 +127,38 @@ class Registry:
         for wake in waiters:  # they find the listener gone
             wake()
         return orphans
+
+    def move_listener(self, entry: ListenerEntry, successor: ListenerEntry) -> bool:
+        """``entry``'s socket accepts as ``successor`` from now on (another
+        adapter took it over, and claims what it accepts): the connects
+        waiting in its backlog are the successor's to claim. False, nothing
+        moved, when ``entry`` is gone already."""
+        with self._lock:
+            if not self._unlist(entry):
+                return False
+            for pending in self._pending.values():
+                if pending.listener is entry:
+                    pending.listener = successor
+                    successor.waiting += 1
+            entry.waiting = 0
+            waiters, entry.room_waiters = entry.room_waiters, []
+        for wake in waiters:  # they find the listener gone, and look again
+            wake()
+        return True
+
+    def _unlist(self, entry: ListenerEntry) -> bool:
+        """Take ``entry`` off its endpoint (the lock held); False if it was not on it."""
+        entries = self._listeners.get(entry.endpoint)
+        if entries is None or entry not in entries:
+            return False
+        entries.remove(entry)
+        if not entries:
+            del self._listeners[entry.endpoint]
+        port = entry.endpoint[1]
+        self._ports[port] -= 1
+        if not self._ports[port]:
+            del self._ports[port]
+        return True
 
     def is_listening(self, entry: ListenerEntry) -> bool:
         """Whether ``entry`` is still registered (no lock needed to ask; a

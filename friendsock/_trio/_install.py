@@ -145,11 +145,23 @@ def _socket_exit(self: Any, *exc_info: Any) -> None:
 
 def _from_stdlib_socket(sock: socket.socket) -> Any:
     blocking = sys.modules.get("friendsock._blocking._socket")  # (not imported: none paired)
+    taken: Optional[Entry] = None
     if blocking is not None:
         blocking.as_plain_socket(sock, "trio.socket.from_stdlib_socket()")
-    trio_sock = _pairing._trio_from_stdlib_socket(sock)
-    if _is_tcp(sock):
-        listener_entry(trio_sock, exclusive=_anyio_makes_listeners.get())
+        # A blocking listener of the patched class goes on accepting here,
+        # through friendsock: the connects already in its backlog (a client
+        # quicker than the server's thread) stay friends, claimed by trio's
+        # accept, instead of being reset as by a listener handed on.
+        taken = blocking.take_listener(sock)
+    entry = None
+    try:
+        trio_sock = _pairing._trio_from_stdlib_socket(sock)
+        if _is_tcp(sock):
+            entry = listener_entry(trio_sock, exclusive=_anyio_makes_listeners.get() or
+                                   (taken is not None and taken.exclusive))
+    finally:
+        if taken is not None and not (entry is not None and registry.move_listener(taken, entry)):
+            blocking.listener_handed_on(taken)  # type: ignore[union-attr]
     return trio_sock
 
 
