@@ -444,10 +444,11 @@ def listener_handed_on(entry: Entry) -> None:
 
 def take_listener(sock: socket.socket) -> Optional[Entry]:
     """The entry of ``sock``, a listener of the patched class, taken from it
-    for code that goes on accepting through friendsock (trio's, installed):
-    the socket no longer answers for it (made non-blocking, it forgets
-    nothing), and the taker moves its backlog on (``Registry.move_listener``)
-    or hands it on (:func:`listener_handed_on`). None for any other socket."""
+    for code that goes on accepting through friendsock (an installed loop's
+    server, trio's accept under install()): the socket no longer answers
+    for it (made non-blocking, it forgets nothing), and the taker moves its
+    backlog on (``Registry.move_listener``), forgets it, or hands it on
+    (:func:`listener_handed_on`). None for any other socket."""
     if type(sock) is not FriendCapableSocket:
         return None
     return sock.__dict__.pop(_ENTRY, None)  # type: ignore[no-any-return]
