@@ -231,7 +231,7 @@ def unwatch_options(sock: Any) -> None:
     """The socket is the kernel's connection's alone again (gone on over TCP)."""
     if type(sock) is _WatchedSocket:
         _watchers.pop(sock, None)
-        sock.__class__ = _STDLIB_SOCKET
+        sock.__class__ = _STDLIB_SOCKET  # type: ignore[assignment]
 
 
 class PairedSocketCalls:

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import weakref
-from asyncio.selector_events import _SelectorSocketTransport
+from asyncio.selector_events import _SelectorSocketTransport  # type: ignore[attr-defined]
 from typing import Any, List, Optional, Protocol
 
 from .._core._finalizing import close_when_safe
