@@ -198,10 +198,10 @@ Pending = PendingConnect[ClientEnd, ListenerHandle]
 
 
 def register_listener(listen_sock: socket.socket, state: object, *, owner: object,
-                      exclusive: bool) -> Entry:
+                      exclusive: bool, proven: bool = True) -> Entry:
     """Register the listening socket ``listen_sock`` for pairing: it accepts
     on the scheduler ``owner``, whose adapter state is ``state``.
-    ``exclusive``: the socket is this process's alone (see ListenerEntry)."""
+    ``exclusive``, ``proven``: see ListenerEntry."""
     if _collected:
         forget_collected()
     v6only = False
@@ -213,6 +213,7 @@ def register_listener(listen_sock: socket.socket, state: object, *, owner: objec
         exclusive=exclusive,
         owner=owner,
         handle=ListenerHandle(listen_sock, state),
+        proven=proven,
     )
     registry.add_listener(entry)
     return entry
@@ -405,7 +406,8 @@ def connection_sockname(sock: socket.socket, address: Any) -> Any:
 
 
 def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
-                     threaded: bool, adoptable: bool = False, fresh: bool = False) -> Optional[Pending]:
+                     threaded: bool, adoptable: bool = False, fresh: bool = False,
+                     unproven_ok: bool = True) -> Optional[Pending]:
     """Register ``sock``'s connect to ``address`` (bound, not yet connected);
     None when the listener went away meanwhile (the connect is plain TCP).
 
@@ -416,7 +418,9 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
     ``adoptable``: the socket stays its user's after the connect (the loop's
     sock_connect), and is friendsock's only once handed to a transport.
     ``fresh``: friendsock made the socket just now (its buffer sizes are
-    every new socket's).
+    every new socket's). ``unproven_ok``: the connecting end can go on over
+    TCP (a blocking or trio socket), so it may pair from connect() on with
+    a listener whose accept is not known to be friendsock's yet.
     """
     handle = entry.handle
     client_sndbuf, client_rcvbuf = fresh_buffer_sizes(sock) if fresh else read_buffer_sizes(sock)
@@ -427,7 +431,8 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
                                       ClientEnd(sock, sockname, address), client_ready=not adoptable)
     link.on_done = SocketRelease(_Process.pid, sock)
-    optimistic = entry.exclusive and only_one and not adoptable
+    optimistic = entry.exclusive and only_one and not adoptable and (entry.proven or unproven_ok)
+    pending.optimistic = optimistic
     if not registry.add_pending(pending, establish=optimistic):
         link.on_done = None
         return None
@@ -435,7 +440,8 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
 
 
 def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
-                    threaded: bool, fresh: bool = False) -> Optional[Tuple[Optional[Pending], int]]:
+                    threaded: bool, fresh: bool = False,
+                    unproven_ok: bool = True) -> Optional[Tuple[Optional[Pending], int]]:
     """Register ``sock``'s connect to the listener ``entry`` and start it
     (:func:`register_connect`, then :func:`start_connect`), if its accept
     queue has room (:func:`accept_room`); None, and nothing done, when it is
@@ -449,7 +455,8 @@ def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: b
     with entry.handle.connect_lock:
         if registry.is_listening(entry) and accept_room(entry) <= 0:
             return None
-        pending = register_connect(sock, address, entry, only_one, threaded, fresh=fresh)
+        pending = register_connect(sock, address, entry, only_one, threaded, fresh=fresh,
+                                   unproven_ok=unproven_ok)
         if pending is None:
             return None, 0
         try:
@@ -512,9 +519,10 @@ class ConnectAttempt:
     to complete) is the adapter's, and so is a connect that does not pair.
     """
 
-    __slots__ = ("address", "entry", "only_one", "fallback", "sock", "pending", "fresh")
+    __slots__ = ("address", "entry", "only_one", "fallback", "sock", "pending", "fresh",
+                 "can_go_over_tcp")
 
-    def __init__(self, address: Any) -> None:
+    def __init__(self, address: Any, can_go_over_tcp: bool = True) -> None:
         if _collected:
             forget_collected()
         self.address = address
@@ -530,6 +538,8 @@ class ConnectAttempt:
         self.sock: Optional[socket.socket] = None
         self.pending: Optional[Pending] = None
         self.fresh = False  # the socket is open()'s, not its user's
+        # The connecting end can go on over TCP (see register_connect).
+        self.can_go_over_tcp = can_go_over_tcp
 
     def open(self, af: int, socktype: int, proto: int) -> socket.socket:
         """The connect's socket, non-blocking."""
@@ -597,7 +607,8 @@ class ConnectAttempt:
         entry = self.entry
         assert entry is not None, "no listener to pair with"
         started = connect_if_room(self._socket(), self.address, entry, self.only_one,
-                                  threaded=entry.owner is not owner, fresh=self.fresh)
+                                  threaded=entry.owner is not owner, fresh=self.fresh,
+                                  unproven_ok=self.can_go_over_tcp)
         if started is None:
             return None
         self.pending, err = started
@@ -606,8 +617,8 @@ class ConnectAttempt:
     @property
     def optimistic(self) -> bool:
         """Paired from ``connect()`` on (an exclusive listener, the only one
-        there): no claim to wait for."""
-        return self.pending is not None and self.pending.listener.exclusive and self.only_one
+        there, see :func:`register_connect`): no claim to wait for."""
+        return self.pending is not None and self.pending.optimistic
 
     def give_up(self, close: bool = True) -> None:
         """The connect failed or was cancelled: :func:`abandon_connect` once

@@ -340,9 +340,10 @@ def test_a_listener_handed_to_an_event_loop_keeps_its_backlog(patched, server_lo
 def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, server_loop, client):
     """A blocking listener handed to an installed loop (start_server(sock=),
     as a server started on another thread with a socket bound before): a
-    client that connected, and wrote, while the listener was still blocking
-    is served, its bytes first, and stays a friend, as one that connects
-    later is; none is reset."""
+    client that connected (a blocking one wrote too) while the listener was
+    still blocking is served, its bytes first, and is a friend, as one that
+    connects later is; none is reset. (An asyncio client's connect waits for
+    the claim: the listener's accept was not seen yet.)"""
     if patched:
         server_loop.run(_install())
     client_loop = ServerLoop("uvloop") if client == "asyncio" else None
@@ -357,7 +358,8 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
             address = listener.getsockname()
 
             def connect_and_write(line: bytes) -> Callable[[], Tuple[bytes, bool]]:
-                """Connects and writes now; what it returns reads the answer."""
+                """Connects now, and writes (an asyncio client once its
+                connect is claimed); what it returns reads the answer."""
                 if client_loop is None:
                     sock = socket.create_connection(address, timeout=TIMEOUT)
                     sock.sendall(line)
@@ -367,21 +369,18 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
                             return receive_until_eof(sock), friendsock.is_friend(sock)
                     return answer
 
-                async def open_and_write() -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+                async def exchange() -> Tuple[bytes, bool]:
                     reader, writer = await friendsock.open_connection(*address, friends=patched)
                     writer.write(line)
-                    await writer.drain()
-                    return reader, writer
-
-                async def read(reader: asyncio.StreamReader,
-                               writer: asyncio.StreamWriter) -> Tuple[bytes, bool]:
                     got = await reader.read()
                     writer.close()
                     await writer.wait_closed()
                     return got, friendsock.is_friend(writer.transport)
 
-                ends = client_loop.run(open_and_write())
-                return lambda: client_loop.run(read(*ends))  # type: ignore[union-attr]
+                answer = asyncio.run_coroutine_threadsafe(exchange(), client_loop.loop)
+                # In the listener's accept queue: the kernel took the connect.
+                assert select.select([listener], [], [], TIMEOUT)[0] == [listener]
+                return lambda: answer.result(TIMEOUT)
 
             early = connect_and_write(b"written before the loop took over\n")
             server = server_loop.run(asyncio.start_server(echo_one_line, sock=listener))
@@ -394,6 +393,41 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
     finally:
         if client_loop is not None:
             client_loop.close()
+
+
+def test_a_listener_handed_to_native_accept_serves_an_early_event_loop_client(patched, server_loop):
+    """A blocking listener its thread hands to code that accepts natively
+    (start_server(sock=) on a loop friendsock is not installed on) before
+    its own accept() ever ran: an asyncio client that connected meanwhile
+    is served over TCP, every byte, never reset (its transport could not
+    go on over TCP once paired, so it waited for a claim that never came)."""
+    client_loop = ServerLoop("asyncio")
+
+    async def echo_one_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.readline())
+        writer.close()
+        await writer.wait_closed()
+
+    async def exchange(address: Any) -> Tuple[bytes, bool]:
+        reader, writer = await friendsock.open_connection(*address, friends=patched)
+        writer.write(b"a line\n")
+        got = await reader.read()
+        writer.close()
+        await writer.wait_closed()
+        return got, friendsock.is_friend(writer.transport)
+
+    try:
+        with socket.create_server((LOCALHOST, 0)) as listener:
+            answer = asyncio.run_coroutine_threadsafe(exchange(listener.getsockname()), client_loop.loop)
+            # In the listener's accept queue: the kernel took the connect.
+            assert select.select([listener], [], [], TIMEOUT)[0] == [listener]
+            server = server_loop.run(asyncio.start_server(echo_one_line, sock=listener))
+            try:
+                assert answer.result(TIMEOUT) == (b"a line\n", False)
+            finally:
+                server_loop.close_server(server)  # before the listener's with-block closes it
+    finally:
+        client_loop.close()
 
 
 @pytest.mark.parametrize("listener_timeout", [TIMEOUT, 0.05])

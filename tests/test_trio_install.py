@@ -13,6 +13,7 @@ import functools
 import hashlib
 import os
 import random
+import select
 import errno
 import socket
 import struct
@@ -515,34 +516,27 @@ async def test_from_stdlib_socket_of_a_blocking_friend_socket(installed):
 async def test_a_blocking_listener_handed_to_trio_keeps_its_backlog(installed, client):
     """A listening socket of the patched class handed to trio
     (``from_stdlib_socket``, as dnspython's test server does on its thread)
-    after a client connected and wrote: trio's accept takes that
-    connection, its bytes first, and it is a friend link, as a connect made
-    after the hand-over is; none is reset."""
+    after a client connected (a blocking one wrote too): trio's accept takes
+    that connection, its bytes first, and it is a friend link, as a connect
+    made after the hand-over is; none is reset."""
     if installed:
         friendsock.patch_socket()
     try:
         with socket.create_server((LOCALHOST, 0)) as listening:
             address = listening.getsockname()
-            early_sent = trio.Event()
-
-            async def asyncio_exchange(request: bytes, sent: Optional[trio.Event]) -> bytes:
+            async def asyncio_exchange(request: bytes) -> bytes:
                 reader, writer = await friendsock.open_connection(*address, friends=installed)
                 try:
                     writer.write(request)
-                    await writer.drain()
-                    if sent is not None:
-                        trio.from_thread.run_sync(sent.set)
                     return await reader.readexactly(len(request))
                 finally:
                     writer.close()
 
-            def exchange(request: bytes, sent: Optional[trio.Event] = None) -> bytes:
+            def exchange(request: bytes) -> bytes:
                 if client == "asyncio":
-                    return asyncio.run(asyncio_exchange(request, sent))
+                    return asyncio.run(asyncio_exchange(request))
                 with socket.create_connection(address, timeout=TIMEOUT) as blocking:
                     blocking.sendall(request)
-                    if sent is not None:
-                        trio.from_thread.run_sync(sent.set)
                     return receive_blocking(blocking, len(request))
 
             async def echo_one(listener: trio.SocketListener) -> bool:
@@ -553,8 +547,9 @@ async def test_a_blocking_listener_handed_to_trio_keeps_its_backlog(installed, c
             answers: List[bytes] = []
             with trio.fail_after(TIMEOUT):
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_append, answers, trio.to_thread.run_sync(exchange, b"early", early_sent))
-                    await early_sent.wait()  # in the backlog, its request sent
+                    nursery.start_soon(_append, answers, trio.to_thread.run_sync(exchange, b"early"))
+                    # In the listener's accept queue: the kernel took the connect.
+                    await trio.to_thread.run_sync(select.select, [listening], [], [], TIMEOUT)
                     listener = trio.SocketListener(trio.socket.from_stdlib_socket(listening))
                     paired = [await echo_one(listener)]
                 async with trio.open_nursery() as nursery:

@@ -80,7 +80,8 @@ async def connect(
 
     exceptions: List[OSError] = []
     for af, socktype, sproto, _, address in infos:
-        attempt = ConnectAttempt(address)
+        # A transport cannot go on over TCP: a listener not proven yet is confirmed.
+        attempt = ConnectAttempt(address, can_go_over_tcp=False)
         if socketless_entry(attempt.entry, local_addr is not None or kwargs.get("sock") is not None):
             assert attempt.entry is not None
             made = socketless_connect(attempt.entry, address, threaded=attempt.entry.owner is not loop)

@@ -296,8 +296,11 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
             _register_listener(self)
 
     def accept(self) -> Tuple[socket.socket, Any]:
-        fd, address = self._accept()  # type: ignore[attr-defined]
         entry: Optional[Entry] = self.__dict__.get(_ENTRY)
+        if entry is not None:
+            entry.proven = True  # what it accepts from now on, it claims
+        fd, address = self._accept()  # type: ignore[attr-defined]
+        entry = self.__dict__.get(_ENTRY)
         if entry is not None:
             make_room(entry)  # connects held back by a full accept queue may go on
         sock = _new_capable(self.family, self.type, self.proto, fd)
@@ -415,7 +418,10 @@ def _register_listener(sock: FriendCapableSocket) -> None:
     # Every blocking listener accepts on a thread of its own: its owner is
     # nobody else's, so every link with it is threaded. A weak proxy: the
     # registry must not keep its user's socket open.
-    entry = register_listener(weakref.proxy(sock), None, owner=object(), exclusive=exclusive)
+    # Not proven until its accept() runs: its owner may hand it to code
+    # that accepts natively first (see ListenerEntry).
+    entry = register_listener(weakref.proxy(sock), None, owner=object(), exclusive=exclusive,
+                              proven=False)
     sock.__dict__[_ENTRY] = entry
     forget_when_collected(sock, entry)
 

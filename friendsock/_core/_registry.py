@@ -31,7 +31,8 @@ class ListenerEntry(Generic[ListenerT]):
     ``handle`` is the adapter's own object (its server and socket).
     """
 
-    __slots__ = ("endpoint", "v6only", "exclusive", "owner", "handle", "waiting", "room_waiters")
+    __slots__ = ("endpoint", "v6only", "exclusive", "owner", "handle", "waiting", "room_waiters",
+                 "proven")
 
     def __init__(
         self,
@@ -41,10 +42,16 @@ class ListenerEntry(Generic[ListenerT]):
         exclusive: bool,
         owner: object,
         handle: ListenerT,
+        proven: bool = True,
     ) -> None:
         self.endpoint = normalize_endpoint(address)
         self.v6only = v6only
         self.exclusive = exclusive
+        # Its accept is known to claim what it takes (an event loop's,
+        # trio's; a blocking socket's once its accept() ran). Until then its
+        # owner may still hand it to code that accepts natively, and a
+        # connect whose end cannot go on over TCP pairs only once claimed.
+        self.proven = proven
         self.owner = owner
         self.handle = handle
         self.waiting = 0  # connects registered here and not yet claimed
@@ -72,7 +79,7 @@ class PendingConnect(Generic[ClientT, ListenerT]):
     """A client end registered before its ``connect()`` syscall."""
 
     __slots__ = ("key", "link", "listener", "state", "on_claimed", "handle", "client_ready",
-                 "server_ready", "on_settled")
+                 "server_ready", "on_settled", "optimistic")
 
     def __init__(self, key: FlowKey, link: Link, listener: ListenerEntry[ListenerT],
                  handle: Any = None, client_ready: bool = True) -> None:
@@ -93,6 +100,9 @@ class PendingConnect(Generic[ClientT, ListenerT]):
         # The client adapter's own object (None: a connect made by the core
         # alone, which no adapter will look at).
         self.handle: ClientT = handle
+        # Paired from connect() on (the link established as it registered):
+        # no claim to wait for.
+        self.optimistic = False
 
     def __repr__(self) -> str:
         return f"<PendingConnect {self.key} {self.state.value}>"
