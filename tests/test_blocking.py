@@ -357,9 +357,11 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
         with socket.create_server((LOCALHOST, 0)) as listener:
             address = listener.getsockname()
 
-            def connect_and_write(line: bytes) -> Callable[[], Tuple[bytes, bool]]:
+            def connect_and_write(line: bytes, queued: bool) -> Callable[[], Tuple[bytes, bool]]:
                 """Connects now, and writes (an asyncio client once its
-                connect is claimed); what it returns reads the answer."""
+                connect is claimed); what it returns reads the answer.
+                ``queued``: nobody accepts yet, so the connect waits in the
+                listener's accept queue when this returns."""
                 if client_loop is None:
                     sock = socket.create_connection(address, timeout=TIMEOUT)
                     sock.sendall(line)
@@ -378,17 +380,17 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
                     return got, friendsock.is_friend(writer.transport)
 
                 answer = asyncio.run_coroutine_threadsafe(exchange(), client_loop.loop)
-                # In the listener's accept queue: the kernel took the connect.
-                assert select.select([listener], [], [], TIMEOUT)[0] == [listener]
+                if queued:  # the kernel took the connect
+                    assert select.select([listener], [], [], TIMEOUT)[0] == [listener]
                 return lambda: answer.result(TIMEOUT)
 
-            early = connect_and_write(b"written before the loop took over\n")
+            early = connect_and_write(b"connected before the loop took over\n", queued=True)
             server = server_loop.run(asyncio.start_server(echo_one_line, sock=listener))
             try:
-                answers = [early(), connect_and_write(b"written after\n")()]
+                answers = [early(), connect_and_write(b"written after\n", queued=False)()]
             finally:
                 server_loop.close_server(server)  # before the listener's with-block closes it
-        assert answers == [(b"written before the loop took over\n", patched),
+        assert answers == [(b"connected before the loop took over\n", patched),
                            (b"written after\n", patched)]
     finally:
         if client_loop is not None:
