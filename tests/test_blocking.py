@@ -310,6 +310,13 @@ async def _sock_connect(port: int) -> socket.socket:
     return sock
 
 
+async def serve_one_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A stream server's handler: one line back, then close."""
+    writer.write(await reader.readline())
+    writer.close()
+    await writer.wait_closed()
+
+
 def test_a_listener_handed_to_an_event_loop_keeps_its_backlog(patched, server_loop):
     """A blocking listener handed to a loop (start_server(sock=) makes it
     non-blocking): a client that connected, and wrote, while it was still
@@ -319,14 +326,8 @@ def test_a_listener_handed_to_an_event_loop_keeps_its_backlog(patched, server_lo
             assert friendsock.is_friend(client) is patched
             client.sendall(b"written before the loop took over\n")
 
-            async def echo_one_line(reader: asyncio.StreamReader,
-                                    writer: asyncio.StreamWriter) -> None:
-                writer.write(await reader.readline())
-                writer.close()
-                await writer.wait_closed()
-
             async def start() -> asyncio.AbstractServer:
-                return await asyncio.start_server(echo_one_line, sock=listener)
+                return await asyncio.start_server(serve_one_line, sock=listener)
 
             server = server_loop.run(start())
             try:
@@ -347,11 +348,6 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
     if patched:
         server_loop.run(_install())
     client_loop = ServerLoop("uvloop") if client == "asyncio" else None
-
-    async def echo_one_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(await reader.readline())
-        writer.close()
-        await writer.wait_closed()
 
     try:
         with socket.create_server((LOCALHOST, 0)) as listener:
@@ -385,7 +381,7 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
                 return lambda: answer.result(TIMEOUT)
 
             early = connect_and_write(b"connected before the loop took over\n", queued=True)
-            server = server_loop.run(asyncio.start_server(echo_one_line, sock=listener))
+            server = server_loop.run(asyncio.start_server(serve_one_line, sock=listener))
             try:
                 answers = [early(), connect_and_write(b"written after\n", queued=False)()]
             finally:
@@ -405,11 +401,6 @@ def test_a_listener_handed_to_native_accept_serves_an_early_event_loop_client(pa
     go on over TCP once paired, so it waited for a claim that never came)."""
     client_loop = ServerLoop("asyncio")
 
-    async def echo_one_line(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(await reader.readline())
-        writer.close()
-        await writer.wait_closed()
-
     async def exchange(address: Any) -> Tuple[bytes, bool]:
         reader, writer = await friendsock.open_connection(*address, friends=patched)
         writer.write(b"a line\n")
@@ -423,7 +414,7 @@ def test_a_listener_handed_to_native_accept_serves_an_early_event_loop_client(pa
             answer = asyncio.run_coroutine_threadsafe(exchange(listener.getsockname()), client_loop.loop)
             # In the listener's accept queue: the kernel took the connect.
             assert select.select([listener], [], [], TIMEOUT)[0] == [listener]
-            server = server_loop.run(asyncio.start_server(echo_one_line, sock=listener))
+            server = server_loop.run(asyncio.start_server(serve_one_line, sock=listener))
             try:
                 assert answer.result(TIMEOUT) == (b"a line\n", False)
             finally:
