@@ -11,7 +11,7 @@ import random
 import ssl
 import sys
 import warnings
-from typing import AsyncIterator, Iterator, List, Optional, Tuple
+from typing import Any, AsyncIterator, Iterator, List, Optional, Tuple
 
 import pytest
 import uvloop
@@ -394,6 +394,12 @@ def answers_that_differ(over_tcp: dict, paired: dict, ask_again) -> dict:
         if answer != other:
             differing[name] = (answer, other)
     return differing
+
+
+async def returned(value: Any) -> Any:
+    """An awaitable of ``value``: a plain call's answer, asked where a
+    parity table's calls are awaited (the call made as the lambda runs)."""
+    return value
 
 
 def report(differing: dict) -> str:

@@ -17,10 +17,11 @@ import anyio.abc
 import pytest
 import trio
 import trio.testing
+from anyio.abc import SocketAttribute
 
 import friendsock
 import friendsock.trio as fst
-from support import WAITED, report
+from support import WAITED, report, returned
 from trio_support import differences_under_trio, until_readable
 
 LOCALHOST = "127.0.0.1"
@@ -114,14 +115,10 @@ def _calls(stream: Stream) -> Dict[str, Callable[[], Awaitable[Any]]]:
         "aclose": lambda: stream.aclose(),
         "receive, receive, receive": lambda: _each([lambda: stream.receive(10)] * 3),
         "send, send, send": lambda: _each([lambda: stream.send(b"q")] * 3),
-        "remote_address": lambda: _extra(stream, anyio.abc.SocketAttribute.remote_address),
-        "local_address": lambda: _extra(stream, anyio.abc.SocketAttribute.local_address),
+        # (What kind of address: its port is the connection's own.)
+        "remote_address": lambda: returned(type(stream.extra(SocketAttribute.remote_address)).__name__),
+        "local_address": lambda: returned(type(stream.extra(SocketAttribute.local_address)).__name__),
     }
-
-
-async def _extra(stream: Stream, attribute: Any) -> str:
-    """What kind of address the attribute gives (its port is the connection's own)."""
-    return type(stream.extra(attribute)).__name__
 
 
 async def _answer(call: Callable[[], Awaitable[Any]], wait: float = WAIT) -> Any:

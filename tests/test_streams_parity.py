@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 import pytest
 
 import friendsock
-from support import LOOP_RUNNERS, WAITED, answers_that_differ, descriptors_open, report, until
+from support import LOOP_RUNNERS, WAITED, answers_that_differ, descriptors_open, report, returned, until
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -88,10 +88,6 @@ STATES: Dict[str, Callable[[Streams, Streams], Awaitable[None]]] = {
 
 
 # -- calls ------------------------------------------------------------------------
-async def _value(value: Any) -> Any:
-    return value
-
-
 async def _write_and_drain(writer: asyncio.StreamWriter) -> None:
     writer.write(b"x")
     await writer.drain()
@@ -109,17 +105,17 @@ def _calls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Dict[s
         "readline": lambda: reader.readline(),
         "readexactly(3)": lambda: reader.readexactly(3),
         "readuntil": lambda: reader.readuntil(b"\n"),
-        "at_eof": lambda: _value(reader.at_eof()),
-        "exception": lambda: _value(type(reader.exception()).__name__),
+        "at_eof": lambda: returned(reader.at_eof()),
+        "exception": lambda: returned(type(reader.exception()).__name__),
         "write, drain": lambda: _write_and_drain(writer),
         "drain": lambda: writer.drain(),
-        "write_eof": lambda: _value(writer.write_eof()),
-        "can_write_eof": lambda: _value(writer.can_write_eof()),
-        "is_closing": lambda: _value(writer.is_closing()),
+        "write_eof": lambda: returned(writer.write_eof()),
+        "can_write_eof": lambda: returned(writer.can_write_eof()),
+        "is_closing": lambda: returned(writer.is_closing()),
         "wait_closed": lambda: writer.wait_closed(),
         "close, wait_closed": lambda: _close_and_wait(writer),
-        "peername": lambda: _value(type(writer.get_extra_info("peername")).__name__),
-        "get_write_buffer_size": lambda: _value(writer.transport.get_write_buffer_size()),
+        "peername": lambda: returned(type(writer.get_extra_info("peername")).__name__),
+        "get_write_buffer_size": lambda: returned(writer.transport.get_write_buffer_size()),
         "write, drain x3": lambda: _each([lambda: _write_and_drain(writer)] * 3),
         "read, read": lambda: _each([lambda: reader.read(10)] * 2),
     }

@@ -19,7 +19,7 @@ import trio.testing
 
 import friendsock
 import friendsock.trio as fst
-from support import WAITED, report
+from support import WAITED, report, returned
 from trio_support import differences_under_trio, until_readable
 
 LOCALHOST = "127.0.0.1"
@@ -106,10 +106,6 @@ STATES: Dict[str, Callable[[Sock, Sock], Awaitable[None]]] = {
 
 
 # -- calls ------------------------------------------------------------------------
-async def _sync(value: Any) -> Any:
-    return value
-
-
 def _calls(sock: Sock) -> Dict[str, Callable[[], Awaitable[Any]]]:
     return {
         "recv": lambda: sock.recv(10),
@@ -120,12 +116,12 @@ def _calls(sock: Sock) -> Dict[str, Callable[[], Awaitable[Any]]]:
         "send(b'')": lambda: sock.send(b""),
         "sendto": lambda: sock.sendto(b"z", (LOCALHOST, 9)),
         "wait_writable": lambda: sock.wait_writable(),
-        "is_readable": lambda: _sync(sock.is_readable()),
-        "SO_ERROR": lambda: _sync(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)),
-        "getpeername": lambda: _sync(type(sock.getpeername()).__name__),
-        "getsockname": lambda: _sync(type(sock.getsockname()).__name__),
-        "shutdown(SHUT_RDWR)": lambda: _sync(sock.shutdown(socket.SHUT_RDWR)),
-        "listen": lambda: _sync(sock.listen()),
+        "is_readable": lambda: returned(sock.is_readable()),
+        "SO_ERROR": lambda: returned(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)),
+        "getpeername": lambda: returned(type(sock.getpeername()).__name__),
+        "getsockname": lambda: returned(type(sock.getsockname()).__name__),
+        "shutdown(SHUT_RDWR)": lambda: returned(sock.shutdown(socket.SHUT_RDWR)),
+        "listen": lambda: returned(sock.listen()),
         "recv, recv, send": lambda: _each(lambda: sock.recv(10), lambda: sock.recv(10),
                                           lambda: sock.send(b"q")),
         "send, send, recv": lambda: _each(lambda: sock.send(b"q"), lambda: sock.send(b"q"),
