@@ -2,7 +2,13 @@
 time: a client connects, writes 64 B, reads the 64 B answer and closes,
 N times in a row, over real TCP (the loop's own transports), friend links
 and socketless links. CPU time, not wall time: other load on the machine
-moves it much less. For comparing two versions of friendsock's set-up path,
+moves it much less.
+
+``kernel`` is the kernel's share of a friend connection alone, with no
+transport and no loop: a connect to a listener, its accept and an abortive
+close of both sockets, in a bare Python loop. A friend connection with real
+sockets costs at least that much; TCP's figure over it bounds what friends
+with real sockets can reach in ``crr``. For comparing two versions of friendsock's set-up path,
 run alternately:
 
     PYTHONPATH=/path/to/old/tree python benchmarks/crr_cpu.py --loop uvloop
@@ -14,7 +20,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import resource
+import socket
 import statistics
+import struct
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import friendsock
@@ -46,6 +54,31 @@ class Client(asyncio.Protocol):
     def connection_lost(self, exc: Optional[BaseException]) -> None:
         if not self.lost.done():
             self.lost.set_result(None)
+
+
+def microseconds_per_kernel_part(count: int) -> Tuple[float, float]:
+    """(user, system) CPU microseconds per connection of the kernel's part
+    of a friend connection: socket, connect, accept, an abortive close."""
+    abort = struct.pack("ii", 1, 0)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = listener.getsockname()
+
+        def one() -> None:
+            client = socket.socket()
+            client.connect(address)
+            server, _ = listener.accept()
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, abort)
+            client.close()
+            server.close()
+
+        for _ in range(min(count, 200)):  # warm-up
+            one()
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        for _ in range(count):
+            one()
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    return ((after.ru_utime - before.ru_utime) / count * 1e6,
+            (after.ru_stime - before.ru_stime) / count * 1e6)
 
 
 async def microseconds_per_crr(transport: str, count: int) -> Tuple[float, float]:
@@ -88,7 +121,7 @@ def main() -> None:
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--count", type=int, default=3000, help="connections per measurement")
     parser.add_argument("--repeat", type=int, default=3, help="measurements (median)")
-    parser.add_argument("--transports", default="tcp,friends,socketless")
+    parser.add_argument("--transports", default="tcp,friends,socketless,kernel")
     args = parser.parse_args()
     if args.loop == "uvloop":
         import uvloop
@@ -100,7 +133,10 @@ def main() -> None:
     results: Dict[str, List[Tuple[float, float]]] = {t: [] for t in transports}
     for _ in range(args.repeat):  # interleaved: a noisy machine hits each alike
         for transport in transports:
-            results[transport].append(run(microseconds_per_crr(transport, args.count)))
+            if transport == "kernel":
+                results[transport].append(microseconds_per_kernel_part(args.count))
+            else:
+                results[transport].append(run(microseconds_per_crr(transport, args.count)))
     print(f"{args.loop}: CPU us per connect/request/response/close (median of {args.repeat})")
     for transport, values in results.items():
         user = statistics.median(v[0] for v in values)
