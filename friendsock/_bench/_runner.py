@@ -94,7 +94,7 @@ class Mode:
     trims: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
 
 
-# Quick fits every test on both loops in well under 90 s on 2 busy cores.
+# Quick runs every test on every loop in about 2 minutes on 2 cores.
 QUICK = Mode("quick", seconds=0.08, rounds=3, memory_rounds=1,
              trims=(("streams-rr", (64, KiB)),))
 FULL = Mode("full", seconds=1.0, rounds=5, memory_rounds=3)
