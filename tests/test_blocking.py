@@ -423,6 +423,39 @@ def test_a_listener_handed_to_native_accept_serves_an_early_event_loop_client(pa
         client_loop.close()
 
 
+def test_a_blocking_client_handed_to_a_loop_before_its_accept_is_served_over_tcp(patched, server_loop):
+    """A blocking client connected to a blocking listener that has not
+    accepted yet, then handed to an installed loop (``open_connection(sock=)``,
+    as asyncio's own test_ssl clients do), while the listener's thread hands
+    the listener to code that accepts natively: the client is served over
+    TCP, every byte, never reset (a transport, once paired, could not go on
+    over TCP when the listener's accept turned out native)."""
+    client_loop = ServerLoop("asyncio")
+
+    async def hand_over(sock: socket.socket) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        friendsock.install()
+        return await asyncio.open_connection(sock=sock)
+
+    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Tuple[bytes, bool]:
+        writer.write(b"a line\n")
+        got = await reader.read()
+        writer.close()
+        await writer.wait_closed()
+        return got, friendsock.is_friend(writer.transport)
+
+    try:
+        with socket.create_server((LOCALHOST, 0)) as listener:
+            sock = socket.create_connection(listener.getsockname(), timeout=TIMEOUT)
+            reader, writer = client_loop.run(hand_over(sock))
+            server = server_loop.run(asyncio.start_server(serve_one_line, sock=listener))
+            try:
+                assert client_loop.run(exchange(reader, writer)) == (b"a line\n", False)
+            finally:
+                server_loop.close_server(server)  # before the listener's with-block closes it
+    finally:
+        client_loop.close()
+
+
 @pytest.mark.parametrize("listener_timeout", [TIMEOUT, 0.05])
 @pytest.mark.parametrize("client_sends", [True, False])
 def test_an_accept_held_for_a_handover_that_never_comes_is_tcp(patched, server_loop, client_sends,

@@ -1262,6 +1262,10 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             if self._friend_closed or self._in.state is CHANNEL_TCP or \
                     self.__dict__.get("_handles") is not None or self.__dict__.get("_under_tls", False):
                 return None
+            if _hand_over_unclaimed(self):
+                # Its listener may yet go to code that accepts natively,
+                # and a transport cannot go on over TCP then: TCP now.
+                return None
             self._friend_closed = True
             self._in.notify_readable = None
             self._out.notify_writable = None
@@ -1449,6 +1453,24 @@ def _hand_over_socket(sock: FriendBlockingSocket) -> bool:
     # More was written meanwhile than the connection takes at once: it
     # is lost, as a connection the kernel had to drop.
     link.server.reset()
+    return False
+
+
+def _hand_over_unclaimed(sock: FriendBlockingSocket) -> bool:
+    """``sock``'s connect, not accepted yet, by a listener whose accept is
+    not known to be friendsock's (a blocking listener that has not
+    accepted yet), goes on over TCP (withdrawn: the accept finds a plain
+    connection, with what was sent). Under _ends_lock. False: it stays a
+    friend link (claimed already, a proven listener, or more written than
+    the connection takes at once)."""
+    link = sock._end.link
+    if sock._end is not link.client or not link.can_hand_over(_HAND_OVER_LIMIT) or \
+            not registry.withdraw_unclaimed(flow_key(sock._sockname, sock._peername), link,
+                                            unless_proven=True):
+        return False
+    if _hand_over(link, _ends_of_sockets(), unaccepted=True):
+        return True
+    link.server.reset()  # written meanwhile past what it takes: lost, as a dropped connection
     return False
 
 

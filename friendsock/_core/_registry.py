@@ -302,13 +302,14 @@ class Registry:
             pending.state = PendingState.WITHDRAWN
             return True
 
-    def withdraw_unclaimed(self, key: FlowKey, link: Link) -> bool:
+    def withdraw_unclaimed(self, key: FlowKey, link: Link, unless_proven: bool = False) -> bool:
         """Withdraw the connect of ``link`` waiting under ``key`` (its
         listener has not accepted it yet): the accept will find a plain
-        connection. False when it is not waiting (claimed already)."""
+        connection. False when it is not waiting (claimed already), or, with
+        ``unless_proven``, when its listener's accept is known to claim it."""
         with self._lock:
             pending = self._pending.get(key)
-            if pending is None or pending.link is not link:
+            if pending is None or pending.link is not link or unless_proven and pending.listener.proven:
                 return False
             del self._pending[key]
             pending.listener.waiting -= 1
