@@ -539,24 +539,31 @@ async def test_failed_handshake_reported_in_debug_mode_only_on_asyncio(friends, 
         loop.set_debug(False)
 
 
-@pytest.mark.parametrize("path", ["friend"])  # over TCP asyncio leaks the socket, uvloop logs
-async def test_tls_layer_that_cannot_be_made_leaves_nothing(friends, tls):
+@pytest.mark.parametrize("path", ["friend"])  # over TCP asyncio leaks the socket
+async def test_tls_layer_that_cannot_be_made_leaves_nothing(friends, tls, loop_guard):
     """A server_hostname ssl cannot take fails create_connection with the
     error it fails the loop's own with, after connecting (as asyncio): the
     friend end goes away unseen by its protocol, and the server end sees
-    EOF. A server whose handshake timeout SSLProtocol refuses closes each
+    EOF. uvloop's own TLS (which a friend end runs on uvloop) also reports
+    each to the exception handler as a failed handshake, as over its own
+    TCP. A server whose handshake timeout SSLProtocol refuses closes each
     connection (asyncio fails each one too)."""
     server_ctx, client_ctx = tls
     servers = Recorders()
     server = await friendsock.create_server(servers, LOCALHOST, 0, friends=friends)
+    errors = (UnicodeError, TypeError)
     try:
-        for name, error in (("x" * 300, UnicodeError), ("a\0b", TypeError)):
+        for name, error in zip(("x" * 300, "a\0b"), errors):
             with pytest.raises(error):
                 await connect(friends, port_of(server), client_ctx, factory=asyncio.Protocol, server_hostname=name)
             assert await bounded(servers[-1].lost) is None
             assert servers[-1].events == ["made", "eof", "lost"]
     finally:
         server.close()
+    if not isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop):
+        assert [(context["message"], type(context["exception"])) for context in loop_guard] == [
+            ("SSL handshake failed", error) for error in errors]
+        del loop_guard[:]
     async with tls_server(friends, server_ctx, Echoes(), ssl_handshake_timeout=0) as server:
         transport, client = await bounded(friendsock.create_connection(
             Recorder, LOCALHOST, port_of(server), friends=friends))

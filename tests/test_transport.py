@@ -964,6 +964,59 @@ async def test_buffered_protocol(friends, bufsize):
         await wait(client.lost)
 
 
+class DuckBuffered:
+    """A protocol with get_buffer()/buffer_updated() (and data_received())
+    that is neither an asyncio.BufferedProtocol nor an asyncio.Protocol:
+    uvloop's transports fill it through get_buffer(), with libuv's
+    suggested size; asyncio's call its data_received()."""
+
+    def __init__(self) -> None:
+        self.calls: List[Any] = []
+        self.data = bytearray()
+        self.buffer = bytearray(1000)
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        pass
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        if not self.calls or self.calls[-1][0] != "get_buffer":
+            self.calls.append(("get_buffer", sizehint))
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data += self.buffer[:nbytes]
+
+    def data_received(self, data: bytes) -> None:
+        if "data_received" not in self.calls:
+            self.calls.append("data_received")
+        self.data += data
+
+    def eof_received(self) -> None:
+        pass
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self.lost.set_result(exc)
+
+
+async def test_which_protocols_are_filled_through_get_buffer_is_the_loops_rule(friends):
+    """The loop's own rule for which protocols read through get_buffer():
+    asyncio's, a BufferedProtocol only; uvloop's, any protocol with a
+    get_buffer() that is no asyncio.Protocol (its own TLS layer among
+    them), asked for 64 KiB at a time."""
+    async with connected_pair(friends, server_protocol=DuckBuffered) as (transport, client, server):
+        payload = random.Random(7).randbytes(5000)
+        transport.write(payload)
+        transport.write_eof()
+        assert await wait(server.lost) is None
+        assert server.data == payload
+        if isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop):
+            assert server.calls == ["data_received"]
+        else:
+            assert server.calls == [("get_buffer", 65536)]
+        await wait(client.lost)
+
+
 class FailingBufferedRecorder(BufferedRecorder):
     """A BufferedRecorder whose ``get_buffer`` or ``buffer_updated`` raises."""
 

@@ -19,7 +19,7 @@ from ._adoption import adopt_paired_socket
 from ._native import loop_own_connects, native
 from ._pairing import connect
 from ._server import FriendServer
-from ._tls import TLSOptions, rides_friend_link, start_tls as start_tls_on
+from ._tls import TLSOptions, over_friend_link, start_tls as start_tls_on
 
 # create_server keywords that asyncio ignores when given sock= (keep_alive
 # exists from 3.13 on).
@@ -228,7 +228,7 @@ def is_friend(obj: Any) -> bool:
     or a TLS transport over one."""
     if isinstance(obj, asyncio.StreamWriter):
         obj = obj.transport
-    return rides_friend_link(obj)
+    return over_friend_link(obj)
 
 
 async def start_tls(

@@ -45,7 +45,7 @@ class LoopState:
                  "polls_after_callbacks", "one_context_per_transport",
                  "refuses_writes_once_lost", "default_write_limits", "lists_server_sockets",
                  "checks_state_before_type", "stops_reading_at_eof", "warns_of_lost_writes",
-                 "joins_writelines", "__weakref__")
+                 "joins_writelines", "buffered_by_duck_type", "buffer_size_hint", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -92,6 +92,14 @@ class LoopState:
         # their own: WriteTransport's writes the joined bytes (so a str
         # among them is a TypeError before any state is looked at).
         self.joins_writelines = not is_uvloop and "writelines" not in _SelectorSocketTransport.__dict__
+        # Which protocols a transport fills through get_buffer() and
+        # buffer_updated(): asyncio's, a BufferedProtocol; uvloop's, also any
+        # protocol with a get_buffer() that is no asyncio.Protocol (uvloop's
+        # own SSLProtocol among them).
+        self.buffered_by_duck_type = is_uvloop
+        # The size get_buffer() is asked for: asyncio's transports ask for
+        # -1 (any), uvloop's for libuv's suggested size.
+        self.buffer_size_hint = 65536 if is_uvloop else -1
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

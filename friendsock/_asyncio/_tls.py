@@ -4,22 +4,25 @@
 TLS is above TCP, so the record layer runs over the friend transport as over
 a socket: nothing is skipped because the peer is in this process.
 
-``ssl=`` (:class:`TLSOptions`, :func:`start_tls_end`): asyncio's
-``sslproto.SSLProtocol`` goes between a friend end and its protocol before
-the end starts, as the loop's own ``_make_ssl_transport`` puts it over a
-socket; on uvloop in uvloop's order of events (see :class:`_SSLProtocol`).
+``ssl=`` (:class:`TLSOptions`, :func:`start_tls_end`): the loop's own
+record layer goes between a friend end and its protocol before the end
+starts, as the loop puts it over a socket: asyncio's
+``sslproto.SSLProtocol`` on the stdlib loop, uvloop's ``SSLProtocol`` (in
+C) on uvloop, and on another loop asyncio's in uvloop's order of events
+(:class:`_SSLProtocol`).
 
 STARTTLS (:func:`start_tls`): the stdlib loop upgrades any transport that
 declares ``_start_tls_compatible`` (:class:`FriendTransport` does), so there
 the loop's own ``start_tls`` does the work. uvloop's ``start_tls`` accepts
-only uvloop's own transports; for a friend link (or a TLS transport
-friendsock made over one) the same steps run here, with the same
+only uvloop's own transports (its TLS transports among them, over whatever
+they run); for a friend end the same steps run here, with uvloop's
 ``SSLProtocol``. Every other transport goes to the loop's own ``start_tls``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from asyncio import sslproto
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
@@ -32,7 +35,7 @@ except ImportError:  # pragma: no cover - a Python built without ssl
 _ssl = ssl
 
 from ._native import native
-from ._transport import FriendTransport
+from ._transport import FRIEND_END_INFO, FriendTransport
 
 # How many TLS layers deep a friend link is looked for (TLS in TLS in ...).
 _MAX_LAYERS = 8
@@ -40,7 +43,9 @@ _MAX_LAYERS = 8
 
 def rides_friend_link(transport: Any) -> bool:
     """Whether ``transport`` is a friend end, or an asyncio TLS transport
-    (friendsock's own STARTTLS) running over one."""
+    (friendsock's own STARTTLS) running over one: what friendsock's
+    ``start_tls`` upgrades itself on uvloop (whose own takes uvloop's TLS
+    transports, over whatever they run)."""
     for _ in range(_MAX_LAYERS):
         if isinstance(transport, FriendTransport):
             return True
@@ -48,6 +53,16 @@ def rides_friend_link(transport: Any) -> bool:
             return False
         transport = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)
     return False
+
+
+def over_friend_link(transport: Any) -> bool:
+    """Whether ``transport`` is a friend end, or a TLS transport (asyncio's
+    or uvloop's, TLS in TLS too) over one: their ``get_extra_info`` asks
+    the transport underneath for what they do not know."""
+    try:
+        return isinstance(transport.get_extra_info(FRIEND_END_INFO), FriendTransport)
+    except Exception:  # not a transport, or one that cannot tell
+        return False
 
 
 class _SSLProtocol(sslproto.SSLProtocol):
@@ -87,6 +102,43 @@ class _SSLProtocol(sslproto.SSLProtocol):
     def _release_reads(self) -> None:
         self._hold_reads = False
         self._do_read()
+
+
+def _layer_class(loop: asyncio.AbstractEventLoop) -> Any:
+    """The record layer the loop's own TLS runs: asyncio's SSLProtocol on
+    the stdlib loop, uvloop's (in C) on uvloop; on another loop, asyncio's
+    in uvloop's order of events (:class:`_SSLProtocol`)."""
+    if isinstance(loop, asyncio.BaseEventLoop):
+        return sslproto.SSLProtocol
+    uvloop_tls = _uvloop_tls()
+    if uvloop_tls is not None and isinstance(loop, uvloop_tls[0]):
+        return uvloop_tls[1]
+    return _SSLProtocol
+
+
+@functools.lru_cache(maxsize=None)
+def _uvloop_tls() -> Optional[Tuple[type, type]]:
+    """uvloop's loop class and its SSLProtocol; None without uvloop."""
+    try:
+        from uvloop import Loop
+        from uvloop.loop import SSLProtocol
+    except ImportError:  # pragma: no cover - no uvloop, or one without it
+        return None
+    return Loop, SSLProtocol
+
+
+def _is_uvloops(layer: Any) -> bool:
+    uvloop_tls = _uvloop_tls()
+    return uvloop_tls is not None and isinstance(layer, uvloop_tls[1])
+
+
+def _app_transport(layer: Any, transport: FriendTransport) -> asyncio.Transport:
+    """The TLS transport of ``layer``, over the friend end ``transport``:
+    uvloop's makes it when asked, to run its protocol's callbacks in the
+    underlying transport's context, as over its own sockets."""
+    if _is_uvloops(layer):
+        return layer._get_app_transport(transport._context)  # type: ignore[no-any-return]
+    return layer._app_transport  # type: ignore[no-any-return]
 
 
 def _shutdown_keyword(ssl_shutdown_timeout: Optional[float]) -> Dict[str, float]:
@@ -187,11 +239,9 @@ def begin_tls_end(
     app_protocol = transport.get_protocol()
     waiter = loop.create_future()
     try:
-        # The stdlib loop's TLS is this very SSLProtocol; uvloop's own runs
-        # events in the order _SSLProtocol keeps.
-        layer_class = sslproto.SSLProtocol if isinstance(loop, asyncio.BaseEventLoop) else _SSLProtocol
-        layer = layer_class(loop, app_protocol, tls.sslcontext, waiter, tls.server_side,
-                            tls.server_hostname, **tls.timeouts())
+        layer = _layer_class(loop)(loop, app_protocol, tls.sslcontext, waiter, tls.server_side,
+                                   tls.server_hostname, **tls.timeouts())
+        app_transport = _app_transport(layer, transport)
     except BaseException:
         # Nothing ran on this end yet: it goes away as an abort, so its
         # friend sees it go and the link is released.
@@ -199,7 +249,6 @@ def begin_tls_end(
         transport.start()
         transport.abort()
         raise
-    app_transport: asyncio.Transport = layer._app_transport
     transport.set_protocol(layer)
     transport.start()
     return waiter, app_transport
@@ -256,7 +305,7 @@ async def start_tls(
             f"sslcontext is expected to be an instance of ssl.SSLContext, got {sslcontext!r}"
         )
     waiter = loop.create_future()
-    ssl_protocol = _SSLProtocol(
+    ssl_protocol = _layer_class(loop)(
         loop,
         protocol,
         sslcontext,
@@ -273,11 +322,13 @@ async def start_tls(
     transport.set_protocol(ssl_protocol)
     conmade_cb = loop.call_soon(ssl_protocol.connection_made, transport)
     resume_cb = loop.call_soon(transport.resume_reading)  # type: ignore[attr-defined]
+    app_transport = _app_transport(ssl_protocol, transport)  # type: ignore[arg-type]
     try:
         await waiter
     except BaseException:
-        transport.close()
+        # Each loop's own way: uvloop closes the TLS transport, asyncio the one under it.
+        (app_transport if _is_uvloops(ssl_protocol) else transport).close()
         conmade_cb.cancel()
         resume_cb.cancel()
         raise
-    return ssl_protocol._app_transport  # type: ignore[no-any-return]
+    return app_transport

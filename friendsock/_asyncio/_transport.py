@@ -62,6 +62,20 @@ def set_nodelay(loop: asyncio.AbstractEventLoop, sock: Any) -> None:
         pass
 
 
+# The get_extra_info() name a friend end answers with itself: TLS
+# transports over it (asyncio's and uvloop's) pass the question down.
+FRIEND_END_INFO = "friendsock.end"
+
+
+def fills_buffers(state: LoopState, protocol: Any) -> bool:
+    """Whether the transport hands ``protocol`` its bytes through
+    ``get_buffer()``/``buffer_updated()``, as the loop's own would."""
+    if isinstance(protocol, asyncio.BufferedProtocol):
+        return True
+    return (state.buffered_by_duck_type and hasattr(protocol, "get_buffer")
+            and not isinstance(protocol, asyncio.Protocol))
+
+
 def _no_drain() -> None:
     """A closed transport's drain: nothing to deliver."""
 
@@ -132,7 +146,6 @@ class FriendTransport(_FlowControlMixin):
         self._out = end.outgoing
         self._in = end.incoming
         self._protocol = protocol
-        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
         self._server = server
         self._closing = False  # close() or abort() was called
         self._closed = False  # connection_lost() ran
@@ -142,6 +155,7 @@ class FriendTransport(_FlowControlMixin):
         self._paused_reading = False
         self._protocol_paused = False
         self._state = state = state or loop_state(loop)
+        self._buffered = fills_buffers(state, protocol)
         self._low_water, self._high_water = state.default_write_limits
         self._drains = state.drains
         self._drain_now = self._drain  # bound once: scheduled per burst
@@ -288,6 +302,8 @@ class FriendTransport(_FlowControlMixin):
             return self._peername
         if name == "sockname":
             return self._sockname
+        if name == FRIEND_END_INFO:
+            return self
         return self._extra.get(name, default)
 
     def is_closing(self) -> bool:
@@ -307,7 +323,7 @@ class FriendTransport(_FlowControlMixin):
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:  # type: ignore[override]
         self._protocol = protocol
-        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        self._buffered = fills_buffers(self._state, protocol)
 
     def get_protocol(self) -> asyncio.BaseProtocol:  # type: ignore[override]
         return self._protocol
@@ -396,7 +412,7 @@ class FriendTransport(_FlowControlMixin):
         while budget > 0 and channel.queued:
             protocol = self._protocol
             try:
-                buffer = protocol.get_buffer(-1)  # type: ignore[attr-defined]
+                buffer = protocol.get_buffer(self._state.buffer_size_hint)  # type: ignore[attr-defined]
                 if not len(buffer):
                     raise RuntimeError("get_buffer() returned an empty buffer")
             except (SystemExit, KeyboardInterrupt):

@@ -198,8 +198,8 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
                        + ("; no event loop in the path (measured once, in the asyncio row)"
                           if case.key in LOOPLESS_CASES else ""))
     if case.tls:
-        caption.append("every transport runs TLS (ssl=): the loop's own TLS over TCP and "
-                       "AF_UNIX (uvloop's in C on uvloop), asyncio's sslproto over the friend link")
+        caption.append("every transport runs TLS (ssl=): the loop's own TLS over TCP, AF_UNIX "
+                       "and the friend link (uvloop's in C on uvloop)")
     has = {t: t in transports for t in ("tcp", "unix", "friends")}
     # Socketless links exist on the asyncio loops, in some tables.
     has["socketless"] = "socketless" in transports and _has_cells(run, case, "socketless")
