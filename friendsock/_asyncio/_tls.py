@@ -141,6 +141,24 @@ def _app_transport(layer: Any, transport: FriendTransport) -> asyncio.Transport:
     return layer._app_transport  # type: ignore[no-any-return]
 
 
+# asyncio's and uvloop's TLS layers read up to 256 KiB at a time into a new
+# bytes object and shrink it to what came. glibc serves a block that large
+# with mmap() and the shrink with munmap(), two system calls and page faults
+# per read, until a block of that size has once been freed: from then on its
+# heap serves them. Over TCP the handshake's reads free one early; over a
+# friend link they may not, which tripled a small TLS round trip. So one is
+# freed before the first TLS layer starts.
+_TLS_READ_BLOCK = 512 * 1024
+_read_block_freed = False
+
+
+def _free_a_read_sized_block() -> None:
+    global _read_block_freed
+    if not _read_block_freed:
+        _read_block_freed = True
+        bytes(_TLS_READ_BLOCK)  # made and freed at once
+
+
 def _shutdown_keyword(ssl_shutdown_timeout: Optional[float]) -> Dict[str, float]:
     # Python 3.10 has no shutdown timeout (nor the keyword) in its
     # start_tls(), SSLProtocol and create_connection(): passed on only when given.
@@ -236,6 +254,7 @@ def begin_tls_end(
     handshake is done; on a failed handshake the end is closed already.
     Raises, with the end gone unseen by its protocol, when the layer
     cannot be made (a server's bad timeout, a bad ``server_hostname``)."""
+    _free_a_read_sized_block()
     app_protocol = transport.get_protocol()
     waiter = loop.create_future()
     try:
@@ -284,6 +303,8 @@ async def start_tls(
     """``loop.start_tls(transport, ...)``: upgrade ``transport`` to TLS and
     return the new transport ``protocol`` uses from now on."""
     shutdown = _shutdown_keyword(ssl_shutdown_timeout)
+    if rides_friend_link(transport):
+        _free_a_read_sized_block()
     if isinstance(loop, asyncio.BaseEventLoop) or not rides_friend_link(transport):
         # The stdlib loop takes friend transports as they are; anything not
         # on a friend link is the loop's own business, errors included.
