@@ -591,6 +591,50 @@ def test_shutdown_read_gives_eof(patched):
         assert select.select([server], [], [], 0)[0] == [server]
 
 
+def test_recv_with_msg_waitall_waits_for_every_byte(patched):
+    """A blocking recv(n, MSG_WAITALL) returns n bytes (Pyro5 reads so):
+    more than the connection holds at once, written by a thread whose
+    sendall waits for room; with MSG_PEEK, n bytes left in place; fewer at
+    EOF. In timeout mode the stdlib polls, then reads what is there."""
+    payload = random.Random(3).randbytes(4 * MiB)
+    with blocking_pair(patched) as (client, server):
+        writer = threading.Thread(target=lambda: (server.sendall(payload), server.sendall(b"PY"),
+                                                  server.sendall(b"RO05"), server.sendall(b"tail"),
+                                                  server.shutdown(socket.SHUT_WR)))
+        writer.start()
+        client.settimeout(None)
+        try:
+            received = client.recv(len(payload), socket.MSG_WAITALL)
+            assert hashlib.sha256(received).digest() == hashlib.sha256(payload).digest()
+            assert client.recv(6, socket.MSG_PEEK | socket.MSG_WAITALL) == b"PYRO05"
+            buffer = bytearray(6)
+            assert client.recv_into(buffer, 6, socket.MSG_WAITALL) == 6 and buffer == b"PYRO05"
+            assert client.recv(10, socket.MSG_WAITALL) == b"tail"
+            assert client.recv(10, socket.MSG_WAITALL) == b""
+        finally:
+            writer.join(TIMEOUT)
+        client.settimeout(0.01)
+        with pytest.raises(TimeoutError):
+            server.settimeout(0.01)
+            server.recv(10, socket.MSG_WAITALL)
+        client.sendall(b"abc")
+        server.settimeout(TIMEOUT)
+        assert server.recv(10, socket.MSG_WAITALL) == b"abc"
+
+
+def test_recv_with_msg_waitall_returns_what_came_before_a_reset(patched):
+    """The friend's reset ends a blocking MSG_WAITALL read early with the
+    bytes that came before it; the next read reports the reset."""
+    with blocking_pair(patched) as (client, server):
+        server.sendall(b"abc")
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        server.close()
+        client.settimeout(None)
+        assert client.recv(10, socket.MSG_WAITALL) == b"abc"
+        with pytest.raises(ConnectionResetError):
+            client.recv(10, socket.MSG_WAITALL)
+
+
 def test_close_with_unread_bytes_resets_the_peer(patched):
     with blocking_pair(patched) as (client, server):
         client.sendall(b"never read")

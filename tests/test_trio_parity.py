@@ -110,6 +110,7 @@ def _calls(sock: Sock) -> Dict[str, Callable[[], Awaitable[Any]]]:
     return {
         "recv": lambda: sock.recv(10),
         "recv(0)": lambda: sock.recv(0),
+        "recv MSG_WAITALL": lambda: sock.recv(10, socket.MSG_WAITALL),
         "recv_into": lambda: sock.recv_into(bytearray(5)),
         "recvfrom": lambda: sock.recvfrom(10),
         "send": lambda: sock.send(b"x"),

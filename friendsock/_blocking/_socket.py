@@ -44,7 +44,7 @@ from .. import _handshake
 from .._core._addresses import flow_key
 from .._core._errors import FriendError, LinkBrokenError
 from .._core._finalizing import close_when_safe
-from .._core._link import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_NOTHING, SEEN_TCP,
+from .._core._link import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_NOTHING, SEEN_RESET, SEEN_TCP,
                            Link, LinkEnd, Seen)
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
@@ -78,7 +78,8 @@ _MAX_JOIN = 64 * 1024
 # run in Python (some microseconds a call).
 _PEEK = int(socket.MSG_PEEK)
 _DONTWAIT = int(socket.MSG_DONTWAIT)
-_SUPPORTED_RECV_FLAGS = _PEEK | _DONTWAIT
+_WAITALL = int(socket.MSG_WAITALL)
+_SUPPORTED_RECV_FLAGS = _PEEK | _DONTWAIT | _WAITALL
 _SUPPORTED_SEND_FLAGS = _DONTWAIT | int(getattr(socket, "MSG_NOSIGNAL", 0))
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
 # Held to make a readiness descriptor (two threads asking fileno() at once
@@ -954,8 +955,9 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         if ready is not None:
             self._signals.sync_readable(ready)
 
-    def _readable(self, timeout: Optional[float]) -> Seen:
-        """Wait until the link has something for us: DATA, EOF or RESET."""
+    def _readable(self, timeout: Optional[float], at_least: int = 1) -> Seen:
+        """Wait until the link has something for us: DATA (``at_least``
+        bytes of it, unless the friend is done writing), EOF or RESET."""
         channel = self._in
         signals = self._signals
         deadline = None
@@ -963,7 +965,8 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             if self._friend_closed:
                 raise _bad_fd()
             seen = channel.seen()
-            if seen is not SEEN_NOTHING:
+            if seen is not SEEN_NOTHING and (
+                    seen is not SEEN_DATA or channel.queued >= at_least or channel.state is not CHANNEL_OPEN):
                 return seen
             if self._read_shut:  # Linux still reads what comes (then EOF, not a wait)
                 return SEEN_EOF
@@ -978,7 +981,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
                 channel.begin_drain()
             else:
                 self._drained()  # and a token that raced in is taken back
-            if channel.queued or channel.state is not CHANNEL_OPEN or self._read_shut or \
+            if channel.queued >= at_least or channel.state is not CHANNEL_OPEN or self._read_shut or \
                     self._friend_closed:
                 leave(readers, me)
             else:
@@ -999,6 +1002,10 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
                 return b""
             timeout = self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS)
             self._check_open()
+            if flags & _WAITALL and timeout is None:
+                return self._recv_waiting_for_all(bufsize, flags)
+            # (In timeout mode the stdlib polls, then reads what is there:
+            # MSG_WAITALL changes nothing, as it changes nothing here.)
             seen = self._readable(timeout)
         while seen is SEEN_DATA:
             peek = flags & _PEEK
@@ -1017,6 +1024,42 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
             return _ss.recv(self, bufsize, flags)  # type: ignore[no-any-return]
         self._read_reset()
         return b""
+
+    def _recv_waiting_for_all(self, bufsize: int, flags: int) -> bytes:
+        """A blocking ``recv(bufsize, MSG_WAITALL)``, as Linux answers it:
+        ``bufsize`` bytes, or fewer once the friend is done writing (EOF, or
+        its reset, which the next call reports when bytes came first). With
+        MSG_PEEK, once ``bufsize`` bytes are there, they stay there."""
+        channel = self._in
+        if flags & _PEEK:
+            seen = self._readable(None, at_least=bufsize)
+            if seen is SEEN_DATA:
+                return channel.peek(bufsize)
+            if seen is SEEN_TCP:
+                return _ss.recv(self, bufsize, flags)  # type: ignore[no-any-return]
+            if seen is SEEN_RESET:
+                self._read_reset()
+            return b""
+        parts: List[bytes] = []
+        wanted = bufsize
+        while wanted:
+            # Pulled as it comes, making room for the friend's writes: more
+            # may be asked for than the link holds at once.
+            seen = self._readable(None)
+            if seen is SEEN_DATA:
+                data = channel.pull(wanted, _MAX_JOIN)
+                parts.append(data)
+                wanted -= len(data)
+            elif seen is SEEN_TCP:
+                parts.append(_ss.recv(self, wanted, flags))
+                break
+            else:
+                if seen is SEEN_RESET and not parts:
+                    self._read_reset()
+                break
+        if not channel.queued and self._signals.ready is not None:
+            self._drained()
+        return b"".join(parts)
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         view = memoryview(buffer)

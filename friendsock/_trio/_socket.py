@@ -71,6 +71,11 @@ def _no_flags(flags: int) -> None:
         raise _unsupported(f"flags={flags!r}")
 
 
+# A trio socket's descriptor is non-blocking: there the kernel's MSG_WAITALL
+# returns what is there, as a call without it does.
+_WAITALL = int(socket.MSG_WAITALL)
+
+
 class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type]
     """A ``trio.socket`` socket (made by trio, connected or accepted) whose
     bytes move through a friend link. Not made directly: see
@@ -134,7 +139,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         bufsize = operator.index(bufsize)
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
-        _no_flags(flags)
+        _no_flags(flags & ~_WAITALL)
         # Shut for reading, Linux still reads what comes (then EOF, not a wait).
         if bufsize == 0 or self._read_shut and self._in.seen() is SEEN_NOTHING:
             await _checkpoint()
