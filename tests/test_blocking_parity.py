@@ -143,6 +143,7 @@ CALLS: Dict[str, Callable[[socket.socket], Any]] = {
     "recvmsg": lambda sock: sock.recvmsg(10)[0],
     "send": lambda sock: sock.send(b"x"),
     "send(b'')": lambda sock: sock.send(b""),
+    "send MSG_MORE": lambda sock: sock.send(b"x", socket.MSG_MORE),
     "sendall": lambda sock: sock.sendall(b"y" * 10),
     "sendall(b'')": lambda sock: sock.sendall(b""),
     "sendmsg": lambda sock: sock.sendmsg([b"a", b"b"]),

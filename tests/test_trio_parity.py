@@ -115,6 +115,8 @@ def _calls(sock: Sock) -> Dict[str, Callable[[], Awaitable[Any]]]:
         "recvfrom": lambda: sock.recvfrom(10),
         "send": lambda: sock.send(b"x"),
         "send(b'')": lambda: sock.send(b""),
+        "send MSG_MORE": lambda: sock.send(b"x", socket.MSG_MORE),
+        "send MSG_DONTWAIT": lambda: sock.send(b"x", socket.MSG_DONTWAIT),
         "sendto": lambda: sock.sendto(b"z", (LOCALHOST, 9)),
         "wait_writable": lambda: sock.wait_writable(),
         "is_readable": lambda: returned(sock.is_readable()),

@@ -72,8 +72,12 @@ def _no_flags(flags: int) -> None:
 
 
 # A trio socket's descriptor is non-blocking: there the kernel's MSG_WAITALL
-# returns what is there, as a call without it does.
+# returns what is there, as a call without it does, and a send with
+# MSG_DONTWAIT waits as one without it does. MSG_NOSIGNAL (Python ignores
+# SIGPIPE) and MSG_MORE (a link has no segments to hold back) change nothing.
 _WAITALL = int(socket.MSG_WAITALL)
+_NO_CHANGE_TO_SEND = (int(socket.MSG_DONTWAIT) | int(getattr(socket, "MSG_NOSIGNAL", 0))
+                      | int(getattr(socket, "MSG_MORE", 0)))
 
 
 class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type]
@@ -186,7 +190,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         send loop passes the rest of its view each time) is not copied whole
         for every piece."""
         if flags:
-            _no_flags(flags)
+            _no_flags(flags & ~_NO_CHANGE_TO_SEND)
         await _checkpoint_if_cancelled()
         out = self._out
         buffer = data
