@@ -72,8 +72,8 @@ def fills_buffers(state: LoopState, protocol: Any) -> bool:
     ``get_buffer()``/``buffer_updated()``, as the loop's own would."""
     if isinstance(protocol, asyncio.BufferedProtocol):
         return True
-    return (state.buffered_by_duck_type and hasattr(protocol, "get_buffer")
-            and not isinstance(protocol, asyncio.Protocol))
+    return (state.buffered_by_duck_type and not isinstance(protocol, asyncio.Protocol)
+            and hasattr(protocol, "get_buffer"))
 
 
 def _no_drain() -> None:
