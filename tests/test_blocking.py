@@ -393,6 +393,16 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
             client_loop.close()
 
 
+async def one_line_answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Tuple[bytes, bool]:
+    """Writes a line, reads the answer to EOF, closes: (the answer, whether
+    the connection was a friend link)."""
+    writer.write(b"a line\n")
+    got = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    return got, friendsock.is_friend(writer.transport)
+
+
 def test_a_listener_handed_to_native_accept_serves_an_early_event_loop_client(patched, server_loop):
     """A blocking listener its thread hands to code that accepts natively
     (start_server(sock=) on a loop friendsock is not installed on) before
@@ -402,12 +412,7 @@ def test_a_listener_handed_to_native_accept_serves_an_early_event_loop_client(pa
     client_loop = ServerLoop("asyncio")
 
     async def exchange(address: Any) -> Tuple[bytes, bool]:
-        reader, writer = await friendsock.open_connection(*address, friends=patched)
-        writer.write(b"a line\n")
-        got = await reader.read()
-        writer.close()
-        await writer.wait_closed()
-        return got, friendsock.is_friend(writer.transport)
+        return await one_line_answered(*await friendsock.open_connection(*address, friends=patched))
 
     try:
         with socket.create_server((LOCALHOST, 0)) as listener:
@@ -436,20 +441,13 @@ def test_a_blocking_client_handed_to_a_loop_before_its_accept_is_served_over_tcp
         friendsock.install()
         return await asyncio.open_connection(sock=sock)
 
-    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Tuple[bytes, bool]:
-        writer.write(b"a line\n")
-        got = await reader.read()
-        writer.close()
-        await writer.wait_closed()
-        return got, friendsock.is_friend(writer.transport)
-
     try:
         with socket.create_server((LOCALHOST, 0)) as listener:
             sock = socket.create_connection(listener.getsockname(), timeout=TIMEOUT)
             reader, writer = client_loop.run(hand_over(sock))
             server = server_loop.run(asyncio.start_server(serve_one_line, sock=listener))
             try:
-                assert client_loop.run(exchange(reader, writer)) == (b"a line\n", False)
+                assert client_loop.run(one_line_answered(reader, writer)) == (b"a line\n", False)
             finally:
                 server_loop.close_server(server)  # before the listener's with-block closes it
     finally:
