@@ -424,6 +424,41 @@ async def test_the_server_accepted_when_create_connection_returns(friends):
         await wait(server.wait_closed())
 
 
+async def test_a_task_started_in_connection_made_takes_one_step_before_the_caller_resumes(friends):
+    """Over TCP one loop turn lies between the client's connection_made and
+    the return of create_connection (a server on the same loop accepting
+    meanwhile): a task the protocol starts there takes one step before the
+    caller resumes. aiorpcX's client starts its receive loop so, and its
+    tests count on the caller's read being queued before that loop's."""
+    steps: List[int] = []
+
+    class Client(asyncio.Protocol):
+        returned = False
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            asyncio.get_running_loop().create_task(self.count_steps())
+
+        async def count_steps(self) -> None:
+            for step in range(5):
+                if self.returned:
+                    steps.append(step)
+                    return
+                await asyncio.sleep(0)
+
+    server = await friendsock.create_server(asyncio.Protocol, "127.0.0.1", 0, friends=friends)
+    try:
+        transport, client = await friendsock.create_connection(Client, "127.0.0.1", port_of(server),
+                                                               friends=friends)
+        client.returned = True
+        for _ in range(6):
+            await asyncio.sleep(0)
+        assert steps == [1]
+        transport.close()
+    finally:
+        server.close()
+        await wait(server.wait_closed())
+
+
 async def test_no_data_received_before_create_connection_returns(friends):
     """However soon the server writes, the client's create_connection
     returns before its protocol's first data_received on the stdlib loop

@@ -193,10 +193,12 @@ async def start_client_end(
     (``tls``), as ``create_connection`` returns it. A failed TLS handshake
     raises its error with the end closed. ``accept_to_come``: a server on
     this loop may not have accepted the connection yet (see
-    :func:`connection_made_turn`)."""
+    :func:`_accept_turn`)."""
     if tls is None:
+        if accept_to_come and not loop_state(loop).polls_after_callbacks:
+            await _accept_turn(pending)
         transport, protocol = _start_client(loop, pending, sock, protocol_factory)
-        return await connection_made_turn(transport, protocol, accept_to_come)
+        return await connection_made_turn(transport, protocol)
     try:
         protocol = protocol_factory()
     except BaseException:
@@ -207,28 +209,37 @@ async def start_client_end(
     return await start_tls_end(loop, transport, tls), protocol
 
 
+async def _accept_turn(pending: Pending) -> None:
+    """On asyncio's loops, before the client end starts: a connect its
+    server has not accepted yet. A TCP connect takes the turn in which its
+    socket becomes writable, and in it a server on this loop accepts; so
+    the program sees the same state when ``create_connection`` returns (a
+    ``server.close()`` right after finds the connection accepted, not in
+    its backlog). asyncio's loops poll at the start of a turn, so a server
+    here accepts in the next turn, after what is due already: that turn
+    comes first, and ``connection_made`` in it, which leaves the one turn
+    between ``connection_made`` and the return that TCP gives (a task the
+    protocol starts there takes one step before the caller resumes, not
+    two). uvloop polls right after the callback that connected, in the
+    same turn: there nothing waits. Cancelled meanwhile, the server end
+    sees the client go."""
+    try:
+        await asyncio.sleep(0)
+    except BaseException:
+        pending.link.client.close()
+        raise
+
+
 async def connection_made_turn(
-    transport: FriendTransport, protocol: asyncio.BaseProtocol, accept_to_come: bool = False,
+    transport: FriendTransport, protocol: asyncio.BaseProtocol,
 ) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
     """As the loop's ``create_connection`` (and ``connect_accepted_socket``)
     returns, for a ``transport`` started without reading: a turn after
     ``connection_made``, once what it scheduled ran (the ``connection_lost``
     of an ``abort()`` in it, say), and before any ``data_received``.
-    Cancelled meanwhile, the transport is closed, as the loop closes its own.
-
-    ``accept_to_come``: a connect the server has not accepted yet, still
-    in the kernel's queue. A TCP connect takes the turn in which its socket
-    becomes writable, and in it a server on this loop accepts; so the
-    program sees the same state when ``create_connection`` returns (a
-    ``server.close()`` right after finds the connection accepted, not in its
-    backlog). uvloop polls its descriptors (the listener's accept runs)
-    right after the callback that connected, in the same turn; asyncio's
-    loops poll at the start of the next one, after which one more turn
-    runs what the poll found."""
+    Cancelled meanwhile, the transport is closed, as the loop closes its own."""
     try:
         await asyncio.sleep(0)
-        if accept_to_come and not transport._state.polls_after_callbacks:
-            await asyncio.sleep(0)
     except BaseException:
         transport.close()
         raise
