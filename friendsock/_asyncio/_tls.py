@@ -303,9 +303,10 @@ async def start_tls(
     """``loop.start_tls(transport, ...)``: upgrade ``transport`` to TLS and
     return the new transport ``protocol`` uses from now on."""
     shutdown = _shutdown_keyword(ssl_shutdown_timeout)
-    if rides_friend_link(transport):
+    on_friend_link = rides_friend_link(transport)
+    if on_friend_link:
         _free_a_read_sized_block()
-    if isinstance(loop, asyncio.BaseEventLoop) or not rides_friend_link(transport):
+    if isinstance(loop, asyncio.BaseEventLoop) or not on_friend_link:
         # The stdlib loop takes friend transports as they are; anything not
         # on a friend link is the loop's own business, errors included.
         return await native(loop, "start_tls")(  # type: ignore[no-any-return]
