@@ -81,7 +81,8 @@ _DONTWAIT = int(socket.MSG_DONTWAIT)
 _WAITALL = int(socket.MSG_WAITALL)
 _SUPPORTED_RECV_FLAGS = _PEEK | _DONTWAIT | _WAITALL
 # MSG_MORE holds a segment back for more to come: a link has no segments.
-_SUPPORTED_SEND_FLAGS = _DONTWAIT | int(getattr(socket, "MSG_NOSIGNAL", 0)) | int(getattr(socket, "MSG_MORE", 0))
+_SUPPORTED_SEND_FLAGS = (_DONTWAIT | int(getattr(socket, "MSG_NOSIGNAL", 0))
+                         | int(getattr(socket, "MSG_MORE", 0)))
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
 # Held to make a readiness descriptor (two threads asking fileno() at once
 # make one), to turn a socket into a friend socket, and by a fork's hand-over
