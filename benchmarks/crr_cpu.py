@@ -2,17 +2,17 @@
 time: a client connects, writes 64 B, reads the 64 B answer and closes,
 N times in a row, over real TCP (the loop's own transports), friend links
 and socketless links. CPU time, not wall time: other load on the machine
-moves it much less.
+moves it much less. For comparing two versions of friendsock's set-up path,
+run alternately:
+
+    PYTHONPATH=/path/to/old/tree python benchmarks/crr_cpu.py --loop uvloop
+    python benchmarks/crr_cpu.py --loop uvloop --repeat 5
 
 ``kernel`` is the kernel's share of a friend connection alone, with no
 transport and no loop: a connect to a listener, its accept and an abortive
 close of both sockets, in a bare Python loop. A friend connection with real
 sockets costs at least that much; TCP's figure over it bounds what friends
-with real sockets can reach in ``crr``. For comparing two versions of friendsock's set-up path,
-run alternately:
-
-    PYTHONPATH=/path/to/old/tree python benchmarks/crr_cpu.py --loop uvloop
-    python benchmarks/crr_cpu.py --loop uvloop --repeat 5
+with real sockets can reach in ``crr``.
 """
 
 from __future__ import annotations

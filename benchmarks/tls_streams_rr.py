@@ -1,56 +1,56 @@
 """CPU and wall time per 64 B round trip through asyncio streams over TLS on
 uvloop: a StreamReader/StreamWriter echo server (``ssl=``) and a client
 writing 64 B and reading them back, 20,000 times after 500 of warm-up, over
-uvloop's TCP or a friend link.
+uvloop's TCP or a friend link (the benchmark tool's certificates).
 
     python benchmarks/tls_streams_rr.py friends
     python benchmarks/tls_streams_rr.py tcp
 """
 
+from __future__ import annotations
+
 import asyncio
-import ssl
 import sys
 import time
 
-import trustme
 import uvloop
 
 import friendsock
+from friendsock._bench._transports import HOST, TLS_HOSTNAME, tls_contexts
 
-ca = trustme.CA()
-cert = ca.issue_cert("localhost")
-sctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-cert.configure_cert(sctx)
-cctx = ssl.create_default_context()
-ca.configure_trust(cctx)
-mode = sys.argv[1]
-N = 20000
-async def main():
-    async def handle(r, w):
-        while d := await r.read(65536):
-            w.write(d)
-        w.close()
-    if mode == "tcp":
-        srv = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=sctx)
-        oc = asyncio.open_connection
-    else:
-        srv = await friendsock.start_server(handle, "127.0.0.1", 0, ssl=sctx)
-        oc = friendsock.open_connection
-    port = srv.sockets[0].getsockname()[1]
-    r, w = await oc("127.0.0.1", port, ssl=cctx, server_hostname="localhost")
-    assert friendsock.is_friend(w) is (mode != "tcp")
-    msg = b"x" * 64
-    async def loop_(n):
-        for _ in range(n):
-            w.write(msg)
-            await r.readexactly(64)
-    await loop_(500)
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    await loop_(N)
-    cpu = (time.process_time() - c0) / N * 1e6
-    wall = (time.perf_counter() - t0) / N * 1e6
+ROUND_TRIPS = 20_000
+MESSAGE = b"x" * 64
+
+
+async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while data := await reader.read(65536):
+        writer.write(data)
+    writer.close()
+
+
+async def main(mode: str) -> None:
+    server_tls, client_tls = tls_contexts()
+    friends = mode != "tcp"
+    server = await friendsock.start_server(echo, HOST, 0, ssl=server_tls, friends=friends)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await friendsock.open_connection(HOST, port, ssl=client_tls,
+                                                      server_hostname=TLS_HOSTNAME, friends=friends)
+    assert friendsock.is_friend(writer) is friends
+
+    async def round_trips(count: int) -> None:
+        for _ in range(count):
+            writer.write(MESSAGE)
+            await reader.readexactly(len(MESSAGE))
+
+    await round_trips(500)
+    cpu, wall = time.process_time(), time.perf_counter()
+    await round_trips(ROUND_TRIPS)
+    cpu = (time.process_time() - cpu) / ROUND_TRIPS * 1e6
+    wall = (time.perf_counter() - wall) / ROUND_TRIPS * 1e6
     print(f"{mode}: CPU {cpu:.2f} us, wall {wall:.2f} us per round trip")
-    w.close()
-    srv.close()
-uvloop.run(main())
+    writer.close()
+    server.close()
+
+
+if __name__ == "__main__":
+    uvloop.run(main(sys.argv[1]))

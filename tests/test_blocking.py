@@ -368,12 +368,8 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
                     return answer
 
                 async def exchange() -> Tuple[bytes, bool]:
-                    reader, writer = await friendsock.open_connection(*address, friends=patched)
-                    writer.write(line)
-                    got = await reader.read()
-                    writer.close()
-                    await writer.wait_closed()
-                    return got, friendsock.is_friend(writer.transport)
+                    return await one_line_answered(
+                        *await friendsock.open_connection(*address, friends=patched), line)
 
                 answer = asyncio.run_coroutine_threadsafe(exchange(), client_loop.loop)
                 if queued:  # the kernel took the connect
@@ -393,10 +389,11 @@ def test_a_listener_handed_to_an_installed_loop_pairs_its_backlog(patched, serve
             client_loop.close()
 
 
-async def one_line_answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Tuple[bytes, bool]:
-    """Writes a line, reads the answer to EOF, closes: (the answer, whether
+async def one_line_answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            line: bytes = b"a line\n") -> Tuple[bytes, bool]:
+    """Writes ``line``, reads the answer to EOF, closes: (the answer, whether
     the connection was a friend link)."""
-    writer.write(b"a line\n")
+    writer.write(line)
     got = await reader.read()
     writer.close()
     await writer.wait_closed()
