@@ -98,6 +98,11 @@ class FriendSocket:
     ) -> None:
         self._sock = sock
         self._end = end
+        # Options may be set on the real socket from now on, its descriptor
+        # seen: its connection is not one to reuse once the link is done.
+        exposed = getattr(end.link.on_done, "exposed", None)
+        if exposed is not None:
+            exposed()
         # The owner re-checks flow control. Its bound method is held weakly:
         # the owner holds this object, and a cycle would leave a finished
         # connection to the cyclic collector.

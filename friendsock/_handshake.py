@@ -11,6 +11,7 @@ end is in :class:`ListenerHandle` and :class:`ClientEnd`.
 from __future__ import annotations
 
 import _socket
+import atexit
 import collections
 import errno
 import os
@@ -98,15 +99,29 @@ def _detached(sock: socket.socket) -> socket.socket:
 class SocketRelease:
     """A link's ``on_done``: :func:`release_sockets` of its real sockets, the
     accepted one first when there is one (slots, not a closure per link:
-    idle links stay small)."""
+    idle links stay small); or, for a connection nobody but friendsock saw,
+    kept by its listener for a later connect (:meth:`ListenerHandle.keep`)."""
 
-    __slots__ = ("pid", "first", "second")
+    __slots__ = ("pid", "first", "second", "keeper", "names")
 
     def __init__(self, pid: int, first: socket.socket,
-                 second: Optional[socket.socket] = None) -> None:
+                 second: Optional[socket.socket] = None,
+                 keeper: Optional["ListenerHandle"] = None, names: Optional[Tuple[Any, Any]] = None,
+                 ) -> None:
         self.pid = pid
         self.first = first
         self.second = second
+        # The listener that keeps the connection once the link is done, and
+        # the client's (sockname, peername): both set only while nobody but
+        # friendsock has seen either socket (see exposed()).
+        self.keeper = keeper
+        self.names = names
+
+    def exposed(self) -> None:
+        """A socket of the link was handed to its user (who may set options
+        on it, poll or pass on its descriptor): the connection ends with the
+        link, never to be reused."""
+        self.names = None
 
     def accepted_and_connected(self) -> Optional[Tuple[socket.socket, socket.socket]]:
         """(server's, client's) real socket of a link whose both ends are
@@ -126,6 +141,10 @@ class SocketRelease:
             self.second = _detached(sock)
 
     def __call__(self) -> None:
+        keeper = self.keeper
+        if keeper is not None and self.names is not None and self.second is not None and \
+                self.pid == _Process.pid and keeper.keep(self.first, self.second, self.names):
+            return
         if self.second is None:
             release_sockets(self.pid, self.first)
         else:
@@ -138,7 +157,7 @@ class ListenerHandle:
     per-scheduler state (a client on the same scheduler shares it)."""
 
     __slots__ = ("sock", "kind", "accepted_sockname", "sndbuf", "rcvbuf", "state",
-                 "connect_lock", "socketless_accept", "socketless_close")
+                 "connect_lock", "socketless_accept", "socketless_close", "kept")
 
     def __init__(self, listen_sock: socket.socket, state: object) -> None:
         # A weak proxy for a listener its user owns (sock_accept's): the
@@ -155,13 +174,65 @@ class ListenerHandle:
         # One connect at a time looks at the room and takes it, whatever
         # thread it runs on.
         self.connect_lock = threading.Lock()
-        # Set by a listener that takes socketless links (friendsock._socketless):
-        # called, on any thread, with the link, the server end's stand-in
-        # socket and the client's address.
+        # Set by a listener that takes links with no accept() of the
+        # kernel's (socketless ones, friendsock._socketless, and those over
+        # a connection it kept, friendsock._reuse): called, on any thread,
+        # with the link, the server end's socket (a stand-in, or the kept
+        # one) and the client's address.
         self.socketless_accept: Optional[Callable[[Link, Any, Any], None]] = None
         # Set with it by a listener that keeps such links until accepted:
         # called once the listener pairs no more, to reset what still waits.
         self.socketless_close: Optional[Callable[[], None]] = None
+        # The TCP connections of finished links kept for later connects
+        # (see keep()); None until the first.
+        self.kept: "Optional[collections.deque[KeptConnection]]" = None
+
+    def keep(self, server_sock: socket.socket, client_sock: socket.socket,
+             names: Tuple[Any, Any]) -> bool:
+        """Keep the established connection of a finished link between two
+        ends of this process, neither of whose sockets anybody but
+        friendsock saw, for a later connect to this listener of the same
+        address (:meth:`take_kept`): that one needs no handshake, no new
+        sockets, and no reset to close them. False, nothing kept, when this
+        listener pairs no more (or no longer takes links without an accept),
+        keeps enough already, or the addresses are not of its family (an
+        IPv4 client of a dual-stack listener: the server's end sees mapped
+        addresses)."""
+        if self.socketless_accept is None or len(names[0]) != (2 if self.kind[0] == socket.AF_INET else 4):
+            return False
+        kept = self.kept
+        if kept is None:
+            kept = self.kept = collections.deque()
+            _keeping.add(self)
+        elif len(kept) >= KEPT_PER_LISTENER:
+            return False
+        kept.append(KeptConnection(_Process.pid, server_sock, client_sock, names))
+        return True
+
+    def take_kept(self, address: Any) -> "Optional[KeptConnection]":
+        """A kept connection whose client connected to ``address`` (none in
+        a forked child: the parent's, whose copies of the descriptors it
+        drops)."""
+        kept = self.kept
+        while kept:
+            connection = kept.pop()  # the newest: one connect after another takes the same
+            if connection.pid != _Process.pid:
+                connection.server_sock.close()
+                connection.client_sock.close()
+                continue
+            if connection.names[1] == address:
+                return connection
+            kept.appendleft(connection)
+            return None
+        return None
+
+    def drop_kept(self) -> None:
+        """End the kept connections (the listener pairs no more)."""
+        kept, self.kept = self.kept, None
+        _keeping.discard(self)
+        while kept:
+            connection = kept.popleft()
+            release_sockets(connection.pid, connection.server_sock, connection.client_sock)
 
     def accept_queue(self) -> Tuple[int, int]:
         """The listener's accept queue: how many connections wait in it, and
@@ -178,6 +249,36 @@ class ListenerHandle:
             return self.sock.fileno() < 0
         except ReferenceError:  # collected
             return True
+
+
+# How many finished links' connections a listener keeps (two descriptors
+# each), for connects that come one after another or a few at a time.
+KEPT_PER_LISTENER = 8
+
+
+class KeptConnection:
+    """A finished link's TCP connection, established and idle, kept by its
+    listener (:meth:`ListenerHandle.keep`)."""
+
+    __slots__ = ("pid", "server_sock", "client_sock", "names")
+
+    def __init__(self, pid: int, server_sock: socket.socket, client_sock: socket.socket,
+                 names: Tuple[Any, Any]) -> None:
+        self.pid = pid
+        self.server_sock = server_sock
+        self.client_sock = client_sock
+        self.names = names  # the client's (sockname, peername)
+
+
+# Listeners keeping connections: ended as the interpreter exits, so no
+# socket of theirs is collected unclosed then.
+_keeping: "set[ListenerHandle]" = set()
+
+
+@atexit.register
+def _drop_all_kept() -> None:
+    for handle in list(_keeping):
+        handle.drop_kept()
 
 
 class ClientEnd:
@@ -805,15 +906,30 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
                             threaded=entry.owner is not owner, adoptable=True)
 
 
-def adopt_accepted(conn: socket.socket, pending: Pending) -> None:
+def adopt_accepted(conn: socket.socket, pending: Pending,
+                   keeper: Optional[ListenerHandle] = None) -> None:
     """The accepting side takes over a claimed link: both real sockets are
-    released once the link is done."""
+    released once the link is done; or kept by ``keeper``, the listener,
+    if the client end is one whose socket nobody else saw
+    (:func:`offer_for_reuse`) and neither socket is handed out meanwhile."""
     # The client's as its release has it: the socket its close left, if it
     # closed first (SocketRelease.keep).
     release = pending.link.on_done
-    client_sock = release.first if isinstance(release, SocketRelease) else pending.handle.sock
-    pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock)
+    if isinstance(release, SocketRelease):
+        client_sock, names = release.first, release.names
+    else:
+        client_sock, names = pending.handle.sock, None
+    pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock, keeper, names)
     pending.link.establish()
+
+
+def offer_for_reuse(pending: Pending) -> None:
+    """The client end of ``pending`` is on a socket friendsock made, on the
+    listener's own scheduler: its connection may be kept once the link is
+    done (see :meth:`ListenerHandle.keep`)."""
+    release = pending.link.on_done
+    if isinstance(release, SocketRelease):
+        release.names = (pending.handle.sockname, pending.handle.peername)
 
 
 # Listeners whose socket was collected unclosed, to forget at the pairing
@@ -858,5 +974,6 @@ def forget_listener(entry: ListenerEntry,
     # its user's socket) keeps the entry, and must not keep the server
     # these hooks belong to.
     handle.socketless_accept = handle.socketless_close = None
+    handle.drop_kept()
     if close is not None:
         close()

@@ -247,6 +247,26 @@ def no_transport_left_open():
         pytest.fail(f"transports left open: {left!r}")
 
 
+# States of /proc/net/tcp.
+TCP_ESTABLISHED = "01"
+TCP_TIME_WAIT = "06"
+
+
+def tcp_connections(port: int, state: Optional[str] = None) -> set:
+    """The kernel's TCP connections (not listeners) with ``port`` at either
+    end, as (local, remote) from /proc; only those in ``state`` if given."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                _, local, remote, seen = line.split()[:4]
+                ports = {int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)}
+                if port in ports and seen != "0A" and (state is None or seen == state):
+                    found.add((local, remote))
+    return found
+
+
 async def bounded(awaitable, timeout: float = 10):
     """Await with an upper bound, so a bug shows as a failure, not a hang."""
     return await asyncio.wait_for(awaitable, timeout)

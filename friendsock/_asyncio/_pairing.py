@@ -25,9 +25,11 @@ from .._handshake import (
     call_on_claim,
     confirmed,
     numeric_address_infos,
+    offer_for_reuse,
     start_connect,
     wait_for_room,
 )
+from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from ._native import native
 from ._loop_state import loop_state
@@ -89,6 +91,11 @@ async def connect(
             # it accepts before the connection_made turn ends.
             return await start_client_end(loop, made, made.handle.sock, protocol_factory, tls,
                                           accept_to_come=made.link.threaded)
+        if attempt.entry is not None and attempt.entry.owner is loop and local_addr is None:
+            reused = reused_connect(attempt.entry, address)
+            if reused is not None:
+                # As a socketless connect: the server end comes with call_soon().
+                return await start_client_end(loop, reused, reused.handle.sock, protocol_factory, tls)
         try:
             sock = attempt.open(af, socktype, sproto)
             attempt.bind(af, local_infos)
@@ -111,8 +118,11 @@ async def connect(
         if pending is None:
             counters.fallback(attempt.fallback, attempt.address)
             return await _native_connection(loop, protocol_factory, sock, tls)
-        # The socket is ours alone: its descriptor is seen only if asked for.
-        pending.link.client.fd_hidden = not pending.link.threaded
+        # The socket is ours alone: its descriptor is seen only if asked for,
+        # and its connection may be reused once the link is done.
+        if not pending.link.threaded:
+            pending.link.client.fd_hidden = True
+            offer_for_reuse(pending)
         if attempt.optimistic:
             return await start_client_end(loop, pending, sock, protocol_factory, tls,
                                           accept_to_come=True)

@@ -229,9 +229,12 @@ class FriendServer(asyncio.AbstractServer):
 
     def _accept_friend(self, conn: socket.socket, sockname: Any, address: Any,
                        pending: Pending) -> None:
-        adopt_accepted(conn, pending)
-        # The accepted socket is ours alone: its descriptor is seen only if asked for.
-        pending.link.server.fd_hidden = not pending.link.threaded
+        # The accepted socket is ours alone: its descriptor is seen only if
+        # asked for, and with the client's (if that one is too) its
+        # connection is kept for a later connect once the link is done.
+        threaded = pending.link.threaded
+        adopt_accepted(conn, pending, keeper=None if threaded else pending.listener.handle)
+        pending.link.server.fd_hidden = not threaded
         self._start_server_end(pending.link, conn, sockname, address)
         if pending.on_claimed is not None:
             pending.on_claimed()
@@ -259,9 +262,10 @@ class FriendServer(asyncio.AbstractServer):
             self._start_tls_end(transport, protocol)
 
     def _socketless_accepted(self, link: Link, sock: Any, address: Any) -> None:
-        """A socketless client's link (called on the client's thread): its
-        server end is accepted on this server's loop, a turn later, as a
-        connection from the kernel's backlog would be."""
+        """A socketless client's link, or one over a connection this
+        listener kept (called on the client's thread): its server end is
+        accepted on this server's loop, a turn later, as a connection from
+        the kernel's backlog would be."""
         loop = self._loop
         try:
             # A link on one loop is not threaded (known when it was made:
@@ -278,7 +282,9 @@ class FriendServer(asyncio.AbstractServer):
         if not self._serving:  # closed meanwhile: the kernel resets its backlog
             link.server.reset()
             return
-        self._start_server_end(link, sock, sock.getsockname(), address)
+        # (Its address is the one the client connected to: a reused
+        # connection's real socket is not asked.)
+        self._start_server_end(link, sock, link.addresses[1], address)
 
     def _start_tls_end(self, transport: FriendTransport, protocol: asyncio.BaseProtocol) -> None:
         """The server's TLS over a friend link: the handshake starts now, and

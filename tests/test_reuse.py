@@ -1,0 +1,157 @@
+"""Reused connections: the TCP connection of a finished friend link whose
+sockets nobody but friendsock saw is kept by its listener, and the next
+connect to it makes its link over that one (no handshake, no new
+descriptors). The transport conformance tests run again with every friend
+connect over a kept connection (real TCP stays the reference), and what is
+particular to them: which connections are kept, and for how long."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import pytest
+
+import friendsock
+from friendsock import _handshake
+from friendsock._asyncio import _pairing
+from support import (
+    TCP_ESTABLISHED,
+    Echoes,
+    Recorder,
+    bounded,
+    port_of,
+    tcp_connections,
+)
+from test_tls import *  # noqa: F401,F403 (TLS over the link, run again here)
+from test_transport import *  # noqa: F401,F403 (the conformance tests, run again here)
+
+
+def _keep_a_connection(handle: _handshake.ListenerHandle, address) -> None:
+    """What a finished link leaves its listener: an established TCP
+    connection to it, accepted here before its server's loop looks."""
+    client = socket.socket(handle.kind[0], socket.SOCK_STREAM, socket.IPPROTO_TCP)  # as a connect makes it
+    client.connect(address)
+    server, _ = handle.sock.accept()
+    for sock in (client, server):
+        sock.setblocking(False)
+    assert handle.keep(server, client, (client.getsockname(), client.getpeername()))
+
+
+@pytest.fixture(autouse=True)
+def over_kept_connections(monkeypatch):
+    """Every friend connect of the test (to a listener on its own loop)
+    goes over a connection its listener kept."""
+    reused_connect = _pairing.reused_connect
+
+    def reuse(entry, address):
+        if not entry.handle.kept:
+            _keep_a_connection(entry.handle, address)
+        pending = reused_connect(entry, address)
+        assert pending is not None
+        return pending
+
+    monkeypatch.setattr(_pairing, "reused_connect", reuse)
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def _one_exchange(port: int, friends: bool, ask_for_socket: bool = False):
+    """A connection that sends a line, reads it back and closes; its client
+    address, and the server's peer address of it."""
+    transport, client = await friendsock.create_connection(Recorder, "127.0.0.1", port, friends=friends)
+    if ask_for_socket:
+        transport.get_extra_info("socket").getsockname()
+    transport.write(b"ping")
+    assert await bounded(client.wait_bytes(4)) == b"ping"
+    sockname = transport.get_extra_info("sockname")
+    transport.close()
+    await bounded(client.lost)
+    return sockname
+
+
+async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(friends, monkeypatch):
+    """One connect after another to one server: the second (and every
+    later one) goes over the connection the first left, with its client
+    address, as the server's end sees it; no descriptor more than the
+    one connection's two. Over TCP each connect is the kernel's own."""
+    monkeypatch.undo()  # the connects below find what the ones before them left
+    echoes = Echoes()
+    server = await friendsock.create_server(echoes, "127.0.0.1", 0, friends=friends)
+    try:
+        port = port_of(server)
+        before = open_descriptors()
+        addresses = []
+        for round_ in range(4):
+            addresses.append(await _one_exchange(port, friends))
+            await echoes.all_lost()
+            for _ in range(3):  # (the link is done once both ends' connection_lost ran)
+                await asyncio.sleep(0)
+            seen = echoes.protocols[round_].transport.get_extra_info("peername")
+            assert seen == addresses[-1]
+        assert (len(set(addresses[1:])) == 1) is friends
+        if friends:
+            # The one kept connection, established: its two descriptors.
+            assert open_descriptors() - before == 2
+            assert len(tcp_connections(port, TCP_ESTABLISHED)) == 2  # (both of its ends)
+    finally:
+        server.close()
+        await server.wait_closed()
+    # Closed, the listener ends what it kept, with no TIME_WAIT (TCP's
+    # clients, which closed first, leave theirs).
+    assert tcp_connections(port, TCP_ESTABLISHED) == set()
+    assert (tcp_connections(port) == set()) is friends
+
+
+async def test_a_connection_whose_socket_was_asked_for_is_not_kept(friends, monkeypatch):
+    """A program that had a transport's socket (and may have set options
+    on it, or seen its descriptor) gets its connection ended with the
+    link, as TCP's: the next connect makes a new one."""
+    monkeypatch.undo()
+    echoes = Echoes()
+    server = await friendsock.create_server(echoes, "127.0.0.1", 0, friends=friends)
+    try:
+        port = port_of(server)
+        first = await _one_exchange(port, friends, ask_for_socket=True)
+        await echoes.all_lost()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert tcp_connections(first[1], TCP_ESTABLISHED) == set()
+        second = await _one_exchange(port, friends)
+        assert second != first
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_listener_keeps_a_few_connections_and_ends_them_as_it_closes(friends, monkeypatch):
+    """Many links open at once, then all closed: the listener keeps no more
+    than its few (two descriptors each), ends the rest, and ends those as
+    it closes."""
+    monkeypatch.undo()
+    echoes = Echoes()
+    server = await friendsock.create_server(echoes, "127.0.0.1", 0, friends=friends)
+    try:
+        port = port_of(server)
+        before = open_descriptors()
+        clients = [(await friendsock.create_connection(Recorder, "127.0.0.1", port, friends=friends))[0]
+                   for _ in range(3 * _handshake.KEPT_PER_LISTENER)]
+        await bounded(echoes.first)
+        for transport in clients:
+            transport.close()
+        await echoes.all_lost()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        kept = open_descriptors() - before
+        assert kept == (2 * _handshake.KEPT_PER_LISTENER if friends else 0)
+    finally:
+        server.close()
+        await server.wait_closed()
+    for _ in range(3):  # (uvloop closes a listener's handle at its next turn)
+        await asyncio.sleep(0)
+    assert open_descriptors() == before - 1
+    assert tcp_connections(port, TCP_ESTABLISHED) == set()
+    assert (tcp_connections(port) == set()) is friends
