@@ -8,6 +8,12 @@ run alternately:
     PYTHONPATH=/path/to/old/tree python benchmarks/crr_cpu.py --loop uvloop
     python benchmarks/crr_cpu.py --loop uvloop --repeat 5
 
+``friends`` connects as a program does, one connection after another to
+one server: each link goes over the connection the one before left to the
+listener (a reused connection, see the README). ``new-conns`` is friends
+with every connection a new one, as when a program has its sockets (no
+connection is kept then).
+
 ``kernel`` is the kernel's share of a friend connection alone, with no
 transport and no loop: a connect to a listener, its accept and an abortive
 close of both sockets, in a bare Python loop. A friend connection with real
@@ -26,6 +32,7 @@ import struct
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import friendsock
+from friendsock import _handshake
 
 SIZE = 64
 
@@ -85,6 +92,9 @@ async def microseconds_per_crr(transport: str, count: int) -> Tuple[float, float
     """(user, system) CPU microseconds per connection."""
     loop = asyncio.get_running_loop()
     friendsock.set_socketless(transport == "socketless")
+    kept_per_listener = _handshake.KEPT_PER_LISTENER
+    if transport == "new-conns":
+        _handshake.KEPT_PER_LISTENER = 0
     try:
         connect: Callable[..., Any]
         if transport == "tcp":
@@ -112,6 +122,7 @@ async def microseconds_per_crr(transport: str, count: int) -> Tuple[float, float
         await server.wait_closed()
     finally:
         friendsock.set_socketless(False)
+        _handshake.KEPT_PER_LISTENER = kept_per_listener
     return ((after.ru_utime - before.ru_utime) / count * 1e6,
             (after.ru_stime - before.ru_stime) / count * 1e6)
 
@@ -121,7 +132,7 @@ def main() -> None:
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--count", type=int, default=3000, help="connections per measurement")
     parser.add_argument("--repeat", type=int, default=3, help="measurements (median)")
-    parser.add_argument("--transports", default="tcp,friends,socketless,kernel")
+    parser.add_argument("--transports", default="tcp,friends,new-conns,socketless,kernel")
     args = parser.parse_args()
     if args.loop == "uvloop":
         import uvloop

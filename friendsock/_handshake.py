@@ -204,7 +204,7 @@ class ListenerHandle:
         if kept is None:
             kept = self.kept = collections.deque()
             _keeping.add(self)
-        elif len(kept) >= KEPT_PER_LISTENER:
+        if len(kept) >= KEPT_PER_LISTENER:
             return False
         kept.append(KeptConnection(_Process.pid, server_sock, client_sock, names))
         return True

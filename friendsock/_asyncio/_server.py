@@ -284,6 +284,7 @@ class FriendServer(asyncio.AbstractServer):
             return
         # (Its address is the one the client connected to: a reused
         # connection's real socket is not asked.)
+        assert link.addresses is not None
         self._start_server_end(link, sock, link.addresses[1], address)
 
     def _start_tls_end(self, transport: FriendTransport, protocol: asyncio.BaseProtocol) -> None:
