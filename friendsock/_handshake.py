@@ -23,7 +23,7 @@ import weakref
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ._core._addresses import flow_key, is_ipv4, is_unspecified, shared_host
-from ._core._link import Link
+from ._core._link import Link, LinkEnd
 from ._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from ._core._stats import Fallback, counters
 from ._core._tap import tap_for
@@ -102,26 +102,26 @@ class SocketRelease:
     idle links stay small); or, for a connection nobody but friendsock saw,
     kept by its listener for a later connect (:meth:`ListenerHandle.keep`)."""
 
-    __slots__ = ("pid", "first", "second", "keeper", "names")
+    __slots__ = ("pid", "first", "second", "keeper", "client")
 
     def __init__(self, pid: int, first: socket.socket,
                  second: Optional[socket.socket] = None,
-                 keeper: Optional["ListenerHandle"] = None, names: Optional[Tuple[Any, Any]] = None,
-                 ) -> None:
+                 keeper: Optional["ListenerHandle"] = None, client: Optional[LinkEnd] = None) -> None:
         self.pid = pid
         self.first = first
         self.second = second
         # The listener that keeps the connection once the link is done, and
-        # the client's (sockname, peername): both set only while nobody but
-        # friendsock has seen either socket (see exposed()).
+        # the link's client end (its addresses, and its channels' sizes, are
+        # the sockets'): set only while nobody but friendsock has seen
+        # either socket (see exposed()).
         self.keeper = keeper
-        self.names = names
+        self.client = client
 
     def exposed(self) -> None:
         """A socket of the link was handed to its user (who may set options
         on it, poll or pass on its descriptor): the connection ends with the
         link, never to be reused."""
-        self.names = None
+        self.client = None
 
     def accepted_and_connected(self) -> Optional[Tuple[socket.socket, socket.socket]]:
         """(server's, client's) real socket of a link whose both ends are
@@ -141,10 +141,13 @@ class SocketRelease:
             self.second = _detached(sock)
 
     def __call__(self) -> None:
-        keeper = self.keeper
-        if keeper is not None and self.names is not None and self.second is not None and \
-                self.pid == _Process.pid and keeper.keep(self.first, self.second, self.names):
-            return
+        keeper, client = self.keeper, self.client
+        if keeper is not None and client is not None and self.second is not None and \
+                self.pid == _Process.pid:
+            to_server, to_client = client.outgoing, client.incoming
+            sizes = (to_server.sndbuf, to_client.rcvbuf, to_client.sndbuf, to_server.rcvbuf)
+            if keeper.keep(self.first, self.second, client.link.addresses, sizes):  # type: ignore[arg-type]
+                return
         if self.second is None:
             release_sockets(self.pid, self.first)
         else:
@@ -188,7 +191,7 @@ class ListenerHandle:
         self.kept: "Optional[collections.deque[KeptConnection]]" = None
 
     def keep(self, server_sock: socket.socket, client_sock: socket.socket,
-             names: Tuple[Any, Any]) -> bool:
+             names: Tuple[Any, Any], sizes: Tuple[int, int, int, int]) -> bool:
         """Keep the established connection of a finished link between two
         ends of this process, neither of whose sockets anybody but
         friendsock saw, for a later connect to this listener of the same
@@ -197,7 +200,8 @@ class ListenerHandle:
         listener pairs no more (or no longer takes links without an accept),
         keeps enough already, or the addresses are not of its family (an
         IPv4 client of a dual-stack listener: the server's end sees mapped
-        addresses)."""
+        addresses). ``sizes``: the client's and the server's SO_SNDBUF and
+        SO_RCVBUF, as a :class:`Link` takes them."""
         if self.socketless_accept is None or len(names[0]) != (2 if self.kind[0] == socket.AF_INET else 4):
             return False
         kept = self.kept
@@ -206,7 +210,7 @@ class ListenerHandle:
             _keeping.add(self)
         if len(kept) >= KEPT_PER_LISTENER:
             return False
-        kept.append(KeptConnection(_Process.pid, server_sock, client_sock, names))
+        kept.append(KeptConnection(_Process.pid, server_sock, client_sock, names, sizes))
         return True
 
     def take_kept(self, address: Any) -> "Optional[KeptConnection]":
@@ -260,14 +264,15 @@ class KeptConnection:
     """A finished link's TCP connection, established and idle, kept by its
     listener (:meth:`ListenerHandle.keep`)."""
 
-    __slots__ = ("pid", "server_sock", "client_sock", "names")
+    __slots__ = ("pid", "server_sock", "client_sock", "names", "sizes")
 
     def __init__(self, pid: int, server_sock: socket.socket, client_sock: socket.socket,
-                 names: Tuple[Any, Any]) -> None:
+                 names: Tuple[Any, Any], sizes: Tuple[int, int, int, int]) -> None:
         self.pid = pid
         self.server_sock = server_sock
         self.client_sock = client_sock
         self.names = names  # the client's (sockname, peername)
+        self.sizes = sizes  # (client SO_SNDBUF, SO_RCVBUF, server SO_SNDBUF, SO_RCVBUF)
 
 
 # Listeners keeping connections: ended as the interpreter exits, so no
@@ -916,10 +921,10 @@ def adopt_accepted(conn: socket.socket, pending: Pending,
     # closed first (SocketRelease.keep).
     release = pending.link.on_done
     if isinstance(release, SocketRelease):
-        client_sock, names = release.first, release.names
+        client_sock, client = release.first, release.client
     else:
-        client_sock, names = pending.handle.sock, None
-    pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock, keeper, names)
+        client_sock, client = pending.handle.sock, None
+    pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock, keeper, client)
     pending.link.establish()
 
 
@@ -929,7 +934,7 @@ def offer_for_reuse(pending: Pending) -> None:
     done (see :meth:`ListenerHandle.keep`)."""
     release = pending.link.on_done
     if isinstance(release, SocketRelease):
-        release.names = (pending.handle.sockname, pending.handle.peername)
+        release.client = pending.link.client
 
 
 # Listeners whose socket was collected unclosed, to forget at the pairing

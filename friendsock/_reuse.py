@@ -34,11 +34,12 @@ def reused_connect(entry: Entry, address: Any) -> Optional[Pending]:
     if kept is None:
         return None
     sockname, peername = kept.names
-    sndbuf, rcvbuf = handle.sndbuf, handle.rcvbuf  # (each end reads its socket's as it starts)
-    link = Link(sndbuf, rcvbuf, sndbuf, rcvbuf, listener=entry.endpoint,
-                addresses=(sockname, peername), tap=tap_for(sockname, peername))
+    # The sizes its sockets had at the last link's end: nobody changed them.
+    link = Link(*kept.sizes, listener=entry.endpoint, addresses=kept.names,
+                tap=tap_for(sockname, peername))
+    link.sizes_settled = True
     # Kept again once done, unless a socket is handed out meanwhile.
-    link.on_done = SocketRelease(current_pid(), kept.server_sock, kept.client_sock, handle, kept.names)
+    link.on_done = SocketRelease(current_pid(), kept.server_sock, kept.client_sock, handle, link.client)
     # Neither descriptor is seen unless asked for (see FriendTransport._show_fin).
     link.client.fd_hidden = link.server.fd_hidden = True
     pending: Pending = PendingConnect(flow_key(sockname, peername), link, entry,

@@ -238,6 +238,7 @@ def socketless_connect(entry: Entry, address: Any, threaded: bool) -> Pending:
     link = Link(sndbuf, rcvbuf, sndbuf, rcvbuf, threaded=threaded, listener=entry.endpoint,
                 addresses=(sockname, address), tap=tap_for(sockname, address))
     link.on_done = client_sock.give_back_port
+    link.sizes_settled = True
     client_sock.end, server_sock.end = link.client, link.server
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
                                       ClientEnd(client_sock, sockname, address))  # type: ignore[arg-type]

@@ -36,7 +36,9 @@ def _keep_a_connection(handle: _handshake.ListenerHandle, address) -> None:
     server, _ = handle.sock.accept()
     for sock in (client, server):
         sock.setblocking(False)
-    assert handle.keep(server, client, (client.getsockname(), client.getpeername()))
+    sizes = [sock.getsockopt(socket.SOL_SOCKET, option)
+             for sock in (client, server) for option in (socket.SO_SNDBUF, socket.SO_RCVBUF)]
+    assert handle.keep(server, client, (client.getsockname(), client.getpeername()), tuple(sizes))
 
 
 @pytest.fixture(autouse=True)

@@ -176,8 +176,9 @@ class FriendTransport(_FlowControlMixin):
         self._out.attach_writer(self._hooks()[1])
         # The kernel sizes a socket's buffers when the connection is set up
         # (SO_SNDBUF grows from tcp_wmem[1]); the link was made before that.
-        # (A socketless end's stand-in has the sizes its link was made with.)
-        if self._sock.fileno() >= 0:
+        # (A socketless link, and one over a reused connection, was made
+        # with its ends' sizes.)
+        if not self._end.link.sizes_settled and self._sock.fileno() >= 0:
             copy_buffer_sizes(self._sock, self._end)
         if not self._connection_made() and not isinstance(self._loop, asyncio.BaseEventLoop):
             # uvloop starts reading only once connection_made returned.

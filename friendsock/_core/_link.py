@@ -798,7 +798,8 @@ class Link:
     """
 
     __slots__ = ("client", "server", "threaded", "listener", "_open_ends", "_lock",
-                 "established", "on_done", "addresses", "tap", "born", "__weakref__")
+                 "established", "on_done", "addresses", "tap", "born", "sizes_settled",
+                 "__weakref__")
 
     def __init__(
         self,
@@ -828,6 +829,9 @@ class Link:
         self.addresses = addresses
         self.tap = tap
         self.born = 0.0  # time.monotonic() when established
+        # The channels carry the ends' socket buffer sizes already (a
+        # socketless link's, a reused connection's): nothing to read.
+        self.sizes_settled = False
         self._open_ends = 2
         # Ends on two threads close on their own threads (or on whichever
         # finds a loop gone): "closed once" and "done once" must hold across
