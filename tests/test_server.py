@@ -229,6 +229,39 @@ async def test_datagram_sock_is_a_value_error(friends):
         sock.close()
 
 
+@pytest.mark.parametrize("where", ["path", "abstract"])
+async def test_a_unix_socket_is_served_as_the_loop_serves_it(friends, where, tmp_path):
+    """A Unix listening socket handed in (sanic's ``unix=``) is no TCP
+    listener: the loop's own server serves it, and nothing pairs or is
+    counted, whatever its address (a path, or the abstract namespace,
+    whose address is bytes)."""
+    address = str(tmp_path / "server.sock") if where == "path" else f"\0friendsock-{id(tmp_path)}".encode()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(address)
+    before = friendsock.stats()
+    echoes = Echoes()
+    try:
+        server = await friendsock.create_server(echoes, sock=sock, friends=friends)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        client = socket.socket(socket.AF_UNIX)  # (libuv's own connect takes no abstract address)
+        client.connect(address)
+        reader, writer = await bounded(asyncio.open_unix_connection(sock=client))
+        writer.write(b"over a unix socket")
+        assert await bounded(reader.readexactly(18)) == b"over a unix socket"
+        writer.close()
+        await bounded(writer.wait_closed())
+        await echoes.all_lost()
+    finally:
+        server.close()
+        await server.wait_closed()
+    after = friendsock.stats()
+    assert after.fallbacks == before.fallbacks
+    assert after.listeners.keys() == before.listeners.keys()
+
+
 async def test_ssl_timeouts_without_ssl_are_a_value_error(how, friends):
     sock = bound_socket() if how == "sock" else None
     where = {"sock": sock} if sock else {"host": LOCALHOST, "port": 0}

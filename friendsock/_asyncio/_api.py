@@ -141,7 +141,11 @@ async def create_server_on(
     friends: Optional[bool] = None,
     **kwargs: Any,
 ) -> asyncio.AbstractServer:
-    if friends is False or why_not_friends(friends, {}) is not None:
+    given = kwargs.get("sock")
+    if friends is False or why_not_friends(friends, {}) is not None or \
+            (given is not None and not is_tcp_socket(given)):
+        # (A Unix socket's server is no TCP listener; a datagram socket gets
+        # the loop's own error.)
         return await native(loop, "create_server")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
     start_serving = kwargs.pop("start_serving", True)
     backlog = kwargs.pop("backlog", 100)
