@@ -15,12 +15,13 @@ import atexit
 import collections
 import errno
 import os
+import random
 import socket
 import struct
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from ._core._addresses import flow_key, is_ipv4, is_unspecified, shared_host
 from ._core._link import Link, LinkEnd
@@ -434,6 +435,60 @@ _IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
                                    24 if sys.platform == "linux" else None)
 
 
+class _EphemeralPorts:
+    """The ports a kernel connect() takes: the even ones of
+    ``net.ipv4.ip_local_port_range`` less ``ip_local_reserved_ports`` (Linux
+    takes even ports for connect() first, and odd ones for bind() to port 0,
+    so that a port a program picks with ``bind(("", 0))`` and closes, to
+    listen on later, is not taken by a client meanwhile), read once; from a
+    random start, each connect the next."""
+
+    def __init__(self) -> None:
+        try:
+            with open("/proc/sys/net/ipv4/ip_local_port_range") as text:
+                low, high = (int(n) for n in text.read().split())
+            reserved: Set[int] = set()
+            with open("/proc/sys/net/ipv4/ip_local_reserved_ports") as text:
+                for part in text.read().strip().split(","):
+                    if part:
+                        first, _, last = part.partition("-")
+                        reserved.update(range(int(first), int(last or first) + 1))
+        except (OSError, ValueError):
+            low, high, reserved = 32768, 60999, set()
+        self.ports = [port for port in range(low + low % 2, high + 1, 2) if port not in reserved]
+        self.cursor = random.randrange(len(self.ports)) if self.ports else 0
+
+    def bind(self, sock: socket.socket, host: str) -> None:
+        """Bind ``sock`` to ``host`` and the first of these ports free there
+        (to port 0, the kernel's choice, if none of the first few is)."""
+        ports = self.ports
+        for _ in range(min(len(ports), _PORT_TRIES)):
+            self.cursor = cursor = (self.cursor + 1) % len(ports)
+            try:
+                sock.bind((host, ports[cursor]))
+                return
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        sock.bind((host, 0))
+
+
+# Ports tried before the kernel's choice is taken instead.
+_PORT_TRIES = 64
+_ephemeral_ports: Optional[_EphemeralPorts] = None
+
+
+def bind_as_connect_would(sock: socket.socket, host: str) -> None:
+    """Bind ``sock`` to ``host`` and a port that a connect() of the kernel's
+    would take (see :class:`_EphemeralPorts`), so the connection's 4-tuple
+    is known before connect()."""
+    global _ephemeral_ports
+    ports = _ephemeral_ports
+    if ports is None:
+        ports = _ephemeral_ports = _EphemeralPorts()
+    ports.bind(sock, host)
+
+
 def _bind_port_now(sock: socket.socket, host: str) -> None:
     """Bind a socket with no port yet to ``host`` and a port, now, even if
     its user asked for the port at connect() (``IP_BIND_ADDRESS_NO_PORT``,
@@ -446,7 +501,7 @@ def _bind_port_now(sock: socket.socket, host: str) -> None:
         if no_port:
             sock.setsockopt(socket.IPPROTO_IP, option, 0)
     try:
-        sock.bind((host, 0))
+        bind_as_connect_would(sock, host)
     finally:
         if no_port:
             sock.setsockopt(socket.IPPROTO_IP, option, no_port)  # type: ignore[arg-type]
@@ -668,7 +723,7 @@ class ConnectAttempt:
             # Bind first so the 4-tuple is known before connect(); binding
             # to the destination IP also proves it is an address of ours.
             try:
-                sock.bind((self.address[0], 0))
+                bind_as_connect_would(sock, self.address[0])
             except OSError:
                 self.entry, self.fallback = None, Fallback.NOT_LOCAL
 

@@ -905,6 +905,38 @@ async def test_connect_close_cycles_leave_no_time_wait(friends):
 # -- streams ------------------------------------------------------------------
 
 
+async def test_a_client_takes_a_port_as_connect_takes_one(friends):
+    """A friend client's port comes from the half of the ephemeral range a
+    kernel connect() takes ports from (the even ports; a bind() to port 0
+    takes odd ones first), so a port a program picked with bind(("", 0))
+    and closed, to listen on later (asyncio's and many suites' "free port"
+    helpers), is not taken meanwhile by a client, as over TCP."""
+    picked = []
+    for _ in range(20):
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            picked.append(probe.getsockname()[1])
+    echoes = Echoes()
+    server = await friendsock.create_server(echoes, LOCALHOST, 0, friends=friends)
+    clients = []
+    try:
+        for _ in range(200):
+            transport, _ = await friendsock.create_connection(Recorder, LOCALHOST, port_of(server),
+                                                             friends=friends)
+            clients.append(transport)
+            # (Each a connection of its own: none of them is done yet.)
+        ports = [transport.get_extra_info("sockname")[1] for transport in clients]
+        assert len(set(ports)) == len(ports)
+        assert all(port % 2 == 0 for port in ports)
+        assert not set(ports) & set(picked)
+    finally:
+        for transport in clients:
+            transport.close()
+        await asyncio.sleep(0)
+        server.close()
+        await server.wait_closed()
+
+
 async def test_streams_pair(friends):
     served = asyncio.get_running_loop().create_future()
 
