@@ -455,17 +455,22 @@ class _EphemeralPorts:
                         reserved.update(range(int(first), int(last or first) + 1))
         except (OSError, ValueError):
             low, high, reserved = 32768, 60999, set()
-        self.ports = [port for port in range(low + low % 2, high + 1, 2) if port not in reserved]
-        self.cursor = random.randrange(len(self.ports)) if self.ports else 0
+        self.first = low + low % 2
+        self.count = max((high - self.first) // 2 + 1, 0)
+        self.reserved = reserved
+        self.cursor = random.randrange(self.count) if self.count else 0
 
     def bind(self, sock: socket.socket, host: str) -> None:
-        """Bind ``sock`` to ``host`` and the first of these ports free there
-        (to port 0, the kernel's choice, if none of the first few is)."""
-        ports = self.ports
-        for _ in range(min(len(ports), _PORT_TRIES)):
-            self.cursor = cursor = (self.cursor + 1) % len(ports)
+        """Bind ``sock`` to ``host`` and the next of these ports free there
+        (to port 0, the kernel's choice, if none of the next few is)."""
+        count = self.count
+        for _ in range(min(count, _PORT_TRIES)):
+            self.cursor = cursor = (self.cursor + 1) % count
+            port = self.first + 2 * cursor
+            if port in self.reserved:
+                continue
             try:
-                sock.bind((host, ports[cursor]))
+                sock.bind((host, port))
                 return
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
