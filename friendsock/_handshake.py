@@ -459,27 +459,39 @@ class _EphemeralPorts:
         self.count = max((high - self.first) // 2 + 1, 0)
         self.reserved = reserved
         self.cursor = random.randrange(self.count) if self.count else 0
+        self.skip = 0  # connects left that bind to port 0 straight away
 
     def bind(self, sock: socket.socket, host: str) -> None:
-        """Bind ``sock`` to ``host`` and the next of these ports free there
-        (to port 0, the kernel's choice, if none of the next few is)."""
+        """Bind ``sock`` to ``host`` and the next of these ports free there;
+        to port 0, the kernel's choice, if the next two are not. A port in
+        TIME_WAIT (which a connect() may take again, but a bind() may not)
+        is not free: where TCP connections left most of these ports in
+        TIME_WAIT, the next connects bind to port 0 at once, for a while."""
         count = self.count
-        for _ in range(min(count, _PORT_TRIES)):
-            self.cursor = cursor = (self.cursor + 1) % count
-            port = self.first + 2 * cursor
-            if port in self.reserved:
-                continue
-            try:
-                sock.bind((host, port))
-                return
-            except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise
+        if self.skip:
+            self.skip -= 1
+        else:
+            for _ in range(min(count, _PORT_TRIES)):
+                self.cursor = cursor = (self.cursor + 1) % count
+                port = self.first + 2 * cursor
+                if port in self.reserved:
+                    continue
+                try:
+                    sock.bind((host, port))
+                    return
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE:
+                        raise
+                # Out of a run of ports in use: elsewhere next time.
+                self.cursor = random.randrange(count)
+            self.skip = _PORT_SKIPS
         sock.bind((host, 0))
 
 
-# Ports tried before the kernel's choice is taken instead.
-_PORT_TRIES = 64
+# Ports tried before the kernel's choice is taken instead, and how many
+# connects take it at once after that.
+_PORT_TRIES = 2
+_PORT_SKIPS = 16
 _ephemeral_ports: Optional[_EphemeralPorts] = None
 
 

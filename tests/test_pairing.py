@@ -911,17 +911,22 @@ async def test_a_client_takes_a_port_as_connect_takes_one(friends):
     takes odd ones first), so a port a program picked with bind(("", 0))
     and closed, to listen on later (asyncio's and many suites' "free port"
     helpers), is not taken meanwhile by a client, as over TCP."""
+    # An address of its own: TIME_WAIT left on 127.0.0.1's ports by other
+    # tests' TCP connections makes those ports no bind()'s (a connect()
+    # may take them again), and friend clients then take the kernel's
+    # choice of port.
+    host = "127.0.0.9"
     picked = []
     for _ in range(20):
         with socket.socket() as probe:
-            probe.bind(("", 0))
+            probe.bind((host, 0))
             picked.append(probe.getsockname()[1])
     echoes = Echoes()
-    server = await friendsock.create_server(echoes, LOCALHOST, 0, friends=friends)
+    server = await friendsock.create_server(echoes, host, 0, friends=friends)
     clients = []
     try:
         for _ in range(200):
-            transport, _ = await friendsock.create_connection(Recorder, LOCALHOST, port_of(server),
+            transport, _ = await friendsock.create_connection(Recorder, host, port_of(server),
                                                              friends=friends)
             clients.append(transport)
             # (Each a connection of its own: none of them is done yet.)
