@@ -8,6 +8,7 @@ particular to them: which connections are kept, and for how long."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 
@@ -75,17 +76,34 @@ async def _one_exchange(port: int, friends: bool, ask_for_socket: bool = False):
     return sockname
 
 
+@contextlib.asynccontextmanager
+async def serving(friends: bool):
+    """A server on 127.0.0.1: yields its protocol factory and port. Closed,
+    it ends the connections it kept: none is left established on its port
+    and, on the friend path, none in TIME_WAIT (TCP's clients, which close
+    first, leave theirs)."""
+    echoes = Echoes()
+    server = await friendsock.create_server(echoes, "127.0.0.1", 0, friends=friends)
+    port = port_of(server)
+    lingering = tcp_connections(port)  # (of an earlier listener on this port)
+    try:
+        yield echoes, port
+    finally:
+        server.close()
+        await server.wait_closed()
+    for _ in range(3):  # (uvloop closes a listener's handle at its next turn)
+        await asyncio.sleep(0)
+    assert tcp_connections(port, TCP_ESTABLISHED) == set()
+    assert (tcp_connections(port) - lingering == set()) is friends
+
+
 async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(friends, monkeypatch):
     """One connect after another to one server: the second (and every
     later one) goes over the connection the first left, with its client
     address, as the server's end sees it; no descriptor more than the
     one connection's two. Over TCP each connect is the kernel's own."""
     monkeypatch.undo()  # the connects below find what the ones before them left
-    echoes = Echoes()
-    server = await friendsock.create_server(echoes, "127.0.0.1", 0, friends=friends)
-    try:
-        port = port_of(server)
-        lingering = tcp_connections(port)  # (of an earlier listener on this port)
+    async with serving(friends) as (echoes, port):
         before = open_descriptors()
         addresses = []
         for round_ in range(4):
@@ -100,13 +118,6 @@ async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(fr
             # The one kept connection, established: its two descriptors.
             assert open_descriptors() - before == 2
             assert len(tcp_connections(port, TCP_ESTABLISHED)) == 2  # (both of its ends)
-    finally:
-        server.close()
-        await server.wait_closed()
-    # Closed, the listener ends what it kept, with no TIME_WAIT (TCP's
-    # clients, which closed first, leave theirs).
-    assert tcp_connections(port, TCP_ESTABLISHED) == set()
-    assert (tcp_connections(port) - lingering == set()) is friends
 
 
 async def test_a_connection_whose_socket_was_asked_for_is_not_kept(friends, monkeypatch):
@@ -114,10 +125,7 @@ async def test_a_connection_whose_socket_was_asked_for_is_not_kept(friends, monk
     on it, or seen its descriptor) gets its connection ended with the
     link, as TCP's: the next connect makes a new one."""
     monkeypatch.undo()
-    echoes = Echoes()
-    server = await friendsock.create_server(echoes, "127.0.0.1", 0, friends=friends)
-    try:
-        port = port_of(server)
+    async with serving(friends) as (echoes, port):
         first = await _one_exchange(port, friends, ask_for_socket=True)
         await echoes.all_lost()
         for _ in range(3):
@@ -125,9 +133,6 @@ async def test_a_connection_whose_socket_was_asked_for_is_not_kept(friends, monk
         assert tcp_connections(first[1], TCP_ESTABLISHED) == set()
         second = await _one_exchange(port, friends)
         assert second != first
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_listener_keeps_a_few_connections_and_ends_them_as_it_closes(friends, monkeypatch):
@@ -135,11 +140,7 @@ async def test_a_listener_keeps_a_few_connections_and_ends_them_as_it_closes(fri
     than its few (two descriptors each), ends the rest, and ends those as
     it closes."""
     monkeypatch.undo()
-    echoes = Echoes()
-    server = await friendsock.create_server(echoes, "127.0.0.1", 0, friends=friends)
-    try:
-        port = port_of(server)
-        lingering = tcp_connections(port)  # (of an earlier listener on this port)
+    async with serving(friends) as (echoes, port):
         before = open_descriptors()
         clients = [(await friendsock.create_connection(Recorder, "127.0.0.1", port, friends=friends))[0]
                    for _ in range(3 * _handshake.KEPT_PER_LISTENER)]
@@ -151,11 +152,4 @@ async def test_a_listener_keeps_a_few_connections_and_ends_them_as_it_closes(fri
             await asyncio.sleep(0)
         kept = open_descriptors() - before
         assert kept == (2 * _handshake.KEPT_PER_LISTENER if friends else 0)
-    finally:
-        server.close()
-        await server.wait_closed()
-    for _ in range(3):  # (uvloop closes a listener's handle at its next turn)
-        await asyncio.sleep(0)
     assert open_descriptors() == before - 1
-    assert tcp_connections(port, TCP_ESTABLISHED) == set()
-    assert (tcp_connections(port) - lingering == set()) is friends
