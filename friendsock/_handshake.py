@@ -222,8 +222,7 @@ class ListenerHandle:
         while kept:
             connection = kept.pop()  # the newest: one connect after another takes the same
             if connection.pid != _Process.pid:
-                connection.server_sock.close()
-                connection.client_sock.close()
+                release_sockets(connection.pid, connection.server_sock, connection.client_sock)
                 continue
             if connection.names[1] == address:
                 return connection
