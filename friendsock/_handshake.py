@@ -458,7 +458,9 @@ class _EphemeralPorts:
         self.count = max((high - self.first) // 2 + 1, 0)
         self.reserved = reserved
         self.cursor = random.randrange(self.count) if self.count else 0
-        self.skip = 0  # connects left that bind to port 0 straight away
+        # Per local address, the connects left that bind to port 0 straight
+        # away: TIME_WAIT on one address's ports says nothing of another's.
+        self.skips: Dict[str, int] = {}
 
     def bind(self, sock: socket.socket, host: str) -> None:
         """Bind ``sock`` to ``host`` and the next of these ports free there;
@@ -467,8 +469,10 @@ class _EphemeralPorts:
         is not free: where TCP connections left most of these ports in
         TIME_WAIT, the next connects bind to port 0 at once, for a while."""
         count = self.count
-        if self.skip:
-            self.skip -= 1
+        skips = self.skips
+        skip = skips.get(host)
+        if skip:
+            skips[host] = skip - 1
         else:
             for _ in range(min(count, _PORT_TRIES)):
                 self.cursor = cursor = (self.cursor + 1) % count
@@ -483,7 +487,9 @@ class _EphemeralPorts:
                         raise
                 # Out of a run of ports in use: elsewhere next time.
                 self.cursor = random.randrange(count)
-            self.skip = _PORT_SKIPS
+            if len(skips) >= _SKIPPING_HOSTS:
+                skips.clear()
+            skips[host] = _PORT_SKIPS
         sock.bind((host, 0))
 
 
@@ -491,6 +497,7 @@ class _EphemeralPorts:
 # connects take it at once after that.
 _PORT_TRIES = 2
 _PORT_SKIPS = 16
+_SKIPPING_HOSTS = 64  # local addresses whose skips are remembered at once
 _ephemeral_ports: Optional[_EphemeralPorts] = None
 
 

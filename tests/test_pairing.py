@@ -942,6 +942,40 @@ async def test_a_client_takes_a_port_as_connect_takes_one(friends):
         await server.wait_closed()
 
 
+def test_ports_in_use_on_one_address_leave_another_address_alone():
+    """Where the ports tried on one local address are in use (TIME_WAIT
+    left by TCP connections, say), clients there take the kernel's choice
+    for a while; clients on another address still take ports as connect()
+    would."""
+    busy, other = "127.0.0.10", "127.0.0.11"
+    ports = _handshake._EphemeralPorts()
+    held = []
+    try:
+        # Two neighbouring even ports of the range, taken on one address.
+        for first in range(ports.first, ports.first + 2 * ports.count - 2, 2):
+            try:
+                for port in (first, first + 2):
+                    sock = socket.socket()
+                    held.append(sock)
+                    sock.bind((busy, port))
+                break
+            except OSError:
+                for sock in held:
+                    sock.close()
+                held.clear()
+        ports.first, ports.count, ports.cursor = first, 2, 0
+        with socket.socket() as client:
+            ports.bind(client, busy)
+            assert client.getsockname()[1] not in (first, first + 2)
+        for _ in range(3):
+            with socket.socket() as client:
+                ports.bind(client, other)
+                assert client.getsockname()[1] in (first, first + 2)
+    finally:
+        for sock in held:
+            sock.close()
+
+
 async def test_streams_pair(friends):
     served = asyncio.get_running_loop().create_future()
 
