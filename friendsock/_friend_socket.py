@@ -8,6 +8,7 @@ the value the kernel reports back (Linux doubles what it is given).
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import struct
 import sys
@@ -98,11 +99,6 @@ class FriendSocket:
     ) -> None:
         self._sock = sock
         self._end = end
-        # Options may be set on the real socket from now on, its descriptor
-        # seen: its connection is not one to reuse once the link is done.
-        exposed = getattr(end.link.on_done, "exposed", None)
-        if exposed is not None:
-            exposed()
         # The owner re-checks flow control. Its bound method is held weakly:
         # the owner holds this object, and a cycle would leave a finished
         # connection to the cyclic collector.
@@ -114,40 +110,67 @@ class FriendSocket:
     proto = property(lambda self: self._sock.proto)
 
     def __repr__(self) -> str:
+        if self._end.link.client is None:
+            return "<friendsock.FriendSocket [closed]>"
         return f"<friendsock.FriendSocket {self._sock!r}>"
 
     def __getstate__(self) -> None:
         raise TypeError("Cannot serialize friendsock.FriendSocket object")
 
+    def _real(self) -> socket.socket:
+        """The real socket; EBADF, as from a closed socket, once the link is
+        done: its connection may carry another link by then (kept by its
+        listener, see :meth:`ListenerHandle.keep`)."""
+        if self._end.link.client is None:  # (a done link lets go of its ends)
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return self._sock
+
+    def _for_calls(self) -> socket.socket:
+        """The real socket, for the calls a transport's socket makes on
+        its descriptor (addresses, options): :meth:`_real`."""
+        return self._real()
+
+    def _seen(self) -> None:
+        """The descriptor is handed out (to poll, to pass on): the
+        connection is not one to keep once the link is done."""
+        exposed = getattr(self._end.link.on_done, "exposed", None)
+        if exposed is not None:
+            exposed()
+        if self._end.fd_hidden:
+            reveal(self._end)
+
     def fileno(self) -> int:
         # -1 once its end is closed, as a closed transport's socket: the
         # real one lives on until the friend is done too.
-        end = self._end
-        if end.closed:
+        if self._end.closed:
             return -1
-        if end.fd_hidden:
-            reveal(end)
+        self._seen()
         return self._sock.fileno()
 
     def dup(self) -> socket.socket:
-        if self._end.fd_hidden:
-            reveal(self._end)
-        return self._sock.dup()
+        sock = self._real()
+        self._seen()
+        return sock.dup()
 
     def get_inheritable(self) -> bool:
-        return self._sock.get_inheritable()
+        return self._real().get_inheritable()
 
     def getsockname(self) -> Any:
-        return self._sock.getsockname()
+        return self._for_calls().getsockname()
 
     def getpeername(self) -> Any:
-        return self._sock.getpeername()
+        return self._for_calls().getpeername()
 
     def getsockopt(self, *args: Any) -> Any:
-        return self._sock.getsockopt(*args)
+        return self._for_calls().getsockopt(*args)
 
     def setsockopt(self, *args: Any) -> None:
-        self._sock.setsockopt(*args)
+        sock = self._for_calls()
+        release = self._end.link.on_done
+        if getattr(release, "client", None) is None:
+            sock.setsockopt(*args)
+        else:  # a connection to keep, once the link is done, as it was made
+            _set_restorably(release, sock, args)
         if args[0] == socket.SOL_SOCKET:
             if args[1] in _BUFFER_OPTIONS:
                 self.sync_buffer_sizes()
@@ -185,6 +208,65 @@ class FriendSocket:
         if not flag:
             return
         raise ValueError("setblocking(): transport sockets cannot be blocking")
+
+
+class UvloopFriendSocket(FriendSocket):
+    """A friend transport's socket on uvloop, which answers as uvloop's
+    own (its ``PseudoSocket``) does: its addresses read once and kept, and,
+    once closed, ValueError from a call that needs its descriptor (which
+    it then holds as -1)."""
+
+    __slots__ = ("_sockname", "_peername")
+
+    def __init__(self, sock: socket.socket, end: LinkEnd,
+                 on_change: Optional[Callable[[], None]] = None) -> None:
+        super().__init__(sock, end, on_change)
+        self._sockname: Any = None
+        self._peername: Any = None
+
+    def _for_calls(self) -> socket.socket:
+        if self._end.link.client is None:
+            raise ValueError("negative file descriptor")
+        return self._sock
+
+    def getsockname(self) -> Any:
+        if self._sockname is None:
+            self._sockname = super().getsockname()
+        return self._sockname
+
+    def getpeername(self) -> Any:
+        if self._peername is None:
+            self._peername = super().getpeername()
+        return self._peername
+
+
+# Options that a connection kept for another link can be given back as it
+# had them (a plain value each, with no lasting side effect).
+_RESTORABLE = frozenset({
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+    (socket.IPPROTO_TCP, socket.TCP_NODELAY),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+})
+
+
+def _set_restorably(release: Any, sock: socket.socket, args: "tuple[Any, ...]") -> None:
+    """``sock.setsockopt(*args)`` on a socket whose connection its listener
+    may keep for a later link (``release``: the link's ``SocketRelease``):
+    an option of :data:`_RESTORABLE` it changes is given back its value
+    before the connection is kept, as a new connection would have it; any
+    other change (buffer sizes lock, SO_LINGER, ...) ends the connection
+    with the link."""
+    if len(args) != 3 or type(args[2]) not in (int, bool) or args[:2] not in _RESTORABLE:
+        release.exposed()
+        sock.setsockopt(*args)
+        return
+    level, option = args[0], args[1]
+    before = sock.getsockopt(level, option)
+    sock.setsockopt(*args)
+    if sock.getsockopt(level, option) != before:
+        release.restore_before_keeping(sock, level, option, before)
 
 
 # The stdlib's class, as it was when friendsock was imported (patch_socket()

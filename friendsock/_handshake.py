@@ -21,7 +21,7 @@ import struct
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ._core._addresses import flow_key, is_ipv4, is_unspecified, shared_host
 from ._core._link import Link, LinkEnd
@@ -100,10 +100,11 @@ def _detached(sock: socket.socket) -> socket.socket:
 class SocketRelease:
     """A link's ``on_done``: :func:`release_sockets` of its real sockets, the
     accepted one first when there is one (slots, not a closure per link:
-    idle links stay small); or, for a connection nobody but friendsock saw,
-    kept by its listener for a later connect (:meth:`ListenerHandle.keep`)."""
+    idle links stay small); or, for a connection neither of whose sockets
+    was handed out (see :meth:`exposed`), kept by its listener for a later
+    connect (:meth:`ListenerHandle.keep`)."""
 
-    __slots__ = ("pid", "first", "second", "keeper", "client")
+    __slots__ = ("pid", "first", "second", "keeper", "client", "restores")
 
     def __init__(self, pid: int, first: socket.socket,
                  second: Optional[socket.socket] = None,
@@ -113,16 +114,40 @@ class SocketRelease:
         self.second = second
         # The listener that keeps the connection once the link is done, and
         # the link's client end (its addresses, and its channels' sizes, are
-        # the sockets'): set only while nobody but friendsock has seen
-        # either socket (see exposed()).
+        # the sockets'): set only while neither socket was handed out
+        # (see exposed()).
         self.keeper = keeper
         self.client = client
+        # Options its user changed on either socket, and their values
+        # before: given back as the connection is kept (see exposed()).
+        self.restores: Optional[List[Tuple[socket.socket, int, int, int]]] = None
 
     def exposed(self) -> None:
-        """A socket of the link was handed to its user (who may set options
-        on it, poll or pass on its descriptor): the connection ends with the
-        link, never to be reused."""
+        """A socket of the link was handed to its user in a way that may
+        outlast it (its descriptor seen, to poll or pass on; an option set
+        that cannot be given back): the connection ends with the link,
+        never to be reused. Reading its addresses and options, and setting
+        options that can be given back, are not that."""
         self.client = None
+
+    def restore_before_keeping(self, sock: socket.socket, level: int, option: int, value: int) -> None:
+        """``option`` of ``sock`` was ``value`` before its user changed it."""
+        restores = self.restores
+        if restores is None:
+            restores = self.restores = []
+        if not any(kept[:3] == (sock, level, option) for kept in restores):
+            restores.append((sock, level, option, value))
+
+    def _restored(self) -> bool:
+        """The options changed on the sockets given back their values;
+        False if one cannot be (the connection then ends)."""
+        restores, self.restores = self.restores, None
+        try:
+            for sock, level, option, value in restores or ():
+                sock.setsockopt(level, option, value)
+        except OSError:
+            return False
+        return True
 
     def accepted_and_connected(self) -> Optional[Tuple[socket.socket, socket.socket]]:
         """(server's, client's) real socket of a link whose both ends are
@@ -144,7 +169,7 @@ class SocketRelease:
     def __call__(self) -> None:
         keeper, client = self.keeper, self.client
         if keeper is not None and client is not None and self.second is not None and \
-                self.pid == _Process.pid:
+                self.pid == _Process.pid and self._restored():
             to_server, to_client = client.outgoing, client.incoming
             sizes = (to_server.sndbuf, to_client.rcvbuf, to_client.sndbuf, to_server.rcvbuf)
             if keeper.keep(self.first, self.second, client.link.addresses, sizes):  # type: ignore[arg-type]
@@ -194,8 +219,8 @@ class ListenerHandle:
     def keep(self, server_sock: socket.socket, client_sock: socket.socket,
              names: Tuple[Any, Any], sizes: Tuple[int, int, int, int]) -> bool:
         """Keep the established connection of a finished link between two
-        ends of this process, neither of whose sockets anybody but
-        friendsock saw, for a later connect to this listener of the same
+        ends of this process, neither of whose sockets was handed out
+        (see :meth:`SocketRelease.exposed`), for a later connect to this listener of the same
         address (:meth:`take_kept`): that one needs no handshake, no new
         sockets, and no reset to close them. False, nothing kept, when this
         listener pairs no more (or no longer takes links without an accept),

@@ -1,6 +1,6 @@
 """Reused connections: a connect to a friendsock listener of the same
 scheduler that finds a connection its listener kept (the TCP connection of
-a finished friend link whose sockets nobody but friendsock saw, see
+a finished friend link neither of whose sockets was handed out, see
 :meth:`ListenerHandle.keep`) makes its link over that one: real sockets,
 established, with their own addresses, and no handshake, no new
 descriptors, no reset and no port taken from the kernel for it.

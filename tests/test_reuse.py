@@ -1,5 +1,5 @@
 """Reused connections: the TCP connection of a finished friend link whose
-sockets nobody but friendsock saw is kept by its listener, and the next
+sockets were not handed out is kept by its listener, and the next
 connect to it makes its link over that one (no handshake, no new
 descriptors). The transport conformance tests run again with every friend
 connect over a kept connection (real TCP stays the reference), and what is
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import socket
+import struct
 
 import pytest
 
@@ -62,12 +64,13 @@ def open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-async def _one_exchange(port: int, friends: bool, ask_for_socket: bool = False):
+async def _one_exchange(port: int, friends: bool, use_socket=None):
     """A connection that sends a line, reads it back and closes; its client
-    address, and the server's peer address of it."""
+    address, and the server's peer address of it. ``use_socket`` is called
+    with its transport's socket first."""
     transport, client = await friendsock.create_connection(Recorder, "127.0.0.1", port, friends=friends)
-    if ask_for_socket:
-        transport.get_extra_info("socket").getsockname()
+    if use_socket is not None:
+        use_socket(transport.get_extra_info("socket"))
     transport.write(b"ping")
     assert await bounded(client.wait_bytes(4)) == b"ping"
     sockname = transport.get_extra_info("sockname")
@@ -120,19 +123,113 @@ async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(fr
             assert len(tcp_connections(port, TCP_ESTABLISHED)) == 2  # (both of its ends)
 
 
-async def test_a_connection_whose_socket_was_asked_for_is_not_kept(friends, monkeypatch):
-    """A program that had a transport's socket (and may have set options
-    on it, or seen its descriptor) gets its connection ended with the
-    link, as TCP's: the next connect makes a new one."""
+def _set_options_a_server_sets(sock) -> None:
+    """What aiohttp's and uvicorn's ends do with their transports' sockets."""
+    sock.getpeername()
+    sock.getsockname()
+    sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
+
+
+_FRESH_OPTIONS = ((socket.SOL_SOCKET, socket.SO_KEEPALIVE), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE))
+
+
+async def _after_a_finished_link(port: int, friends: bool, echoes: Echoes, use_socket):
+    """The client address of a connection whose socket ``use_socket`` used,
+    and of the one after it, with the options of ``_FRESH_OPTIONS`` as the
+    later one's socket has them."""
+    first = await _one_exchange(port, friends, use_socket)
+    await echoes.all_lost()
+    for _ in range(3):  # (the link is done once both ends' connection_lost ran)
+        await asyncio.sleep(0)
+    options = []
+    second = await _one_exchange(port, friends, lambda sock: options.extend(
+        sock.getsockopt(*option) for option in _FRESH_OPTIONS))
+    return first, second, options
+
+
+async def test_a_connection_whose_socket_was_only_read_or_given_options_back_is_kept(friends, monkeypatch):
+    """Reading a socket's addresses and options, and setting options that
+    can be given back (TCP_NODELAY, keep-alive), as servers do with every
+    connection, leaves the connection to keep; the next link over it finds
+    those options as a new connection has them."""
+    monkeypatch.undo()
+    with socket.socket() as fresh:
+        expected = [fresh.getsockopt(*option) for option in _FRESH_OPTIONS]
+    async with serving(friends) as (echoes, port):
+        first, second, options = await _after_a_finished_link(port, friends, echoes,
+                                                              _set_options_a_server_sets)
+        assert (second == first) is friends
+        assert options == expected
+
+
+@pytest.mark.parametrize("use", ["fileno", "dup", "sndbuf", "linger"])
+async def test_a_connection_whose_socket_was_handed_out_is_not_kept(friends, monkeypatch, use):
+    """A program that had a transport's descriptor (to poll or pass on), or
+    set an option that cannot be given back (a buffer size, which the kernel
+    then stops tuning; SO_LINGER), gets its connection ended with the link,
+    as TCP's: the next connect makes a new one."""
+    monkeypatch.undo()
+
+    def use_socket(sock):
+        if use == "fileno":
+            assert sock.fileno() >= 0
+        elif use == "dup":
+            sock.dup().close()
+        elif use == "sndbuf":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        else:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 5))
+
+    async with serving(friends) as (echoes, port):
+        first, second, _ = await _after_a_finished_link(port, friends, echoes, use_socket)
+        assert tcp_connections(first[1], TCP_ESTABLISHED) - tcp_connections(second[1]) == set()
+        assert second != first
+
+
+async def test_a_socket_its_link_outlived_answers_as_closed(friends, monkeypatch):
+    """A transport's socket kept by its user past the connection's end
+    answers as a closed socket (EBADF), on both paths; on the friend path it
+    never reaches the connection, kept for the next link."""
     monkeypatch.undo()
     async with serving(friends) as (echoes, port):
-        first = await _one_exchange(port, friends, ask_for_socket=True)
+        held = []
+        first = await _one_exchange(port, friends, held.append)
         await echoes.all_lost()
         for _ in range(3):
             await asyncio.sleep(0)
-        assert tcp_connections(first[1], TCP_ESTABLISHED) == set()
-        second = await _one_exchange(port, friends)
-        assert second != first
+        old = held[0]
+        # (uvloop's socket object holds its descriptor as -1 once closed, and
+        # makes a socket of it for each call.)
+        closed = OSError if isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop) else ValueError
+
+        def calls():
+            yield lambda: old.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+            yield lambda: old.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            yield old.getpeername
+            yield old.getsockname
+
+        for call in calls():
+            with pytest.raises(closed) as caught:
+                call()
+            assert closed is ValueError or caught.value.errno == errno.EBADF
+        with pytest.raises(OSError) as caught:
+            old.dup()
+        assert caught.value.errno == errno.EBADF
+        assert old.fileno() == -1
+        options = []
+
+        def look(sock):
+            options.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE))
+            for call in calls():
+                pytest.raises(closed, call)
+            options.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE))
+
+        second = await _one_exchange(port, friends, look)
+        assert (second == first) is friends
+        assert options == [0, 0]
 
 
 async def test_a_listener_keeps_a_few_connections_and_ends_them_as_it_closes(friends, monkeypatch):

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 from .._core._addresses import shared_host
 from .._core._errors import LinkBrokenError, PeerResetError
 from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
-from .._friend_socket import FriendSocket, copy_buffer_sizes
+from .._friend_socket import FriendSocket, UvloopFriendSocket, copy_buffer_sizes
 from .._handshake import current_pid
 from ._loop_state import DEFAULT_HIGH_WATER, LoopState, loop_state
 
@@ -293,8 +293,8 @@ class FriendTransport(_FlowControlMixin):
                 # and none once the transport is gone; asyncio always has one.
                 if self._closed and not isinstance(self._loop, asyncio.BaseEventLoop):
                     return None
-                wrapped = self._socket = FriendSocket(self._sock, self._end,
-                                                      self._buffer_sizes_changed)
+                kind = FriendSocket if isinstance(self._loop, asyncio.BaseEventLoop) else UvloopFriendSocket
+                wrapped = self._socket = kind(self._sock, self._end, self._buffer_sizes_changed)
                 # Set once somebody can look (no segment of ours is ever
                 # delayed: the bytes do not go through the socket).
                 set_nodelay(self._loop, wrapped)
