@@ -284,6 +284,47 @@ async def test_a_handed_over_socket_gets_tcp_nodelay_as_from_the_loop(friends, s
                 writer.close()
 
 
+@pytest.mark.parametrize("server_kind", sorted(SERVERS))
+async def test_a_cancelled_sock_connect_leaves_the_socket_to_its_user(friends, server_kind):
+    """A ``sock_connect`` cancelled while it waits leaves nothing of the
+    loop's watching the socket; its user closes it, and the next connect
+    pairs (or not) as ever."""
+    loop = asyncio.get_running_loop()
+    with maybe_installed(friends):
+        async with SERVERS[server_kind]() as port:
+            sock = raw_socket()
+            try:
+                connecting = asyncio.ensure_future(loop.sock_connect(sock, (LOCALHOST, port)))
+                await asyncio.sleep(0)
+                assert not connecting.done()
+                connecting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await connecting
+                assert not loop.remove_writer(sock.fileno())  # (uvloop's says None, asyncio's False)
+            finally:
+                sock.close()
+            reader, writer = await bounded(sock_connect_streams(port))
+            try:
+                assert friendsock.is_friend(writer) is friends
+                await exchange(reader, writer, 1024)
+            finally:
+                writer.close()
+
+
+async def test_sock_connect_in_debug_mode_refuses_a_blocking_socket(friends):
+    """As the loop's own ``sock_connect`` in debug mode: ValueError."""
+    loop = asyncio.get_running_loop()
+    with maybe_installed(friends):
+        async with start_server_echo() as port:
+            loop.set_debug(True)
+            try:
+                with socket.socket() as sock:
+                    with pytest.raises(ValueError, match="non-blocking"):
+                        await loop.sock_connect(sock, (LOCALHOST, port))
+            finally:
+                loop.set_debug(False)
+
+
 async def test_anyio_listener_pairs_with_asyncio_and_anyio_clients(friends, patient_confirm):
     """anyio's create_tcp_listener serves over sock_accept +
     connect_accepted_socket; asyncio.open_connection and anyio.connect_tcp

@@ -76,13 +76,52 @@ async def sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, add
         return await connect(sock, address)  # type: ignore[no-any-return]
     adoptable_connecting.add(sock)
     try:
-        await connect(sock, address)
+        if isinstance(loop, asyncio.BaseEventLoop):
+            await connect(sock, address)
+        else:
+            await _connect_resolved(loop, sock, address)
     except BaseException:
         go_tcp(pending, None)  # the connect failed: no connection to count
         raise
     finally:
         adoptable_connecting.discard(sock)
     _connected[sock] = pending
+
+
+async def _connect_resolved(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> None:
+    """uvloop's ``sock_connect`` to an address that is resolved already (a
+    friendsock listener's): the same connect, without the thread pool's
+    ``getaddrinfo`` uvloop asks for every address (about as much CPU again
+    as the connect's set-up itself)."""
+    if loop.get_debug() and sock.gettimeout() != 0:
+        raise ValueError("the socket must be non-blocking")
+    try:
+        sock.connect(address)
+        return
+    except (BlockingIOError, InterruptedError):
+        pass
+    connected: asyncio.Future = loop.create_future()
+    fd = sock.fileno()
+
+    def writable() -> None:
+        if connected.done():
+            return
+        try:
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, f"Connect call failed {address}")
+        except (BlockingIOError, InterruptedError):
+            return  # not yet: keep waiting, as the loop's own does
+        except BaseException as exc:
+            connected.set_exception(exc)
+        else:
+            connected.set_result(None)
+
+    loop.add_writer(fd, writable)
+    try:
+        await connected
+    finally:
+        loop.remove_writer(fd)
 
 
 async def adopt_connected(
