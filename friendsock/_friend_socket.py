@@ -76,7 +76,9 @@ def reveal(end: LinkEnd) -> None:
     FIN."""
     end.fd_hidden = False
     friend = end.link.friend_of(end)
-    sock = friend.fin_owed if friend is not None else None
+    if friend is None:
+        return
+    sock = friend.fin_owed
     if sock is not None:
         friend.fin_owed = None
         try:

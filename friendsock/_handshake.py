@@ -449,7 +449,7 @@ def bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
             return
         except OSError as exc:
             error = OSError(exc.errno, f"error while attempting to bind on address "
-                                       f"{laddr!r}: {exc.strerror.lower()}")
+                                       f"{laddr!r}: {(exc.strerror or '').lower()}")
     raise error or OSError(f"no matching local address with family={af} found")
 
 

@@ -313,7 +313,7 @@ def friendsock_server() -> Iterator[ServerFactory]:
         # Closed while the loop still runs: a function-scoped loop is closed
         # (its leftover tasks cancelled) before this fixture's teardown.
         servers.append((server, asyncio.get_running_loop().create_task(_close_when_cancelled(server))))
-        sockname = server.sockets[0].getsockname()
+        sockname = server.sockets[0].getsockname()  # type: ignore[attr-defined]  # (an asyncio.Server's)
         return sockname[0], sockname[1]
 
     try:

@@ -18,7 +18,7 @@ import asyncio
 from asyncio import selector_events
 import contextlib
 import functools
-from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Coroutine, Dict, Iterator, List, Optional, Union
 
 from ._adoption import adopt_connected, connect_accepted_socket, sock_accept, sock_connect
 from ._api import create_connection_on, create_server_on
@@ -45,7 +45,7 @@ async def _create_connection(loop: asyncio.AbstractEventLoop, protocol_factory: 
 
 
 # What each patched method runs, as ``implementation(loop, *args, **kwargs)``.
-_IMPLEMENTATIONS: Dict[str, Callable[..., Awaitable[Any]]] = {
+_IMPLEMENTATIONS: Dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
     "create_connection": _create_connection,
     "create_server": create_server_on,
     "start_tls": start_tls_on,
@@ -57,7 +57,7 @@ assert set(_IMPLEMENTATIONS) == set(_PATCHED)
 
 
 def _installed_methods(loop: asyncio.AbstractEventLoop) -> Dict[str, Any]:
-    def method_for(name: str, implementation: Callable[..., Awaitable[Any]]) -> Any:
+    def method_for(name: str, implementation: Callable[..., Coroutine[Any, Any, Any]]) -> Any:
         @functools.wraps(native(loop, name))
         async def method(*args: Any, **kwargs: Any) -> Any:
             return await implementation(loop, *args, **kwargs)
@@ -170,7 +170,7 @@ def install_class(klass: type) -> None:
         return
     patch = _ClassPatch(klass)
 
-    def method_for(name: str, implementation: Callable[..., Awaitable[Any]]) -> Any:
+    def method_for(name: str, implementation: Callable[..., Coroutine[Any, Any, Any]]) -> Any:
         @functools.wraps(patch.originals[name])
         async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
             return await in_class_wrapper(implementation(self, *args, **kwargs), self, klass)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from typing import Any, Awaitable, Callable, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, List, Optional, Tuple, cast
 
 from .. import _handshake
 from .._core._registry import registry
@@ -32,7 +32,7 @@ from .._handshake import (
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from ._native import native
-from ._loop_state import loop_state
+from ._loop_state import LoopState, loop_state
 from ._tls import TLSOptions, start_tls_end
 from ._transport import FriendTransport
 
@@ -159,7 +159,7 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
         return
     # Not asyncio.wait_for: before 3.12 it can swallow a cancellation that
     # comes as the future completes.
-    recheck = loop.call_later(_handshake.ROOM_RECHECK, lambda: woken.done() or woken.set_result(None))
+    recheck = loop.call_later(_handshake.ROOM_RECHECK, lambda: None if woken.done() else woken.set_result(None))
     try:
         await woken
     except BaseException:
@@ -284,7 +284,7 @@ def _client_transport(
     client = pending.handle
     link = pending.link
     listener = pending.listener.handle
-    state = loop_state(loop) if link.threaded else listener.state  # one loop: the same
+    state = loop_state(loop) if link.threaded else cast(LoopState, listener.state)  # one loop: the same
     return FriendTransport(loop, link.client, sock, protocol,
                            client.sockname, client.peername, state=state)
 

@@ -78,7 +78,7 @@ class _LostCounter:
 
     def __call__(self, exc: Optional[BaseException]) -> None:
         try:
-            self.lost(exc)
+            self.lost(exc)  # type: ignore[arg-type]  # (as the transport passes it on)
         finally:
             if self.servers:
                 self.uncount(self.servers[0])

@@ -95,9 +95,9 @@ class _SSLProtocol(sslproto.SSLProtocol):
             return
         # Closing reads at once: what came in goes to the protocol before
         # the close_notify, as in asyncio.
-        if self._hold_reads and self._state is sslproto.SSLProtocolState.WRAPPED:
+        if self._hold_reads and self._state is sslproto.SSLProtocolState.WRAPPED:  # type: ignore[attr-defined]
             return
-        super()._do_read()
+        super()._do_read()  # type: ignore[misc]  # (not in typeshed's stub)
 
     def _release_reads(self) -> None:
         self._hold_reads = False
@@ -121,7 +121,7 @@ def _uvloop_tls() -> Optional[Tuple[type, type]]:
     """uvloop's loop class and its SSLProtocol; None without uvloop."""
     try:
         from uvloop import Loop
-        from uvloop.loop import SSLProtocol
+        from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - no uvloop, or one without it
         return None
     return Loop, SSLProtocol

@@ -699,7 +699,8 @@ class FriendTransport(_FlowControlMixin):
             return
         self._closed = True
         try:
-            self._protocol.connection_lost(exc)
+            # (typeshed says Exception; the loops pass on what they caught)
+            self._protocol.connection_lost(exc)  # type: ignore[arg-type]
         finally:
             self._show_fin()
             self._end.close()

@@ -10,7 +10,7 @@ import contextlib
 import contextvars
 import os
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from .._core._stats import Shard, counters
 
@@ -106,8 +106,8 @@ if hasattr(os, "eventfd"):  # Linux: one fd, an 8-byte counter
         fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         return fd, fd
 
-    _signal = os.eventfd_write
-    _consume = os.eventfd_read
+    _signal: Callable[[int, int], Any] = os.eventfd_write  # (the C calls themselves: no frame per wake)
+    _consume: Callable[[int], Any] = os.eventfd_read
 
 else:  # pragma: no cover - elsewhere: a pipe
 
@@ -118,10 +118,10 @@ else:  # pragma: no cover - elsewhere: a pipe
             os.set_inheritable(fd, False)
         return read_fd, write_fd
 
-    def _signal(fd: int, value: int) -> None:
+    def _signal(fd: int, value: int) -> Any:
         os.write(fd, b"\0")
 
-    def _consume(fd: int) -> None:
+    def _consume(fd: int) -> Any:
         os.read(fd, 64)
 
 

@@ -177,9 +177,10 @@ class IdleWorkload(Workload):
             tracemalloc.start()
             base = tracemalloc.get_traced_memory()[0]
         else:
-            base = rss_bytes()
-            if base is None:
+            rss = rss_bytes()
+            if rss is None:
                 raise OSError("RSS is not available here (/proc/self/statm)")
+            base = rss
         try:
             made = await connect_many(self.endpoint, Idle, count, lambda: tally.made - made0)
             for transport, _ in made:

@@ -160,7 +160,7 @@ class Endpoint:
             self.server = await friendsock.create_server(
                 factory, HOST, 0, friends=self.friends, backlog=BACKLOG, **self._serve_tls
             )
-            self.port = self.server.sockets[0].getsockname()[1]
+            self.port = self.server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
 
     async def serve_streams(self, handler: StreamHandler) -> None:
         """Start a StreamReader/StreamWriter server on the running loop."""
@@ -172,7 +172,7 @@ class Endpoint:
             self.server = await friendsock.start_server(
                 handler, HOST, 0, friends=self.friends, backlog=BACKLOG, **self._serve_tls
             )
-            self.port = self.server.sockets[0].getsockname()[1]
+            self.port = self.server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
 
     async def connect(self, factory: ProtocolFactory) -> Tuple[asyncio.BaseTransport, Any]:
         if self.transport == "unix":

@@ -186,11 +186,13 @@ class TrioEndpoint:
             with socketless_connects(transport):
                 return AnyioStream(await anyio.connect_tcp(HOST, self.port))
         if transport == "tcp":
+            assert self.port is not None, "serve() first"
             return await trio.open_tcp_stream(HOST, self.port)
         if transport in FRIEND_TRANSPORTS:
             with socketless_connects(transport):
                 return await self._api.open_tcp_stream(HOST, self.port)
         if transport == "unix":
+            assert self.path is not None, "serve() first"
             return await trio.open_unix_socket(self.path)
         assert self._nursery is not None and self._handler is not None
         client, server = trio.testing.memory_stream_pair()

@@ -13,6 +13,7 @@ every transport, so no transport pays for building them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -100,7 +101,7 @@ class LoopThread:
 
     async def run(self, coro: Awaitable[T]) -> T:
         assert self.loop is not None
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        future: "concurrent.futures.Future[T]" = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
         return await asyncio.wrap_future(future)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -157,7 +158,7 @@ async def connect_many(endpoint: Endpoint, factory: Callable[[], asyncio.BasePro
                 raise error
     except BaseException:
         for transport, _ in made:
-            transport.abort()
+            transport.abort()  # type: ignore[attr-defined]
         raise
     return made
 
@@ -543,7 +544,7 @@ class StreamWorkload(_Connected):
     async def _abort(self) -> None:
         clients, self.clients = self.clients, []
         for transport, _ in clients:
-            transport.abort()
+            transport.abort()  # type: ignore[attr-defined]
         await until(lambda: self.tally.lost - self._lost_before >= len(clients),
                     "the connections to close")
 
@@ -710,7 +711,7 @@ class StreamsRRWorkload(Workload):
     async def close(self, abort: bool = False) -> None:
         writer = getattr(self, "writer", None)
         if writer is not None:
-            self.writer = None
+            self.writer = None  # type: ignore[assignment]
             if abort:
                 writer.transport.abort()
             else:

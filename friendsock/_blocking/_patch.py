@@ -124,7 +124,7 @@ def unpatch_socket() -> None:
         _blocking_socket.patched = False
         unpatch_ssl()
         if socket.socket is FriendCapableSocket:  # not replaced since by someone else
-            socket.socket = _saved  # type: ignore[misc]
+            socket.socket = _saved  # type: ignore[misc,assignment]
         _saved = None
 
 

@@ -423,7 +423,7 @@ def _register_listener(sock: FriendCapableSocket) -> None:
     # registry must not keep its user's socket open.
     # Not proven until its accept() runs: its owner may hand it to code
     # that accepts natively first (see ListenerEntry).
-    entry = register_listener(weakref.proxy(sock), None, owner=object(), exclusive=exclusive,
+    entry = register_listener(weakref.proxy(sock), None, owner=object(), exclusive=exclusive,  # type: ignore[arg-type]
                               proven=False)
     sock.__dict__[_ENTRY] = entry
     forget_when_collected(sock, entry)
