@@ -250,6 +250,8 @@ _RESTORABLE = frozenset({
     (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
     (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
     (socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+    # (trio's streams set it on every connection)
+    *([(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)] if hasattr(socket, "TCP_NOTSENT_LOWAT") else []),
 })
 
 

@@ -8,6 +8,7 @@ import contextvars
 import gc
 import os
 import random
+import socket
 import ssl
 import sys
 import warnings
@@ -424,3 +425,17 @@ async def returned(value: Any) -> Any:
 
 def report(differing: dict) -> str:
     return "\n".join(f"{name}: TCP {tcp!r}, paired {friend!r}" for name, (tcp, friend) in differing.items())
+
+
+def keep_a_connection(handle: _handshake.ListenerHandle, address) -> None:
+    """What a finished link leaves its listener: an established TCP
+    connection to it, accepted here before its server (on any loop, or
+    trio) looks."""
+    client = socket.socket(handle.kind[0], socket.SOCK_STREAM, socket.IPPROTO_TCP)  # as a connect makes it
+    client.connect(address)
+    server, _ = handle.sock.accept()
+    for sock in (client, server):
+        sock.setblocking(False)
+    sizes = [sock.getsockopt(socket.SOL_SOCKET, option)
+             for sock in (client, server) for option in (socket.SO_SNDBUF, socket.SO_RCVBUF)]
+    assert handle.keep(server, client, (client.getsockname(), client.getpeername()), tuple(sizes))

@@ -24,24 +24,12 @@ from support import (
     Echoes,
     Recorder,
     bounded,
+    keep_a_connection,
     port_of,
     tcp_connections,
 )
 from test_tls import *  # noqa: F401,F403 (TLS over the link, run again here)
 from test_transport import *  # noqa: F401,F403 (the conformance tests, run again here)
-
-
-def _keep_a_connection(handle: _handshake.ListenerHandle, address) -> None:
-    """What a finished link leaves its listener: an established TCP
-    connection to it, accepted here before its server's loop looks."""
-    client = socket.socket(handle.kind[0], socket.SOCK_STREAM, socket.IPPROTO_TCP)  # as a connect makes it
-    client.connect(address)
-    server, _ = handle.sock.accept()
-    for sock in (client, server):
-        sock.setblocking(False)
-    sizes = [sock.getsockopt(socket.SOL_SOCKET, option)
-             for sock in (client, server) for option in (socket.SO_SNDBUF, socket.SO_RCVBUF)]
-    assert handle.keep(server, client, (client.getsockname(), client.getpeername()), tuple(sizes))
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +40,7 @@ def over_kept_connections(monkeypatch):
 
     def reuse(entry, address):
         if not entry.handle.kept:
-            _keep_a_connection(entry.handle, address)
+            keep_a_connection(entry.handle, address)
         pending = reused_connect(entry, address)
         assert pending is not None
         return pending

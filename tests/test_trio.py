@@ -134,17 +134,25 @@ async def test_check_half_closeable_stream(friends):
 async def test_connect_then_accept_in_one_task(friends):
     """The client end is usable before the server accepts: bytes and EOF
     sent then wait for the accept, as on an established TCP connection."""
+    # A socketless link has no pending connect: its server end waits in
+    # the listener's socketless backlog.
+    await connect_then_accept(friends, pending=friends and not friendsock.is_socketless())
+
+
+async def connect_then_accept(friends: bool, pending: bool) -> None:
+    """test_connect_then_accept_in_one_task, with a connect ``pending``
+    until the accept (not one whose server end waits in the listener's
+    backlog)."""
     before = friendsock.stats()
     async with listening(friends) as (listener, port):
         with trio.fail_after(TIMEOUT):
             client = await fst.open_tcp_stream(LOCALHOST, port, friends=friends)
         async with client:
             assert_path(friends, client)
-            # A socketless link has no descriptor and no pending connect:
-            # its server end waits in the listener's socketless backlog.
+            # A socketless link has no descriptor.
             socketless = friends and friendsock.is_socketless()
             assert (client.socket.fileno() >= 0) is not socketless
-            assert friendsock.stats().pending == (1 if friends and not socketless else 0)
+            assert friendsock.stats().pending == (1 if pending else 0)
             with trio.fail_after(TIMEOUT):
                 await client.send_all(b"sent before the accept")
                 await client.send_eof()

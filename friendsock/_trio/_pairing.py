@@ -35,10 +35,12 @@ from .._handshake import (
     forget_listener,
     numeric_address_infos,
     make_room,
+    offer_for_reuse,
     register_listener,
     wait_for_room,
     why_not_friends,
 )
+from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from ._backlog import SocketlessBacklog
 from ._run import RunState, run_state
@@ -199,7 +201,9 @@ def claim_connection(conn: socket.socket, address: Any,
     if pending is None:
         counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint if entry is not None else None)
         return None, None
-    adopt_accepted(conn, pending)
+    # A client in this run, on a socket of friendsock's: the connection is
+    # kept for a later connect once the link is done (see offer_for_reuse).
+    adopt_accepted(conn, pending, keeper=None if pending.link.threaded else pending.listener.handle)
     return pending, sockname
 
 
@@ -347,6 +351,13 @@ async def _connect(host: Union[str, bytes], port: int,
             stream = _start_client(made, made.handle.sock)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return stream
+        if entry.owner is token and local_address is None:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            reused = reused_connect(entry, address)
+            if reused is not None:  # (its server end is in the listener's backlog)
+                stream = _start_client(reused, reused.handle.sock)
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return stream
         where = entry.endpoint
         sock = attempt.open(af, socktype, proto)  # socket() errors are raised: no fallback
         try:
@@ -371,7 +382,13 @@ async def _connect(host: Union[str, bytes], port: int,
             attempt.give_up()
             continue
         if paired:
-            return _start_client(attempt.pending, sock)  # type: ignore[arg-type]
+            pending = attempt.pending
+            assert pending is not None
+            if not pending.link.threaded:
+                # The socket is ours alone: its connection may be reused
+                # once the link is done.
+                offer_for_reuse(pending)
+            return _start_client(pending, sock)
         return _socket_stream(sock)
     counters.fallback(reason, where)
     return None
