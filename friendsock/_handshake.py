@@ -523,18 +523,17 @@ class _EphemeralPorts:
 _PORT_TRIES = 2
 _PORT_SKIPS = 16
 _SKIPPING_HOSTS = 64  # local addresses whose skips are remembered at once
-_ephemeral_ports: Optional[_EphemeralPorts] = None
+# Read as friendsock is imported, not at a first connect: that one runs on
+# an event loop, where a file read is a blocking call (blockbuster, which
+# aiohttp's and anyio's suites run, fails it).
+_ephemeral_ports = _EphemeralPorts()
 
 
 def bind_as_connect_would(sock: socket.socket, host: str) -> None:
     """Bind ``sock`` to ``host`` and a port that a connect() of the kernel's
     would take (see :class:`_EphemeralPorts`), so the connection's 4-tuple
     is known before connect()."""
-    global _ephemeral_ports
-    ports = _ephemeral_ports
-    if ports is None:
-        ports = _ephemeral_ports = _EphemeralPorts()
-    ports.bind(sock, host)
+    _ephemeral_ports.bind(sock, host)
 
 
 def _bind_port_now(sock: socket.socket, host: str) -> None:
