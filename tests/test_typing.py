@@ -16,5 +16,6 @@ def test_the_package_type_checks_clean(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), str(package)],
         capture_output=True, text=True, timeout=120,
+        cwd=package.parent,  # (the project's settings: pyproject.toml)
     )
     assert result.returncode == 0, result.stdout + result.stderr
