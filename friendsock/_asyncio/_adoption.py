@@ -370,19 +370,28 @@ async def hold_for_client(loop: asyncio.AbstractEventLoop, conn: socket.socket,
     # Set, then check: the connecting end may have settled it first.
     if pending.state is not PendingState.HELD:
         settle(pending.state is PendingState.CLAIMED)
-    fd = conn.fileno()
-    loop.add_reader(fd, settle, False)
-    # Not asyncio.wait_for: before 3.12 it can swallow a cancellation that
-    # comes as the future completes.
-    deadline = loop.call_later(_handshake.CONFIRM_TIMEOUT, settle, False)
     try:
-        await settled
+        if not settled.done():
+            # A turn of the loop first: a library that connected hands the
+            # socket over in the step its sock_connect() wakes (aiohttp's
+            # connector does), with no reader and no deadline set up for
+            # it. (Bytes or EOF that come meanwhile wait in the socket.)
+            await asyncio.sleep(0)
+        if not settled.done():
+            fd = conn.fileno()
+            loop.add_reader(fd, settle, False)
+            # Not asyncio.wait_for: before 3.12 it can swallow a
+            # cancellation that comes as the future completes.
+            deadline = loop.call_later(_handshake.CONFIRM_TIMEOUT, settle, False)
+            try:
+                await settled
+            finally:
+                deadline.cancel()
+                loop.remove_reader(fd)
     except BaseException:
         if not go_tcp(pending, None):  # formed meanwhile: the connecting end sees us go
             pending.link.server.close()
         raise
     finally:
-        deadline.cancel()
-        loop.remove_reader(fd)
         pending.on_settled = None
     return hold_ended(pending)
