@@ -1046,10 +1046,35 @@ def offer_for_reuse(pending: Pending) -> None:
 _collected: "collections.deque[ListenerEntry]" = collections.deque()
 
 
+class _CollectedListener:
+    """What a listener's handle holds once its user's socket (held through
+    a weak proxy) was collected: a socket that answers as a closed one. Not
+    the dead proxy, which raises ReferenceError at any touch, even
+    ``isinstance()`` (programs that look through ``gc.get_objects()``,
+    anyio's tests among them, would find it through the registry)."""
+
+    __slots__ = ()
+
+    def fileno(self) -> int:
+        return -1
+
+    def getsockopt(self, *args: Any) -> Any:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+
+_COLLECTED_LISTENER = _CollectedListener()
+
+
+def _listener_collected(entry: ListenerEntry) -> None:
+    """A finalizer's: no lock taken (see _collected)."""
+    entry.handle.sock = _COLLECTED_LISTENER  # type: ignore[assignment]
+    _collected.append(entry)
+
+
 def forget_when_collected(listen_sock: Any, entry: ListenerEntry) -> None:
     """Forget ``entry`` once its listening socket (a user's, held weakly)
     is collected; the callback takes no lock."""
-    weakref.finalize(listen_sock, _collected.append, entry)
+    weakref.finalize(listen_sock, _listener_collected, entry)
 
 
 def forget_collected() -> None:

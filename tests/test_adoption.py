@@ -325,6 +325,28 @@ async def test_sock_connect_in_debug_mode_refuses_a_blocking_socket(friends):
                 loop.set_debug(False)
 
 
+async def test_a_collected_sock_accept_listener_leaves_no_dead_reference_to_find(friends):
+    """A listening socket first seen by ``sock_accept``, closed, dropped and
+    collected: nothing the collector can reach is a dead weak proxy of it
+    (code that walks ``gc.get_objects()`` with ``isinstance()``, as anyio's
+    tests do, raises ReferenceError at one)."""
+    loop = asyncio.get_running_loop()
+    with maybe_installed(friends):
+        listener = raw_socket()
+        listener.bind((LOCALHOST, 0))
+        listener.listen()
+        accepting = asyncio.ensure_future(loop.sock_accept(listener))
+        client = raw_socket()
+        await bounded(loop.sock_connect(client, listener.getsockname()))
+        conn, _ = await bounded(accepting)
+        for sock in (conn, client, listener):
+            sock.close()
+        del listener, accepting, conn
+        gc.collect()
+        for obj in gc.get_objects():
+            isinstance(obj, asyncio.AbstractEventLoop)
+
+
 async def test_anyio_listener_pairs_with_asyncio_and_anyio_clients(friends, patient_confirm):
     """anyio's create_tcp_listener serves over sock_accept +
     connect_accepted_socket; asyncio.open_connection and anyio.connect_tcp

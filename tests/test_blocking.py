@@ -93,6 +93,18 @@ def test_a_replaced_socket_call_sees_every_connection(patched):
         assert client.recv(1) == b"x"
 
 
+def test_a_collected_listener_leaves_no_dead_reference_to_find(patched):
+    """A patched listener that paired, closed, dropped and collected:
+    nothing the collector can reach is a dead weak proxy of it (code that
+    walks ``gc.get_objects()`` with ``isinstance()``, as anyio's tests do,
+    raises ReferenceError at one)."""
+    with blocking_pair(patched):
+        pass
+    gc.collect()
+    for obj in gc.get_objects():
+        isinstance(obj, socket.socket)
+
+
 @pytest.mark.parametrize("restore", ["delattr", "setattr"])
 def test_a_wrapper_around_a_socket_call_leaves_pairing_on(patched, restore):
     """A wrapper that goes on to the original call (blockbuster wraps every
