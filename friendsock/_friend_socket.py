@@ -7,6 +7,7 @@ the value the kernel reports back (Linux doubles what it is given).
 
 from __future__ import annotations
 
+import _socket
 import errno
 import os
 import socket
@@ -14,7 +15,7 @@ import struct
 import sys
 import types
 import weakref
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ._core._errors import LinkBrokenError
 from ._core._link import LinkEnd
@@ -169,10 +170,9 @@ class FriendSocket:
     def setsockopt(self, *args: Any) -> None:
         sock = self._for_calls()
         release = self._end.link.on_done
-        if getattr(release, "client", None) is None:
+        # (A connection to keep once the link is done: as it was made.)
+        if getattr(release, "client", None) is None or not _set_restorably(release, sock, args):
             sock.setsockopt(*args)
-        else:  # a connection to keep, once the link is done, as it was made
-            _set_restorably(release, sock, args)
         if args[0] == socket.SOL_SOCKET:
             if args[1] in _BUFFER_OPTIONS:
                 self.sync_buffer_sizes()
@@ -255,22 +255,106 @@ _RESTORABLE = frozenset({
 })
 
 
-def _set_restorably(release: Any, sock: socket.socket, args: "tuple[Any, ...]") -> None:
-    """``sock.setsockopt(*args)`` on a socket whose connection its listener
-    may keep for a later link (``release``: the link's ``SocketRelease``):
-    an option of :data:`_RESTORABLE` it changes is given back its value
-    before the connection is kept, as a new connection would have it; any
-    other change (buffer sizes lock, SO_LINGER, ...) ends the connection
-    with the link."""
+def _set_restorably(release: Any, sock: socket.socket, args: "tuple[Any, ...]") -> bool:
+    """``setsockopt(*args)`` on a socket whose connection its listener may
+    keep for a later link (``release``: the link's ``SocketRelease``): an
+    option of :data:`_RESTORABLE` is set here (the C call), and given back
+    its value before the connection is kept, as a new connection would have
+    it. False for any other option, which the caller sets: that change
+    (buffer sizes lock, SO_LINGER, ...) ends the connection with the link."""
     if len(args) != 3 or type(args[2]) not in (int, bool) or args[:2] not in _RESTORABLE:
         release.exposed()
-        sock.setsockopt(*args)
-        return
+        return False
     level, option = args[0], args[1]
-    before = sock.getsockopt(level, option)
-    sock.setsockopt(*args)
-    if sock.getsockopt(level, option) != before:
+    before = _socket.socket.getsockopt(sock, level, option)
+    _socket.socket.setsockopt(sock, *args)
+    if _socket.socket.getsockopt(sock, level, option) != before:
         release.restore_before_keeping(sock, level, option, before)
+    return True
+
+
+# What a program may set on a socket before connect() (besides
+# _RESTORABLE's): a connect over a kept connection, which hands its user
+# another socket's descriptor, is made only for a socket whose values of
+# these are a new socket's.
+_SET_BEFORE_CONNECT = tuple(
+    (level, getattr(socket, name), size)
+    for level, name, size in (
+        (socket.SOL_SOCKET, "SO_SNDBUF", 0), (socket.SOL_SOCKET, "SO_RCVBUF", 0),
+        (socket.SOL_SOCKET, "SO_LINGER", _LINGER.size), (socket.SOL_SOCKET, "SO_REUSEADDR", 0),
+        (socket.SOL_SOCKET, "SO_REUSEPORT", 0), (socket.SOL_SOCKET, "SO_OOBINLINE", 0),
+        (socket.SOL_SOCKET, "SO_PRIORITY", 0), (socket.SOL_SOCKET, "SO_RCVLOWAT", 0),
+        (socket.SOL_SOCKET, "SO_MARK", 0), (socket.SOL_SOCKET, "SO_BINDTODEVICE", 16),
+        (socket.IPPROTO_TCP, "TCP_MAXSEG", 0), (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", 0),
+        (socket.IPPROTO_TCP, "TCP_WINDOW_CLAMP", 0), (socket.IPPROTO_TCP, "TCP_CONGESTION", 16),
+        (socket.IPPROTO_TCP, "TCP_FASTOPEN_CONNECT", 0),
+        (socket.IPPROTO_IP, "IP_TOS", 0), (socket.IPPROTO_IP, "IP_TTL", 0),
+        (socket.IPPROTO_IP, "IP_BIND_ADDRESS_NO_PORT", 0),
+        (socket.IPPROTO_IPV6, "IPV6_TCLASS", 0), (socket.IPPROTO_IPV6, "IPV6_UNICAST_HOPS", 0),
+        (socket.IPPROTO_IPV6, "IPV6_V6ONLY", 0),
+    )
+    if hasattr(socket, name)
+)
+# Per family, what a new socket has: ((level, option, size, value), ...) of
+# _SET_BEFORE_CONNECT, and ((level, option, value), ...) of _RESTORABLE.
+_new_socket_options: Dict[int, Tuple[Tuple[Any, ...], Tuple[Any, ...]]] = {}
+
+
+def _option(sock: Any, level: int, option: int, size: int) -> Any:
+    return (_socket.socket.getsockopt(sock, level, option, size) if size
+            else _socket.socket.getsockopt(sock, level, option))
+
+
+def _new_socket_values(family: int) -> Tuple[Tuple[Any, ...], Tuple[Any, ...]]:
+    """What a new TCP socket of ``family`` has of :data:`_SET_BEFORE_CONNECT`
+    and :data:`_RESTORABLE` (read once per family; the options a family has
+    not left out)."""
+    values = _new_socket_options.get(family)
+    if values is None:
+        new = _socket.socket(family, socket.SOCK_STREAM)
+        checked, restorable = [], []
+        try:
+            for level, option, size in _SET_BEFORE_CONNECT:
+                try:
+                    checked.append((level, option, size, _option(new, level, option, size)))
+                except OSError:  # not of this family
+                    pass
+            for level, option in _RESTORABLE:
+                restorable.append((level, option, _option(new, level, option, 0)))
+        finally:
+            new.close()
+        values = _new_socket_options[family] = (tuple(checked), tuple(restorable))
+    return values
+
+
+def set_as_a_new_socket(sock: socket.socket) -> bool:
+    """Whether ``sock`` (not connected yet) has nothing of
+    :data:`_SET_BEFORE_CONNECT` set otherwise than a new socket has it
+    (options of :data:`_RESTORABLE` it may have set: :func:`carry_options`
+    carries them over)."""
+    for level, option, size, value in _new_socket_values(sock.family)[0]:
+        if _option(sock, level, option, size) != value:
+            return False
+    return True
+
+
+def carry_options(sock: socket.socket, kept: socket.socket, release: Any) -> None:
+    """The options of :data:`_RESTORABLE` its user set on ``sock`` (made
+    for a connect that goes over the connection ``kept``) set on ``kept``
+    too, and given back before that connection is kept again."""
+    for level, option, value in _new_socket_values(sock.family)[1]:
+        set_to = _socket.socket.getsockopt(sock, level, option)
+        if set_to != value:
+            _set_restorably(release, kept, (level, option, set_to))
+
+
+def restore_before_keeping(sock: socket.socket, release: Any) -> None:
+    """The options of :data:`_RESTORABLE` its user set on ``sock`` before
+    it connected (its connection one to keep): given back their values of
+    a new socket's before it is kept."""
+    for level, option, value in _new_socket_values(sock.family)[1]:
+        if _socket.socket.getsockopt(sock, level, option) != value:
+            release.restore_before_keeping(sock, level, option, value)
 
 
 # The stdlib's class, as it was when friendsock was imported (patch_socket()
@@ -291,17 +375,28 @@ class _WatchedSocket(_STDLIB_SOCKET):  # type: ignore[misc,valid-type]
     __slots__ = ()
 
     def setsockopt(self, *args: Any) -> None:
-        super().setsockopt(*args)
         options = _watchers.get(self)
+        release = options._end.link.on_done if options is not None else None
+        # (A connection to keep once the link is done: as it was made.)
+        if getattr(release, "client", None) is None or not _set_restorably(release, self, args):
+            super().setsockopt(*args)
         if options is not None and args[0] == socket.SOL_SOCKET:
             if args[1] in _BUFFER_OPTIONS:
                 options.sync_buffer_sizes()
             elif args[1] == socket.SO_LINGER:
                 options.sync_linger()
 
+    def fileno(self) -> int:
+        # Its descriptor handed out (anyio's raw_socket, which httpcore
+        # polls): the connection is not one to keep (see FriendSocket).
+        options = _watchers.get(self)
+        if options is not None:
+            options._seen()
+        return super().fileno()
+
     def getpeername(self) -> Any:
         options = _watchers.get(self)
-        if options is not None and self.fileno() >= 0:
+        if options is not None and _socket.socket.fileno(self) >= 0:
             error = options._end.peername_error()
             if error is not None:
                 raise error.as_os_error()

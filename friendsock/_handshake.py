@@ -162,9 +162,13 @@ class SocketRelease:
         link's own, and the user's shows it closed (``fileno()`` -1), as
         after a close over TCP."""
         if sock is self.first:
-            self.first = _detached(sock)
+            kept = self.first = _detached(sock)
         elif sock is self.second:
-            self.second = _detached(sock)
+            kept = self.second = _detached(sock)
+        else:
+            return
+        if self.restores:  # (options to give back: on the socket object kept)
+            self.restores = [(kept if each[0] is sock else each[0],) + each[1:] for each in self.restores]
 
     def __call__(self) -> None:
         keeper, client = self.keeper, self.client
@@ -1023,10 +1027,11 @@ def adopt_accepted(conn: socket.socket, pending: Pending,
     # closed first (SocketRelease.keep).
     release = pending.link.on_done
     if isinstance(release, SocketRelease):
-        client_sock, client = release.first, release.client
+        client_sock, client, restores = release.first, release.client, release.restores
     else:
-        client_sock, client = pending.handle.sock, None
-    pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock, keeper, client)
+        client_sock, client, restores = pending.handle.sock, None, None
+    adopted = pending.link.on_done = SocketRelease(_Process.pid, conn, client_sock, keeper, client)
+    adopted.restores = restores
     pending.link.establish()
 
 

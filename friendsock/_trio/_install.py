@@ -33,9 +33,11 @@ import trio
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
+from .._friend_socket import carry_options, restore_before_keeping, set_as_a_new_socket
 from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
-                          register_listener, users_sockname)
+                          offer_for_reuse, register_listener, users_sockname)
 from .._imports import when_imported
+from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from . import _pairing
 from ._backlog import SocketlessBacklog
@@ -244,6 +246,23 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
         become_friend(self, made.link.client, client.sockname, client.peername, run_state())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return
+    # A connection a finished link left its listener (of this run) serves,
+    # for a socket its user left as a new one (options that can be given
+    # back aside, which go over with it): as for a socketless connect, the
+    # socket object stays the caller's, and its descriptor goes.
+    as_new = attempt.entry.owner is token and not is_bound(sockname) and set_as_a_new_socket(sock)
+    if as_new:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        reused = reused_connect(attempt.entry, resolved)
+        if reused is not None:
+            kept = reused.handle.sock
+            carry_options(sock, kept, reused.link.on_done)
+            self._sock = kept
+            sock.close()
+            client = reused.handle
+            become_friend(self, reused.link.client, client.sockname, client.peername, run_state())
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
     attempt.bind_users_socket(sockname)
     if attempt.entry is None:  # not an address of ours
         counters.fallback(attempt.fallback, resolved)
@@ -254,6 +273,11 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
     if paired:
         pending = attempt.pending
         assert pending is not None
+        if as_new:
+            # Its connection may be kept once the link is done, as a new
+            # socket's: the options set before connect() are given back.
+            restore_before_keeping(sock, pending.link.on_done)
+            offer_for_reuse(pending)
         client = pending.handle
         become_friend(self, pending.link.client, client.sockname, client.peername, run_state())
 

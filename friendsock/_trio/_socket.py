@@ -107,7 +107,10 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
 
     # -- what stays the real socket's ---------------------------------------
     def fileno(self) -> int:
-        return -1 if self._closed else self._sock.fileno()
+        if self._closed:
+            return -1
+        self._options._seen()  # (its connection is then not one to keep)
+        return self._sock.fileno()
 
     def dup(self) -> Any:
         raise _unsupported("dup()")
