@@ -439,3 +439,19 @@ def keep_a_connection(handle: _handshake.ListenerHandle, address) -> None:
     sizes = [sock.getsockopt(socket.SOL_SOCKET, option)
              for sock in (client, server) for option in (socket.SO_SNDBUF, socket.SO_RCVBUF)]
     assert handle.keep(server, client, (client.getsockname(), client.getpeername()), tuple(sizes))
+
+
+def always_over_kept_connections(monkeypatch, module) -> None:
+    """Every connect that ``module`` (which calls ``reused_connect``) makes
+    to a listener of its own loop or run goes over a connection the
+    listener kept: one is made for it when the listener keeps none."""
+    reused_connect = module.reused_connect
+
+    def reuse(entry, address):
+        if not entry.handle.kept:
+            keep_a_connection(entry.handle, address)
+        pending = reused_connect(entry, address)
+        assert pending is not None
+        return pending
+
+    monkeypatch.setattr(module, "reused_connect", reuse)

@@ -23,8 +23,8 @@ from support import (
     TCP_ESTABLISHED,
     Echoes,
     Recorder,
+    always_over_kept_connections,
     bounded,
-    keep_a_connection,
     port_of,
     tcp_connections,
 )
@@ -36,16 +36,7 @@ from test_transport import *  # noqa: F401,F403 (the conformance tests, run agai
 def over_kept_connections(monkeypatch):
     """Every friend connect of the test (to a listener on its own loop)
     goes over a connection its listener kept."""
-    reused_connect = _pairing.reused_connect
-
-    def reuse(entry, address):
-        if not entry.handle.kept:
-            keep_a_connection(entry.handle, address)
-        pending = reused_connect(entry, address)
-        assert pending is not None
-        return pending
-
-    monkeypatch.setattr(_pairing, "reused_connect", reuse)
+    always_over_kept_connections(monkeypatch, _pairing)
 
 
 def open_descriptors() -> int:

@@ -16,7 +16,7 @@ import trio
 import friendsock
 import friendsock.trio as fst
 from friendsock._trio import _pairing
-from support import keep_a_connection
+from support import always_over_kept_connections
 from test_trio import *  # noqa: F401,F403 (the conformance tests, run again here)
 from test_trio import connect_then_accept
 from trio_support import LOCALHOST, TIMEOUT, listening, receive_exactly
@@ -28,16 +28,7 @@ pytestmark = pytest.mark.trio
 def over_kept_connections(monkeypatch):
     """Every friend connect of the test (to a listener of its own run)
     goes over a connection its listener kept."""
-    reused_connect = _pairing.reused_connect
-
-    def reuse(entry, address):
-        if not entry.handle.kept:
-            keep_a_connection(entry.handle, address)
-        pending = reused_connect(entry, address)
-        assert pending is not None
-        return pending
-
-    monkeypatch.setattr(_pairing, "reused_connect", reuse)
+    always_over_kept_connections(monkeypatch, _pairing)
 
 
 async def test_connect_then_accept_in_one_task(friends):
