@@ -348,7 +348,7 @@ def carry_options(sock: socket.socket, kept: socket.socket, release: Any) -> Non
             _set_restorably(release, kept, (level, option, set_to))
 
 
-def restore_before_keeping(sock: socket.socket, release: Any) -> None:
+def restore_options_set_before_connect(sock: socket.socket, release: Any) -> None:
     """The options of :data:`_RESTORABLE` its user set on ``sock`` before
     it connected (its connection one to keep): given back their values of
     a new socket's before it is kept."""

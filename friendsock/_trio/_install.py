@@ -33,7 +33,7 @@ import trio
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._friend_socket import carry_options, restore_before_keeping, set_as_a_new_socket
+from .._friend_socket import carry_options, restore_options_set_before_connect, set_as_a_new_socket
 from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
                           offer_for_reuse, register_listener, users_sockname)
 from .._imports import when_imported
@@ -276,7 +276,7 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
         if as_new:
             # Its connection may be kept once the link is done, as a new
             # socket's: the options set before connect() are given back.
-            restore_before_keeping(sock, pending.link.on_done)
+            restore_options_set_before_connect(sock, pending.link.on_done)
             offer_for_reuse(pending)
         client = pending.handle
         become_friend(self, pending.link.client, client.sockname, client.peername, run_state())
