@@ -112,8 +112,14 @@ class FriendSocket:
     type = property(lambda self: self._sock.type)
     proto = property(lambda self: self._sock.proto)
 
+    @property
+    def _link_done(self) -> bool:
+        # (A done link lets go of its ends; its connection may carry
+        # another link by then, kept by its listener.)
+        return self._end.link.client is None
+
     def __repr__(self) -> str:
-        if self._end.link.client is None:
+        if self._link_done:
             return "<friendsock.FriendSocket [closed]>"
         return f"<friendsock.FriendSocket {self._sock!r}>"
 
@@ -124,7 +130,7 @@ class FriendSocket:
         """The real socket; EBADF, as from a closed socket, once the link is
         done: its connection may carry another link by then (kept by its
         listener, see :meth:`ListenerHandle.keep`)."""
-        if self._end.link.client is None:  # (a done link lets go of its ends)
+        if self._link_done:
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         return self._sock
 
@@ -227,7 +233,7 @@ class UvloopFriendSocket(FriendSocket):
         self._peername: Any = None
 
     def _for_calls(self) -> socket.socket:
-        if self._end.link.client is None:
+        if self._link_done:
             raise ValueError("negative file descriptor")
         return self._sock
 

@@ -224,6 +224,17 @@ async def _socket_connect(self: Any, address: Any) -> None:
         raise
 
 
+def _friend_in_place_of(self: Any, sock: socket.socket, made: Any) -> None:
+    """The trio socket ``self`` becomes the client end of ``made`` (a link
+    with a socket of its own: a socketless one's stand-in, or a kept
+    connection's): the socket object stays the caller's, and its
+    descriptor ``sock`` goes."""
+    self._sock = made.handle.sock
+    sock.close()
+    client = made.handle
+    become_friend(self, made.link.client, client.sockname, client.peername, run_state())
+
+
 async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any) -> None:
     resolved = await self._resolve_address_nocp(address, local=False)
     if not registry.has_port(resolved[1]):
@@ -239,11 +250,7 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
     if socketless_entry(attempt.entry, is_bound(sockname)):
         await trio.lowlevel.checkpoint_if_cancelled()
         made = socketless_connect(attempt.entry, resolved, threaded=attempt.entry.owner is not token)
-        # The socket object stays the caller's; its descriptor goes.
-        self._sock = made.handle.sock
-        sock.close()
-        client = made.handle
-        become_friend(self, made.link.client, client.sockname, client.peername, run_state())
+        _friend_in_place_of(self, sock, made)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return
     # A connection a finished link left its listener (of this run) serves,
@@ -255,12 +262,8 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
         await trio.lowlevel.checkpoint_if_cancelled()
         reused = reused_connect(attempt.entry, resolved)
         if reused is not None:
-            kept = reused.handle.sock
-            carry_options(sock, kept, reused.link.on_done)
-            self._sock = kept
-            sock.close()
-            client = reused.handle
-            become_friend(self, reused.link.client, client.sockname, client.peername, run_state())
+            carry_options(sock, reused.handle.sock, reused.link.on_done)
+            _friend_in_place_of(self, sock, reused)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
     attempt.bind_users_socket(sockname)
