@@ -18,7 +18,7 @@ import weakref
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ._core._errors import LinkBrokenError
-from ._core._link import LinkEnd
+from ._core._link import CHANNEL_TCP, LinkEnd
 
 _BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
 _LINGER = struct.Struct("ii")  # struct linger
@@ -473,16 +473,30 @@ class PairedSocketCalls:
         SHUT_RDWR (the link's errno as an OSError), EOF for later reads for
         SHUT_RD and SHUT_RDWR, as on Linux. Returns whether the writing side
         was shut."""
+        # Bound now: a hand-over meanwhile may give this object its real
+        # socket's class (a trio socket's: trio's own).
+        shutdown_on_tcp = self._shutdown_on_tcp
         self._check_open()
         if not _C_INT_MIN <= how <= _C_INT_MAX:  # as the C call converts it
             raise OverflowError("Python int too large to convert to C int")
         if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
             raise OSError(errno.EINVAL, "Invalid argument")
+        # The link may go on over TCP meanwhile (a fork on another thread),
+        # too early for its hand-over to carry this shutdown: the socket
+        # makes it then.
         if how != socket.SHUT_RD:
             try:
-                self._end.shutdown_write()
+                on_link = self._end.shutdown_write()
             except LinkBrokenError as exc:
                 raise exc.as_os_error() from None
+            if not on_link:
+                shutdown_on_tcp(socket.SHUT_WR)
         if how != socket.SHUT_WR:
             self._read_shut = True
+            if self._end.incoming.state is CHANNEL_TCP:  # (a second one is harmless)
+                shutdown_on_tcp(socket.SHUT_RD)
         return how != socket.SHUT_RD
+
+    def _shutdown_on_tcp(self, how: int) -> None:
+        """``shutdown(how)`` on the real socket (the link went on over TCP)."""
+        raise NotImplementedError

@@ -110,8 +110,10 @@ def test_write_after_shutdown_and_to_a_closed_reader_raise_core_errors():
     channel.shutdown()
     with pytest.raises(ChannelShutdownError):
         channel.push(b"x")
-    with pytest.raises(ChannelShutdownError):
-        channel.shutdown()  # EOF twice is not a transition
+    wakes = []
+    channel.notify_readable = lambda: wakes.append(1)
+    assert channel.shutdown() is True  # EOF twice is one EOF (shutdown() twice, as TCP's)
+    assert channel.state is ChannelState.EOF and wakes == []
     other = Channel(sndbuf=10, rcvbuf=10)
     other.push(b"abc")
     assert other.close_reader() is True
@@ -174,6 +176,65 @@ def test_hand_over_takes_an_end_closed_with_eof_and_refuses_a_reset():
     reset.client.close()
     assert not reset.hand_over(lambda *args: sent.append(args), limit=1000)
     assert len(sent) == 2
+
+
+class _LockWatched:
+    """A channel's lock that sets ``tried`` when a thread asks for it."""
+
+    def __init__(self, lock: threading.Lock, tried: threading.Event) -> None:
+        self._lock = lock
+        self.tried = tried
+
+    def acquire(self, *args: object) -> bool:
+        self.tried.set()
+        return self._lock.acquire(*args)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+@pytest.mark.parametrize("call, answer", [
+    (lambda end: end.send_some(b"written after"), -1),
+    (lambda end: end.shutdown_write(), False),
+])
+def test_a_write_racing_a_hand_over_goes_to_the_socket_after_what_was_queued(call, answer):
+    """A write or shutdown on another thread while the link goes on over
+    TCP: it is told to use its socket (-1, False) only once the hand-over
+    has put the queued bytes there, so nothing overtakes them, and the
+    shutdown neither raises nor is lost."""
+    link = Link(100, 100, 100, 100, threaded=True)
+    link.establish()
+    link.client.outgoing.push(b"queued before")
+    order = []
+    answers = []
+    moved_on = threading.Event()  # the writer asked for the lock, or is done
+    done = threading.Event()
+
+    def write() -> None:
+        answers.append(call(link.client))
+        order.append("the writer's own")
+        moved_on.set()
+        done.set()
+
+    def send(end, data, eof) -> None:
+        if end is link.client:
+            channel = end.outgoing
+            channel._lock = _LockWatched(channel._lock, moved_on)
+            threading.Thread(target=write).start()
+            assert moved_on.wait(10)
+            order.append(data)
+
+    assert link.hand_over(send, limit=1000)
+    assert done.wait(10)
+    assert order == [b"queued before", "the writer's own"]
+    assert answers == [answer]
+    assert link.client.shutdown_write() is False  # and once over TCP, every time
 
 
 def test_abort_keeps_what_fits_in_sndbuf_plus_friend_rcvbuf():

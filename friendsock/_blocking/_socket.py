@@ -1291,6 +1291,9 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         if wrote_shut or self._read_shut:
             self._signals.readable()
 
+    def _shutdown_on_tcp(self, how: int) -> None:
+        _ss.shutdown(self, how)
+
     def _real_close(self, _ss: Any = _ss) -> None:
         if not self._friend_closed:
             self._close_friend()
@@ -1382,7 +1385,7 @@ class HandedOverSocket(FriendCapableSocket):
 
 for _name in ("_check_open", "_wait_deadline", "_drained", "_readable", "_flags_timeout",
               "_sync_writable", "_send_some", "_wait_writable", "_push_whole", "_send_all",
-              "_shutdown_end", "_close_friend", "_watched"):
+              "_shutdown_end", "_shutdown_on_tcp", "_close_friend", "_watched"):
     setattr(HandedOverSocket, _name, getattr(FriendBlockingSocket, _name))
 
 

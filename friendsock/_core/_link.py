@@ -203,10 +203,18 @@ class Channel:
         self._writer_wake_at = threshold
         return False
 
-    def shutdown(self) -> None:
-        """EOF after the bytes already queued."""
-        self._move(CHANNEL_EOF)
-        self._notify_reader()
+    def shutdown(self) -> bool:
+        """EOF after the bytes already queued (once: a direction shut, or
+        reset, stays so). False, nothing changed, when the connection went
+        on over TCP (:meth:`hand_over`, on another thread): the EOF is the
+        writer's socket's to send."""
+        state = self.state
+        if state is CHANNEL_TCP:
+            return False
+        if state is CHANNEL_OPEN:
+            self._move(CHANNEL_EOF)
+            self._notify_reader()
+        return True
 
     def truncate(self, keep: int) -> None:
         """Drop queued bytes beyond the first ``keep`` (an abort's loss)."""
@@ -401,6 +409,10 @@ class Channel:
         self._move(CHANNEL_TCP)
         return data, eof
 
+    def after_hand_over(self) -> None:
+        """Returns once a hand-over (:meth:`Link.hand_over`) has put what was
+        queued on the socket: the writer's own sends come after it."""
+
     # -- internals --------------------------------------------------------
     def _consumed(self, size: int) -> None:
         self.queued -= size
@@ -482,14 +494,19 @@ class LockedChannel(Channel):
         with self._lock:
             return Channel.wake_writer_at(self, threshold)
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> bool:
         with self._lock:
-            Channel.shutdown(self)
+            shut = Channel.shutdown(self)
         self._flush_reader()
+        return shut
 
     def truncate(self, keep: int) -> None:
         with self._lock:
             Channel.truncate(self, keep)
+
+    def after_hand_over(self) -> None:
+        with self._lock:  # held by the hand-over while it sends
+            pass
 
     def reset(self, keep: int) -> None:
         with self._lock:
@@ -680,6 +697,7 @@ class LinkEnd:
         :meth:`send_refused`)."""
         out = self.outgoing
         if out.state is CHANNEL_TCP:
+            out.after_hand_over()
             return -1
         if out.state is CHANNEL_RESET or self.incoming.state is CHANNEL_RESET:
             raise self.send_error()
@@ -708,13 +726,20 @@ class LinkEnd:
             return LinkBrokenError(errno.ENOTCONN)
         return None
 
-    def shutdown_write(self) -> None:
+    def shutdown_write(self) -> bool:
         """``shutdown(SHUT_WR)``: EOF after what was written. After the
-        friend's reset the socket is closed, and shutdown fails ENOTCONN."""
+        friend's reset the socket is closed, and shutdown fails ENOTCONN.
+        False when the connection went on over TCP (:meth:`Link.hand_over`,
+        maybe while this call began): the shutdown is the socket's own, to
+        make now that the hand-over has sent what was queued."""
         if self.incoming.state is CHANNEL_RESET:
             raise LinkBrokenError(errno.ENOTCONN)
-        if self.outgoing.state is CHANNEL_OPEN:
-            self.outgoing.shutdown()
+        out = self.outgoing
+        if out.state is CHANNEL_OPEN or out.state is CHANNEL_TCP:
+            # (Under the channel's lock: a hand-over under way has sent
+            # what was queued by the time this returns.)
+            return out.shutdown()
+        return True
 
     def drop_own_buffer(self) -> None:
         """An abort's loss: what does not fit in ``sndbuf + friend rcvbuf``

@@ -237,9 +237,12 @@ class _TapEvents:
             raise
         self.tap.pushed(self, data)  # type: ignore[arg-type]
 
-    def shutdown(self) -> None:
-        super().shutdown()  # type: ignore[misc]
-        self.tap.shut(self)  # type: ignore[arg-type]
+    def shutdown(self) -> bool:
+        was_open = self.state is ChannelState.OPEN  # type: ignore[attr-defined]
+        shut: bool = super().shutdown()  # type: ignore[misc]
+        if shut and was_open:
+            self.tap.shut(self)  # type: ignore[arg-type]
+        return shut
 
     def truncate(self, keep: int) -> None:
         before: int = self.queued  # type: ignore[attr-defined]

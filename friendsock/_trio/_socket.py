@@ -246,6 +246,9 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         if self._shutdown_end(flag):
             self._did_shutdown_SHUT_WR = True
 
+    def _shutdown_on_tcp(self, how: int) -> None:
+        self._sock.shutdown(how)
+
     def close(self) -> None:
         if not self._closed:
             # SO_LINGER may have been set on the socket underneath itself
