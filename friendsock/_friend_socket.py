@@ -274,7 +274,7 @@ def _set_restorably(release: Any, sock: socket.socket, args: "tuple[Any, ...]") 
     level, option = args[0], args[1]
     before = _socket.socket.getsockopt(sock, level, option)
     _socket.socket.setsockopt(sock, *args)
-    if _socket.socket.getsockopt(sock, level, option) != before:
+    if args[2] != before:  # (a value the kernel takes as ``before`` is given back as it was)
         release.restore_before_keeping(sock, level, option, before)
     return True
 
@@ -417,6 +417,11 @@ def watch_options(options: FriendSocket) -> None:
     if type(sock) is _STDLIB_SOCKET:
         sock.__class__ = _WatchedSocket
         _watchers[sock] = options
+
+
+def is_watched(sock: Any) -> bool:
+    """Whether options set on ``sock`` reach its link end (:func:`watch_options`)."""
+    return type(sock) is _WatchedSocket
 
 
 def unwatch_options(sock: Any) -> None:

@@ -22,7 +22,7 @@ import trio
 
 from .._core._errors import LinkBrokenError
 from .._core._link import CHANNEL_OPEN, SEEN_NOTHING, LinkEnd
-from .._friend_socket import FriendSocket, PairedSocketCalls, unwatch_options, watch_options
+from .._friend_socket import FriendSocket, PairedSocketCalls, is_watched, unwatch_options, watch_options
 from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
 from ._run import RunState
@@ -251,11 +251,14 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
 
     def close(self) -> None:
         if not self._closed:
-            # SO_LINGER may have been set on the socket underneath itself
-            # (anyio hands it out as its streams' raw_socket).
-            self._options.sync_linger()
-            unwatch_options(self._sock)  # (released with a linger of the link's own)
             release = self._end.link.on_done
+            # SO_LINGER may have been set on the socket underneath itself
+            # (anyio hands it out as its streams' raw_socket): seen as it was
+            # set if that socket is watched and its descriptor was never
+            # handed out (the connection still one to keep).
+            if not (is_watched(self._sock) and getattr(release, "client", None) is not None):
+                self._options.sync_linger()
+            unwatch_options(self._sock)  # (released with a linger of the link's own)
             if isinstance(release, SocketRelease):
                 release.keep(self._sock)
             self._close_end()
@@ -292,8 +295,10 @@ def become_friend(trio_sock: Any, end: LinkEnd, sockname: Any, peername: Any,
         # users set options there.
         watch_options(friend._options)
     # The kernel sized the real socket's buffers when the connection was set
-    # up; the link was made before that.
-    friend._options.sync_buffer_sizes()
+    # up; the link was made before that (unless it was made with its ends'
+    # sizes: a socketless link, or one over a reused connection).
+    if not end.link.sizes_settled:
+        friend._options.sync_buffer_sizes()
     return friend
 
 
