@@ -365,11 +365,11 @@ def restore_options_set_before_connect(sock: socket.socket, release: Any) -> Non
 
 # The stdlib's class, as it was when friendsock was imported (patch_socket()
 # may replace the name later).
-_STDLIB_SOCKET = socket.socket
+STDLIB_SOCKET = socket.socket
 _watchers: "weakref.WeakKeyDictionary[socket.socket, FriendSocket]" = weakref.WeakKeyDictionary()
 
 
-class _WatchedSocket(_STDLIB_SOCKET):  # type: ignore[misc,valid-type]
+class _WatchedSocket(STDLIB_SOCKET):  # type: ignore[misc,valid-type]
     """The kernel's socket under a paired socket object that hands it out
     as it is (anyio's ``raw_socket`` of a stream on trio): the options set
     on it reach the link as through the paired socket (buffer sizes feed
@@ -414,7 +414,7 @@ def watch_options(options: FriendSocket) -> None:
     from now on (see :class:`_WatchedSocket`); a socket of a class of its
     user's (or of patch_socket()'s) is left as it is."""
     sock = options._sock
-    if type(sock) is _STDLIB_SOCKET:
+    if type(sock) is STDLIB_SOCKET:
         sock.__class__ = _WatchedSocket
         _watchers[sock] = options
 
@@ -428,7 +428,7 @@ def unwatch_options(sock: Any) -> None:
     """The socket is the kernel's connection's alone again (gone on over TCP)."""
     if type(sock) is _WatchedSocket:
         _watchers.pop(sock, None)
-        sock.__class__ = _STDLIB_SOCKET  # type: ignore[assignment]
+        sock.__class__ = STDLIB_SOCKET  # type: ignore[assignment]
 
 
 class PairedSocketCalls:

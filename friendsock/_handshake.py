@@ -29,7 +29,7 @@ from ._core._registry import ListenerEntry, PendingConnect, PendingState, regist
 from ._core._stats import Fallback, counters
 from ._core._tap import tap_for
 from ._core._switch import is_enabled
-from ._friend_socket import fresh_buffer_sizes, read_buffer_sizes
+from ._friend_socket import STDLIB_SOCKET, fresh_buffer_sizes, read_buffer_sizes
 
 # How long a confirmed connect (a listener that other processes may share)
 # waits for this process to claim it before it goes on as plain TCP. The
@@ -90,11 +90,13 @@ def release_sockets(pid: int, *socks: socket.socket) -> None:
 
 def _detached(sock: socket.socket) -> socket.socket:
     """A socket object of its own with ``sock``'s descriptor, which
-    ``sock`` gives up (the C call: a patched class's detach() would do more)."""
+    ``sock`` gives up (the C call: a patched class's detach() would do more).
+    Of the stdlib's class: a later link over the connection may hand it to
+    its user (a trio socket's, as anyio's raw socket)."""
     fd = _socket.socket.detach(sock)
     if fd < 0:
         return sock
-    return _socket.socket(sock.family, sock.type, sock.proto, fd)  # type: ignore[return-value]
+    return STDLIB_SOCKET(sock.family, sock.type, sock.proto, fd)  # type: ignore[no-any-return]
 
 
 class SocketRelease:

@@ -123,3 +123,36 @@ async def test_a_connection_whose_descriptor_was_seen_is_not_kept(installed, ech
     too) ends its connection with the link."""
     addresses = await _exchanges(echo_port, 2, use_stream=lambda stream: stream.socket.fileno())
     assert addresses[1] != addresses[0]
+
+
+async def test_anyio_hands_out_a_stdlib_socket_over_a_kept_connection(installed):
+    """anyio's raw socket of a stream whose connect reused a connection is
+    a ``socket.socket``, as over TCP, and it is watched as a new
+    connection's: its descriptor handed out ends the connection with the
+    link (the next connect makes a connection of its own)."""
+
+    async def handle(stream):
+        async with stream:
+            await stream.send(await stream.receive())
+
+    listener = await anyio.create_tcp_listener(local_host=LOCALHOST)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    addresses = []
+    async with listener, anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.serve, handle)
+        for round_ in range(3):
+            with trio.fail_after(TIMEOUT):
+                stream = await anyio.connect_tcp(LOCALHOST, port)
+                async with stream:
+                    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                    assert isinstance(raw, socket.socket)
+                    assert type(raw.family) is socket.AddressFamily
+                    if round_ == 1:
+                        assert raw.fileno() >= 0
+                    await stream.send(b"x")
+                    assert await stream.receive() == b"x"
+                    addresses.append(stream.extra(anyio.abc.SocketAttribute.local_address))
+        tasks.cancel_scope.cancel()
+    if installed:
+        assert addresses[1] == addresses[0]  # reused
+        assert addresses[2] != addresses[1]  # not kept: its descriptor was seen

@@ -49,7 +49,7 @@ from .._core._link import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._friend_socket import FriendSocket, PairedSocketCalls
+from .._friend_socket import STDLIB_SOCKET, FriendSocket, PairedSocketCalls
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -71,7 +71,7 @@ from .._handshake import (
 from ._readiness import Readiness, Signals, leave, parker, readiness_owners, sleep, wake
 
 _ss = _socket.socket  # the C methods, below every Python override
-OriginalSocket: "type[socket.socket]" = socket.socket  # the stdlib class, as it was at import
+OriginalSocket: "type[socket.socket]" = STDLIB_SOCKET  # the stdlib class, as it was at import
 _INET = (socket.AF_INET, socket.AF_INET6)
 _MAX_JOIN = 64 * 1024
 # Plain ints: the socket module's are IntFlag members, whose ``&`` and ``~``
