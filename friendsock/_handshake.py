@@ -96,7 +96,11 @@ def _detached(sock: socket.socket) -> socket.socket:
     fd = _socket.socket.detach(sock)
     if fd < 0:
         return sock
-    return STDLIB_SOCKET(sock.family, sock.type, sock.proto, fd)  # type: ignore[no-any-return]
+    # (The C type's plain ints: the stdlib's properties make enums of them.)
+    return STDLIB_SOCKET(_RAW_FAMILY(sock), _RAW_TYPE(sock), sock.proto, fd)  # type: ignore[no-any-return]
+
+
+_RAW_FAMILY, _RAW_TYPE = _socket.socket.family.__get__, _socket.socket.type.__get__
 
 
 class SocketRelease:
