@@ -72,10 +72,10 @@ async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(in
         assert open_descriptors() - before == 2  # the kept connection's two ends
 
 
-async def test_anyio_connects_go_over_kept_connections(installed):
-    """anyio on trio (``connect_tcp``, which sets TCP_NODELAY before it
-    connects) to its own listener: its connects after the first reuse a
-    connection, whose socket has TCP_NODELAY as anyio set it."""
+async def _anyio_exchanges(count: int, use_stream):
+    """``count`` anyio connects on trio to an anyio listener of this run, one
+    after another: each client's address, with what ``use_stream(round_,
+    stream)`` gave for it."""
 
     async def handle(stream):
         async with stream:
@@ -86,16 +86,28 @@ async def test_anyio_connects_go_over_kept_connections(installed):
     seen = []
     async with listener, anyio.create_task_group() as tasks:
         tasks.start_soon(listener.serve, handle)
-        for round_ in range(3):
+        for round_ in range(count):
             with trio.fail_after(TIMEOUT):
                 stream = await anyio.connect_tcp(LOCALHOST, port)
                 async with stream:
+                    used = use_stream(round_, stream)
                     await stream.send(b"x")
                     assert await stream.receive() == b"x"
-                    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-                    seen.append((stream.extra(anyio.abc.SocketAttribute.local_address),
-                                 raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
+                    seen.append((stream.extra(anyio.abc.SocketAttribute.local_address), used))
         tasks.cancel_scope.cancel()
+    return seen
+
+
+def _raw_socket(stream) -> socket.socket:
+    return stream.extra(anyio.abc.SocketAttribute.raw_socket)
+
+
+async def test_anyio_connects_go_over_kept_connections(installed):
+    """anyio on trio (``connect_tcp``, which sets TCP_NODELAY before it
+    connects) to its own listener: its connects after the first reuse a
+    connection, whose socket has TCP_NODELAY as anyio set it."""
+    seen = await _anyio_exchanges(3, lambda round_, stream: _raw_socket(stream).getsockopt(
+        socket.IPPROTO_TCP, socket.TCP_NODELAY))
     assert all(nodelay for _, nodelay in seen)
     assert (len({address for address, _ in seen[1:]}) == 1) is installed
 
@@ -131,28 +143,14 @@ async def test_anyio_hands_out_a_stdlib_socket_over_a_kept_connection(installed)
     connection's: its descriptor handed out ends the connection with the
     link (the next connect makes a connection of its own)."""
 
-    async def handle(stream):
-        async with stream:
-            await stream.send(await stream.receive())
+    def use_stream(round_, stream):
+        raw = _raw_socket(stream)
+        assert isinstance(raw, socket.socket)
+        assert type(raw.family) is socket.AddressFamily
+        if round_ == 1:
+            assert raw.fileno() >= 0
 
-    listener = await anyio.create_tcp_listener(local_host=LOCALHOST)
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    addresses = []
-    async with listener, anyio.create_task_group() as tasks:
-        tasks.start_soon(listener.serve, handle)
-        for round_ in range(3):
-            with trio.fail_after(TIMEOUT):
-                stream = await anyio.connect_tcp(LOCALHOST, port)
-                async with stream:
-                    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-                    assert isinstance(raw, socket.socket)
-                    assert type(raw.family) is socket.AddressFamily
-                    if round_ == 1:
-                        assert raw.fileno() >= 0
-                    await stream.send(b"x")
-                    assert await stream.receive() == b"x"
-                    addresses.append(stream.extra(anyio.abc.SocketAttribute.local_address))
-        tasks.cancel_scope.cancel()
+    addresses = [address for address, _ in await _anyio_exchanges(3, use_stream)]
     if installed:
         assert addresses[1] == addresses[0]  # reused
         assert addresses[2] != addresses[1]  # not kept: its descriptor was seen
