@@ -392,7 +392,9 @@ async def test_anyio_listener_pairs_with_asyncio_and_anyio_clients(friends, pati
 
 
 @pytest.mark.parametrize("server_kind", list(SERVERS))
-async def test_bytes_sent_raw_before_adoption_keep_the_connection_tcp(friends, server_kind):
+async def test_bytes_sent_raw_before_adoption_keep_the_connection_tcp(friends, server_kind, patient_confirm):
+    # (patient_confirm: a loaded machine's stall must not let the deadline
+    # end the held connection before its raw bytes are seen.)
     with maybe_installed(friends):
         async with SERVERS[server_kind]() as port:
             before = friendsock.stats()
