@@ -23,7 +23,11 @@ def since(before: FriendStats, after: FriendStats) -> FriendStats:
     listeners = []
     for address, now in after.listeners.items():
         then = before.listeners.get(address)
-        if then is None:
+        if then is None or now.links_made < then.links_made or \
+                any(count < then.fallbacks.get(reason, 0) for reason, count in now.fallbacks.items()):
+            # (New, or counted afresh: its counts had been dropped for
+            # more recently used addresses, see MAX_PLACES. One counted
+            # afresh past what it had is taken for the same, and shows less.)
             listeners.append(now)
             continue
         made = now.links_made - then.links_made

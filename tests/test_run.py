@@ -5,6 +5,7 @@ report at exit (and in ``pytest --friendsock``'s summary) says what paired.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -331,6 +332,38 @@ async def test_stats_per_listener_asyncio() -> None:
     assert listener.links_made == 2 and delta.links_made == 2
     assert dict(listener.fallbacks) == {"opted-out": 1, "peer-not-friend": 1, "no-listener": 1}
     assert listener.fell_back == 3 and dict(delta.fallbacks) == dict(listener.fallbacks)
+
+
+_host_numbers = itertools.count()  # (each run its own hosts: none counted before)
+
+
+async def test_stats_per_listener_after_more_addresses_than_kept() -> None:
+    """A long session (a server on a new port for each test, clients of
+    many hosts) still counts its latest listener under its own address:
+    the addresses used least recently make room."""
+    import friendsock
+    from friendsock._core._stats import MAX_PLACES
+    from friendsock._report import since
+
+    before = friendsock.stats()
+    for _ in range(MAX_PLACES + 16):  # refused at once: nobody listens on port 1
+        number = next(_host_numbers)
+        host = f"127.{number // 62500 % 250 + 1}.{number // 250 % 250}.{number % 250 + 1}"
+        with pytest.raises(OSError):
+            await friendsock.open_connection(host, 1)
+    server = await friendsock.start_server(_echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await friendsock.open_connection("127.0.0.1", port)
+    writer.write(b"x\n")
+    assert await reader.readline() == b"x\n"
+    writer.close()
+    await writer.wait_closed()
+    server.close()
+    await server.wait_closed()
+    delta = since(before, friendsock.stats())
+    assert delta.links_made == 1 and delta.fallbacks["no-listener"] == MAX_PLACES + 16
+    assert delta.listeners[f"127.0.0.1:{port}"].links_made == 1
+    assert dict(delta.listeners[f"{host}:1"].fallbacks) == {"no-listener": 1}
 
 
 @pytest.mark.trio
