@@ -309,6 +309,16 @@ async def _echo(reader: Any, writer: Any) -> None:
     writer.close()
 
 
+async def _echo_once(host: str, port: int, friends: Optional[bool] = None) -> None:
+    import friendsock
+
+    reader, writer = await friendsock.open_connection(host, port, friends=friends)
+    writer.write(b"x\n")
+    assert await reader.readline() == b"x\n"
+    writer.close()
+    await writer.wait_closed()
+
+
 async def test_stats_per_listener_asyncio() -> None:
     import friendsock
     from friendsock._report import since
@@ -317,11 +327,7 @@ async def test_stats_per_listener_asyncio() -> None:
     server = await friendsock.start_server(_echo, "127.0.0.1", 0)
     host, port = server.sockets[0].getsockname()[:2]
     for friends in (None, None, False):
-        reader, writer = await friendsock.open_connection(host, port, friends=friends)
-        writer.write(b"x\n")
-        assert await reader.readline() == b"x\n"
-        writer.close()
-        await writer.wait_closed()
+        await _echo_once(host, port, friends)
     server.close()
     await server.wait_closed()
     with pytest.raises(OSError):  # nobody listens there any more
@@ -340,7 +346,7 @@ _host_numbers = itertools.count()  # (each run its own hosts: none counted befor
 async def test_stats_per_listener_after_more_addresses_than_kept() -> None:
     """A long session (a server on a new port for each test, clients of
     many hosts) still counts its latest listener under its own address:
-    the addresses used least recently make room."""
+    the addresses not used lately make room."""
     import friendsock
     from friendsock._core._stats import MAX_PLACES
     from friendsock._report import since
@@ -353,11 +359,7 @@ async def test_stats_per_listener_after_more_addresses_than_kept() -> None:
             await friendsock.open_connection(host, 1)
     server = await friendsock.start_server(_echo, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    reader, writer = await friendsock.open_connection("127.0.0.1", port)
-    writer.write(b"x\n")
-    assert await reader.readline() == b"x\n"
-    writer.close()
-    await writer.wait_closed()
+    await _echo_once("127.0.0.1", port)
     server.close()
     await server.wait_closed()
     delta = since(before, friendsock.stats())
