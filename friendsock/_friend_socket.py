@@ -177,7 +177,7 @@ class FriendSocket:
         sock = self._for_calls()
         release = self._end.link.on_done
         # (A connection to keep once the link is done: as it was made.)
-        if getattr(release, "client", None) is None or not _set_restorably(release, sock, args):
+        if not to_keep(release) or not _set_restorably(release, sock, args):
             sock.setsockopt(*args)
         if args[0] == socket.SOL_SOCKET:
             if args[1] in _BUFFER_OPTIONS:
@@ -259,6 +259,13 @@ _RESTORABLE = frozenset({
     # (trio's streams set it on every connection)
     *([(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)] if hasattr(socket, "TCP_NOTSENT_LOWAT") else []),
 })
+
+
+def to_keep(release: Any) -> bool:
+    """Whether a link's ``on_done`` will keep its connection for a later
+    link: a ``SocketRelease`` none of whose sockets was handed out (see
+    ``SocketRelease.exposed``)."""
+    return getattr(release, "client", None) is not None
 
 
 def _set_restorably(release: Any, sock: socket.socket, args: "tuple[Any, ...]") -> bool:
@@ -384,7 +391,7 @@ class _WatchedSocket(STDLIB_SOCKET):  # type: ignore[misc,valid-type]
         options = _watchers.get(self)
         release = options._end.link.on_done if options is not None else None
         # (A connection to keep once the link is done: as it was made.)
-        if getattr(release, "client", None) is None or not _set_restorably(release, self, args):
+        if not to_keep(release) or not _set_restorably(release, self, args):
             super().setsockopt(*args)
         if options is not None and args[0] == socket.SOL_SOCKET:
             if args[1] in _BUFFER_OPTIONS:

@@ -22,7 +22,7 @@ import trio
 
 from .._core._errors import LinkBrokenError
 from .._core._link import CHANNEL_OPEN, SEEN_NOTHING, LinkEnd
-from .._friend_socket import FriendSocket, PairedSocketCalls, is_watched, unwatch_options, watch_options
+from .._friend_socket import FriendSocket, PairedSocketCalls, is_watched, to_keep, unwatch_options, watch_options
 from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
 from ._run import RunState
@@ -256,7 +256,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
             # (anyio hands it out as its streams' raw_socket): seen as it was
             # set if that socket is watched and its descriptor was never
             # handed out (the connection still one to keep).
-            if not (is_watched(self._sock) and getattr(release, "client", None) is not None):
+            if not (is_watched(self._sock) and to_keep(release)):
                 self._options.sync_linger()
             unwatch_options(self._sock)  # (released with a linger of the link's own)
             if isinstance(release, SocketRelease):
