@@ -17,7 +17,7 @@ import argparse
 import functools
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Awaitable, Callable, Dict, List
 
 import anyio
 import anyio.abc
@@ -70,12 +70,12 @@ async def _anyio_round(count: int) -> float:
     return elapsed
 
 
-async def _timed(one: Callable[[], object], count: int) -> float:
+async def _timed(one: Callable[[], Awaitable[None]], count: int) -> float:
     for _ in range(count // 10):  # warm-up (and, with friends, a connection to reuse)
-        await one()  # type: ignore[misc]
+        await one()
     start = time.process_time()
     for _ in range(count):
-        await one()  # type: ignore[misc]
+        await one()
     return (time.process_time() - start) / count
 
 
