@@ -70,22 +70,39 @@ def copy_buffer_sizes(sock: Any, end: LinkEnd) -> None:
     end.incoming.capacity_changed()
 
 
+def show_fin(end: LinkEnd, sock: Any) -> None:
+    """``end`` is done writing (EOF, or closed): its real socket ``sock``
+    sends its FIN, when and if the link's rule says so
+    (:meth:`LinkEnd.fin_to_show`)."""
+    if _real_fileno(sock) >= 0:  # (not a socketless end's stand-in, nor released)
+        if end.fin_to_show(sock):
+            _shutdown_write(sock)
+
+
 def reveal(end: LinkEnd) -> None:
     """``end``'s real descriptor is about to be seen (and maybe polled):
     the FIN its friend held back while nobody could look is sent now, so
     the descriptor polls readable as a TCP socket's does after the peer's
     FIN."""
-    end.fd_hidden = False
-    friend = end.link.friend_of(end)
-    if friend is None:
-        return
-    sock = friend.fin_owed
+    sock = end.reveal()
     if sock is not None:
-        friend.fin_owed = None
-        try:
+        _shutdown_write(sock)
+
+
+# A socket's own calls, not a subclass's (a watched socket's fileno() hands
+# its descriptor out; a paired one's shutdown() is the link's).
+def _real_fileno(sock: Any) -> int:
+    return _socket.socket.fileno(sock) if isinstance(sock, _socket.socket) else sock.fileno()
+
+
+def _shutdown_write(sock: Any) -> None:
+    try:
+        if isinstance(sock, _socket.socket):
+            _socket.socket.shutdown(sock, socket.SHUT_WR)
+        else:  # a paired blocking socket's descriptor
             sock.shutdown(socket.SHUT_WR)
-        except OSError:  # gone already (its link done)
-            pass
+    except OSError:  # gone already (its link done)
+        pass
 
 
 class FriendSocket:
@@ -487,7 +504,7 @@ class PairedSocketCalls:
         was shut."""
         # Bound now: a hand-over meanwhile may give this object its real
         # socket's class (a trio socket's: trio's own).
-        shutdown_on_tcp = self._shutdown_on_tcp
+        shutdown_on_tcp, show_own_fin = self._shutdown_on_tcp, self._show_fin
         self._check_open()
         if not _C_INT_MIN <= how <= _C_INT_MAX:  # as the C call converts it
             raise OverflowError("Python int too large to convert to C int")
@@ -501,7 +518,9 @@ class PairedSocketCalls:
                 on_link = self._end.shutdown_write()
             except LinkBrokenError as exc:
                 raise exc.as_os_error() from None
-            if not on_link:
+            if on_link:
+                show_own_fin()
+            else:
                 shutdown_on_tcp(socket.SHUT_WR)
         if how != socket.SHUT_WR:
             self._read_shut = True
@@ -511,4 +530,9 @@ class PairedSocketCalls:
 
     def _shutdown_on_tcp(self, how: int) -> None:
         """``shutdown(how)`` on the real socket (the link went on over TCP)."""
+        raise NotImplementedError
+
+    def _show_fin(self) -> None:
+        """Done writing on the link: the real socket's FIN, by the link's
+        rule (:func:`show_fin`)."""
         raise NotImplementedError

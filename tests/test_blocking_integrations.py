@@ -224,6 +224,58 @@ def test_threading_http_server_with_aiohttp_client(patched, http_server, loop_ki
     assert _links() - before == (1 if patched else 0)
 
 
+class _OneRequestHandler(_EchoHandler):
+    """Answers one request as if the connection stayed open (HTTP/1.1, no
+    ``Connection: close``), then closes it: a server whose keep-alive
+    timeout ended an idle connection."""
+
+    def handle(self) -> None:
+        self.handle_one_request()
+
+
+class _ClosingServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _OneRequestHandler)
+        self.closed_one = threading.Event()
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)  # its FIN sent, as over TCP
+        self.closed_one.set()
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_httpx_drops_a_pooled_connection_its_threading_server_closed(patched, loop_kind):
+    """httpcore learns that the server closed a pooled connection by
+    polling the connection's descriptor: readable, it opens a new one
+    instead of sending the next request into a closed connection (which
+    fails "Server disconnected without sending a response")."""
+    server = _ClosingServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = asyncio.new_event_loop if loop_kind == "asyncio" else uvloop.new_event_loop
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.server_address[1]}") as client:
+            for body in (b"first", b"second", b"third"):
+                server.closed_one.clear()
+                response = await client.post("/", content=body)
+                assert response.status_code == 200 and response.content == body
+                assert await asyncio.to_thread(server.closed_one.wait, TIMEOUT)
+
+    before = _links()
+    factory = (lambda: friendsock.new_event_loop(base)) if patched else base
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(asyncio.wait_for(main(), TIMEOUT * 2))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(TIMEOUT)
+    assert _links() - before == (3 if patched else 0)
+
+
 # -- socketserver: 64 client threads at once -----------------------------------
 
 

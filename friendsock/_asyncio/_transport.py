@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 from .._core._addresses import shared_host
 from .._core._errors import LinkBrokenError, PeerResetError
 from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
-from .._friend_socket import FriendSocket, UvloopFriendSocket, copy_buffer_sizes
+from .._friend_socket import FriendSocket, UvloopFriendSocket, copy_buffer_sizes, show_fin
 from .._handshake import current_pid
 from ._loop_state import DEFAULT_HIGH_WATER, LoopState, loop_state
 
@@ -521,25 +521,10 @@ class FriendTransport(_FlowControlMixin):
         self._show_fin()
 
     def _show_fin(self) -> None:
-        """Our FIN on the real socket too, when the friend runs in a
-        transport: its socket's descriptor then polls readable once we are
-        done writing, as a TCP socket's does (httpcore polls a pooled
-        connection's descriptor to learn that its server closed it). Not
-        before the friend runs: bytes or EOF on a held connection's real
-        socket mean that it is used raw. Not before anyone can see the
-        friend's descriptor either (a system call and a FIN's round in the
-        kernel per connection): held back, it is sent when the friend's
-        descriptor is first asked for (``reveal``)."""
-        friend = self._end.link.friend_of(self._end)
-        if friend is None or friend.owner is None or self._sock.fileno() < 0:
-            return
-        if friend.fd_hidden:
-            self._end.fin_owed = self._sock
-            return
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError:  # gone already (its link done)
-            pass
+        """Our FIN on the real socket too, as the link's rule says (see
+        ``LinkEnd.fin_to_show``): the friend's descriptor then polls
+        readable once we are done writing, as a TCP socket's does."""
+        show_fin(self._end, self._sock)
 
     def can_write_eof(self) -> bool:
         return True

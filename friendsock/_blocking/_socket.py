@@ -49,7 +49,7 @@ from .._core._link import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._friend_socket import STDLIB_SOCKET, FriendSocket, PairedSocketCalls
+from .._friend_socket import STDLIB_SOCKET, FriendSocket, PairedSocketCalls, show_fin
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -217,6 +217,9 @@ class Descriptor:
             return _ss.fileno(self._target())
         except OSError:
             return -1
+
+    def shutdown(self, how: int) -> None:
+        _ss.shutdown(self._target(), how)
 
     def getsockname(self) -> Any:
         return _ss.getsockname(self._target())
@@ -735,6 +738,10 @@ def _make_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peernam
     # hook: a reader looks before it sleeps.
     end.outgoing.attach_writer(signals.writable)
     end.incoming.attach_reader(signals.readable)
+    # Its real descriptor is never handed out (fileno() is the readiness
+    # descriptor's): the friend's FIN waits for an event loop's transport
+    # that takes the end over (give_end_away) to show it.
+    end.fd_hidden = True
     # The kernel sized the real socket's buffers during the handshake; the
     # link was made before that.
     friend._options.sync_buffer_sizes()
@@ -1294,6 +1301,11 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     def _shutdown_on_tcp(self, how: int) -> None:
         _ss.shutdown(self, how)
 
+    def _show_fin(self) -> None:
+        # (The descriptor: the link may keep it until the friend looks,
+        # and it does not keep this socket object alive.)
+        show_fin(self._end, self._descriptor)
+
     def _real_close(self, _ss: Any = _ss) -> None:
         if not self._friend_closed:
             self._close_friend()
@@ -1338,6 +1350,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         self._in.notify_readable = None
         self._out.notify_writable = None
         self._descriptor.take_over(self)
+        show_fin(self._end, self._descriptor)
         self._end.close()
         self._signals.close()
 
@@ -1385,7 +1398,7 @@ class HandedOverSocket(FriendCapableSocket):
 
 for _name in ("_check_open", "_wait_deadline", "_drained", "_readable", "_flags_timeout",
               "_sync_writable", "_send_some", "_wait_writable", "_push_whole", "_send_all",
-              "_shutdown_end", "_shutdown_on_tcp", "_close_friend", "_watched"):
+              "_shutdown_end", "_shutdown_on_tcp", "_show_fin", "_close_friend", "_watched"):
     setattr(HandedOverSocket, _name, getattr(FriendBlockingSocket, _name))
 
 

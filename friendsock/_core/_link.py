@@ -602,6 +602,10 @@ class LockedChannel(Channel):
                 hook()
 
 
+# LinkEnd.fin_owed once the end's real socket sent its FIN.
+FIN_SHOWN: Any = object()
+
+
 class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
@@ -629,15 +633,65 @@ class LinkEnd:
         # it cannot.
         self.over_tcp: Optional[Callable[[], Optional[Tuple[Any, Callable[[], None]]]]] = None
         # Its real socket is friendsock's own, and its descriptor was never
-        # asked for: nobody can poll it (see the asyncio transport's
-        # _show_fin). A link on one thread only: the friend reads it
-        # without a lock.
+        # asked for: nobody can poll it (see fin_to_show).
         self.fd_hidden = False
-        # The friend's descriptor is hidden: our real socket, whose FIN
-        # (the end done writing) waits until the friend's is asked for.
+        # Our real socket's FIN (the end done writing): the socket, while
+        # the friend's descriptor is hidden and the FIN waits for it to be
+        # asked for (reveal); FIN_SHOWN once sent.
         self.fin_owed: Any = None
         # The friend's reset was reported (see take_error).
         self.error_taken = False
+
+    # -- the real sockets under the link ----------------------------------
+    def fin_to_show(self, sock: Any) -> bool:
+        """This end is done writing (EOF, or closed): whether ``sock``, its
+        real socket, is to send its FIN now, so that the friend's descriptor
+        polls readable as a TCP socket's does after the peer's FIN (a pool
+        polls an idle connection's descriptor to learn that its server
+        closed it). Once only. Not to a friend that no adapter runs yet
+        (held: bytes or EOF on its real socket would mean that it is used
+        raw), nor to one closed. While the friend's descriptor is hidden
+        (``fd_hidden``: a system call and a FIN's round in the kernel per
+        connection saved, and the connection still one to keep), the FIN is
+        owed instead, until :meth:`reveal`."""
+        lock = self.link._lock
+        if lock is None:
+            return self._fin_to_show(sock)
+        with lock:  # against the friend's reveal(), on its thread
+            return self._fin_to_show(sock)
+
+    def _fin_to_show(self, sock: Any) -> bool:
+        if self.fin_owed is not None:
+            return False
+        friend = self.link.friend_of(self)
+        if friend is None or friend.closed or friend.outgoing.notify_writable is None:
+            return False
+        if friend.fd_hidden:
+            self.fin_owed = sock
+            return False
+        self.fin_owed = FIN_SHOWN
+        return True
+
+    def reveal(self) -> Any:
+        """This end's descriptor is about to be seen (and maybe polled): the
+        friend's FIN shows at once from now on. The real socket whose FIN
+        the friend owes already, to send now; None if none."""
+        lock = self.link._lock
+        if lock is None:
+            return self._reveal()
+        with lock:
+            return self._reveal()
+
+    def _reveal(self) -> Any:
+        self.fd_hidden = False
+        friend = self.link.friend_of(self)
+        if friend is None:
+            return None
+        sock = friend.fin_owed
+        if sock is None or sock is FIN_SHOWN:
+            return None
+        friend.fin_owed = FIN_SHOWN
+        return sock
 
     # -- what this end's socket calls get ---------------------------------
     def take_error(self) -> Optional[LinkBrokenError]:
@@ -807,6 +861,8 @@ def _may_hand_over(client: LinkEnd, server: LinkEnd, limit: int) -> bool:
         channel = end.outgoing
         if channel.state not in (CHANNEL_OPEN, CHANNEL_EOF) or channel.queued > limit:
             return False
+        if channel.queued and end.fin_owed is FIN_SHOWN:  # its bytes cannot follow its FIN
+            return False
         if end.closed and not (channel.state is CHANNEL_EOF and end.incoming.reader_closed):
             return False
     return True
@@ -907,7 +963,10 @@ class Link:
 
         An end closed already (with EOF: nothing was unread) goes too: its
         ``send`` puts what it had queued and its EOF on the socket its close
-        left, which then closes as the kernel's would have.
+        left, which then closes as the kernel's would have. (An EOF whose
+        FIN the socket sent already, :meth:`LinkEnd.fin_to_show`, is not
+        sent again; bytes cannot follow it, so a direction with any left
+        is not handed over.)
 
         ``first``: the end handed over first, before its reader can find
         TCP (an end whose ``send`` also switches it to its socket, and whose
@@ -930,6 +989,9 @@ class Link:
                 return False
             for end in (ends if first is not server else (server, client)):
                 data, eof = end.outgoing.hand_over()
+                if eof:
+                    shown, end.fin_owed = end.fin_owed is FIN_SHOWN, FIN_SHOWN
+                    eof = not shown
                 send(end, data, eof)
             client.closed = server.closed = True  # a close() from now on is the socket's
             self._open_ends = 0

@@ -87,6 +87,9 @@ class TrioEnd:
             return None if end is None else (None, end._writer is not None, "trio")
 
         self._end.describe = describe
+        # The real descriptor is seen only through the end's FriendSocket
+        # (fileno()), which reveals it: the friend's FIN waits for that.
+        self._end.fd_hidden = True
         readable, writable = self._hooks()
         self._out.attach_writer(writable)
         self._in.attach_reader(readable)
@@ -141,7 +144,13 @@ class TrioEnd:
         self._wake_writer()
         self._unhook()
         self._state.streams.pop(id(self), None)
+        self._show_fin()
         self._end.close()
+
+    def _show_fin(self) -> None:
+        """Done writing: the real socket's FIN, by the link's rule
+        (``_friend_socket.show_fin``)."""
+        raise NotImplementedError
 
     def _run_gone(self) -> None:
         """Our run ended with this end open (called on whatever thread found

@@ -22,7 +22,8 @@ import trio
 
 from .._core._errors import LinkBrokenError
 from .._core._link import CHANNEL_OPEN, SEEN_NOTHING, LinkEnd
-from .._friend_socket import FriendSocket, PairedSocketCalls, is_watched, to_keep, unwatch_options, watch_options
+from .._friend_socket import (FriendSocket, PairedSocketCalls, is_watched, show_fin, to_keep, unwatch_options,
+                              watch_options)
 from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
 from ._run import RunState
@@ -248,6 +249,9 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
 
     def _shutdown_on_tcp(self, how: int) -> None:
         self._sock.shutdown(how)
+
+    def _show_fin(self) -> None:
+        show_fin(self._end, self._sock)
 
     def close(self) -> None:
         if not self._closed:

@@ -19,7 +19,7 @@ import trio
 
 from .._core._errors import LinkBrokenError
 from .._core._link import LinkEnd
-from .._friend_socket import FriendSocket
+from .._friend_socket import FriendSocket, show_fin
 from ._end import TrioEnd, stream_error
 from ._run import RunState
 
@@ -149,12 +149,16 @@ class FriendStream(TrioEnd, trio.abc.HalfCloseableStream):
             except LinkBrokenError as exc:
                 raise broken(exc)
             self._eof_sent = True
+            self._show_fin()
 
     # -- closing -----------------------------------------------------------
     async def aclose(self) -> None:
         if not self._closed:
             self._close_end()
         await trio.lowlevel.checkpoint()
+
+    def _show_fin(self) -> None:
+        show_fin(self._end, self.socket._sock)
 
     def _buffer_sizes_changed(self) -> None:
         # Our capacity moved: a task waiting for room looks again.
