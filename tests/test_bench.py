@@ -39,7 +39,7 @@ CASE_KEYS = {
 # Blocking sockets at both ends: no event loop, one (asyncio) row.
 LOOPLESS_CASE_KEYS = {"blocking-threads-rr", "blocking-threads-stream"}
 TRIO_CASE_KEYS = {"stream", "rr", "crr"}
-MEMORY_CASE_KEYS = {"stream", "rr", "crr", "streams-rr",
+MEMORY_CASE_KEYS = {"stream", "rr", "crr", "streams-rr", "threads-rr", "threads-stream",
                     "blocking-rr", "blocking-stream", "blocking-threads-rr", "blocking-threads-stream"}
 SOCKETLESS_CASE_KEYS = {"rr", "crr", "streams-rr", "memory-heap", "memory-rss"}
 LOOPS = ["asyncio", "uvloop"] + (["trio", "anyio"] if HAVE_TRIO else [])
@@ -392,17 +392,22 @@ def test_trio_selection_without_memory(tmp_path, capsys):
 @needs_trio
 def test_memory_floor_alone(tmp_path, capsys):
     """The floor on its own: the naive call_soon transport on asyncio and
-    uvloop, memory_stream_pair on trio, none on anyio; streams too."""
-    data = _run_json(tmp_path, [*TINY, "--tests", "rr,streams-rr,crr", "--sizes", "64",
+    uvloop (between two loops in the threads tables, with its flow control
+    across them: 1 MiB writes pause the writer), memory_stream_pair on trio,
+    none on anyio; streams too."""
+    data = _run_json(tmp_path, [*TINY, "--tests", "rr,streams-rr,crr,threads", "--sizes", "64,1M",
                                 "--loops", "asyncio,uvloop,trio,anyio", "--transports", "memory"])
     assert list(data["tests"]["rr"]["results"]["64"]) == ["asyncio", "uvloop", "trio"]
-    assert list(data["tests"]["streams-rr"]["results"]["64"]) == ["asyncio", "uvloop"]
-    for key in ("rr", "streams-rr", "crr"):
-        for loop, cells in data["tests"][key]["results"]["64"].items():
-            assert list(cells) == ["memory"]
-            assert cells["memory"]["error"] is None, (key, loop, cells["memory"]["error"])
-            assert cells["memory"]["median"] > 0, (key, loop)
-    assert "Memory floor" in capsys.readouterr().out
+    for key in ("streams-rr", "threads-rr", "threads-stream"):
+        assert list(data["tests"][key]["results"]["64"]) == ["asyncio", "uvloop"], key
+    for key in ("rr", "streams-rr", "crr", "threads-rr", "threads-stream"):
+        for size, by_loop in data["tests"][key]["results"].items():
+            for loop, cells in by_loop.items():
+                assert list(cells) == ["memory"]
+                assert cells["memory"]["error"] is None, (key, size, loop, cells["memory"]["error"])
+                assert cells["memory"]["median"] > 0, (key, size, loop)
+    out = capsys.readouterr().out
+    assert "Memory floor" in out and "call_soon_threadsafe" in " ".join(out.split())
     assert data["below_tcp"] == []  # nothing compared
 
 

@@ -104,7 +104,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
             f"at 64 B and 1 KiB. Full: {FULL.seconds:g} s per cell, {FULL.rounds} rounds "
             f"(memory: {FULL.memory_rounds}). Default sizes: {sizes_help}. "
             f"The trio and anyio loops run {', '.join(TRIO_CASES)}; the memory transport "
-            "(memory_stream_pair) runs on trio only. "
+            "(the floor) runs on every loop but anyio, in some tables. "
             "See benchmarks/README.md for the JSON shape."),
     )
     mode = parser.add_mutually_exclusive_group()
@@ -120,7 +120,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--transports", type=_choice(TRANSPORTS, "transport"),
                         default=list(TRANSPORTS), metavar="LIST",
                         help=f"comma-separated: {','.join(TRANSPORTS)} (default all; memory: "
-                             "trio.testing.memory_stream_pair, trio loop only)")
+                             "the floor, a naive in-memory transport, on asyncio and uvloop; "
+                             "trio.testing.memory_stream_pair on trio)")
     parser.add_argument("--loops", type=_choice(LOOPS, "loop"), metavar="LIST",
                         help=f"comma-separated: {','.join(LOOPS)} (default all installed; "
                              f"trio and anyio run {','.join(TRIO_CASES)})")

@@ -26,31 +26,52 @@ ProtocolFactory = Callable[[], asyncio.BaseProtocol]
 
 
 class FloorTransport(asyncio.Transport):
-    """One end of an in-memory pair."""
+    """One end of an in-memory pair. The two ends may run on two loops in two
+    threads (the ``threads`` test): what one hands the other then goes by the
+    other loop's ``call_soon_threadsafe``, and the byte counts flow control
+    needs are each written by one thread only (``_written`` by the writer's,
+    ``_acked`` by the reader's)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, protocol: asyncio.BaseProtocol,
+    def __init__(self, loop: asyncio.AbstractEventLoop, protocol: Optional[asyncio.BaseProtocol],
                  sockname: Any, peername: Any) -> None:
         super().__init__({"sockname": sockname, "peername": peername, "socket": None})
         self._loop = loop
-        self._protocol = protocol
+        # (None for a server end until its loop makes it: _start.)
+        self._protocol: asyncio.BaseProtocol = protocol  # type: ignore[assignment]
         self.peer: Optional["FloorTransport"] = None
+        # The peer's loop's call_soon (or call_soon_threadsafe), set at pairing.
+        self._to_peer: Callable[..., Any] = loop.call_soon
         self._closing = False
         self._lost = False
-        self._in_flight = 0  # written here, not yet delivered there
+        self._written = 0  # bytes written here
+        self._acked = 0  # of those, delivered there
         self._writing_paused = False
         self._reading = True
         self._held: List[bytes] = []  # arrived while reading was paused
+
+    def pair(self, peer: "FloorTransport") -> None:
+        self.peer = peer
+        self._to_peer = (peer._loop.call_soon if peer._loop is self._loop
+                         else peer._loop.call_soon_threadsafe)
+
+    def _start(self, factory: ProtocolFactory) -> None:
+        """A server end, on its loop: its protocol, and connection_made."""
+        self._protocol = factory()
+        self._protocol.connection_made(self)
 
     # -- writing -------------------------------------------------------------
     def write(self, data: Any) -> None:
         if self._closing or not data:
             return
         data = bytes(data)
-        self._in_flight += len(data)
-        self._loop.call_soon(self.peer._arrive, data)  # type: ignore[union-attr]
-        if not self._writing_paused and self._in_flight > _HIGH_WATER:
+        self._written += len(data)
+        self._to_peer(self.peer._arrive, data)  # type: ignore[union-attr]
+        if not self._writing_paused and self._written - self._acked > _HIGH_WATER:
             self._writing_paused = True
             self._protocol.pause_writing()
+            # The reader's thread may have taken it all meanwhile, before it
+            # could see the pause.
+            self._maybe_resume()
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
@@ -58,13 +79,13 @@ class FloorTransport(asyncio.Transport):
 
     def write_eof(self) -> None:
         if not self._closing:
-            self._loop.call_soon(self.peer._eof)  # type: ignore[union-attr]
+            self._to_peer(self.peer._eof)  # type: ignore[union-attr]
 
     def can_write_eof(self) -> bool:
         return True
 
     def get_write_buffer_size(self) -> int:
-        return self._in_flight
+        return self._written - self._acked
 
     def get_write_buffer_limits(self) -> Tuple[int, int]:
         return _LOW_WATER, _HIGH_WATER
@@ -72,15 +93,20 @@ class FloorTransport(asyncio.Transport):
     def set_write_buffer_limits(self, high: Optional[int] = None, low: Optional[int] = None) -> None:
         pass
 
-    def _delivered(self, size: int) -> None:
-        self._in_flight -= size
-        if self._writing_paused and self._in_flight <= _LOW_WATER:
+    def _maybe_resume(self) -> None:
+        if self._writing_paused and self._written - self._acked <= _LOW_WATER:
             self._writing_paused = False
             self._protocol.resume_writing()
 
     # -- reading ---------------------------------------------------------------
     def _arrive(self, data: bytes) -> None:
-        self.peer._delivered(len(data))  # type: ignore[union-attr]
+        writer = self.peer
+        writer._acked += len(data)  # type: ignore[union-attr]
+        if writer._writing_paused:  # type: ignore[union-attr]
+            if writer._loop is self._loop:  # type: ignore[union-attr]
+                writer._maybe_resume()  # type: ignore[union-attr]
+            else:
+                self._to_peer(writer._maybe_resume)  # type: ignore[union-attr]
         if self._lost:
             return
         if not self._reading:
@@ -122,7 +148,7 @@ class FloorTransport(asyncio.Transport):
         self._closing = True
         peer = self.peer
         if peer is not None and not peer._closing:
-            self._loop.call_soon(peer._eof)
+            self._to_peer(peer._eof)
         self._loop.call_soon(self._connection_lost)
 
     def abort(self) -> None:
@@ -141,8 +167,9 @@ class FloorTransport(asyncio.Transport):
 
 class FloorEndpoint:
     """The benchmark's endpoint interface over in-memory pairs: a "server"
-    is a protocol factory; each connect makes a pair, the server end's
-    connection_made one loop turn later (as an accept)."""
+    is a protocol factory, on the loop it was served on; each connect makes
+    a pair, the server end's protocol and its connection_made one loop turn
+    later (as an accept), on the server's loop."""
 
     transport = "memory"
     friends = False
@@ -151,10 +178,13 @@ class FloorEndpoint:
 
     def __init__(self) -> None:
         self._factory: Optional[ProtocolFactory] = None
+        self._server_loop: Optional[asyncio.AbstractEventLoop] = None
         self._ports = iter(range(40000, 1 << 30))
 
     async def serve(self, factory: ProtocolFactory) -> None:
+        """On the server's loop: the client's, or another thread's."""
         self._factory = factory
+        self._server_loop = asyncio.get_running_loop()
 
     async def serve_streams(self, handler: Callable[..., Any]) -> None:
         loop = asyncio.get_running_loop()
@@ -163,18 +193,21 @@ class FloorEndpoint:
             return asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), handler, loop=loop)
 
         self._factory = factory
+        self._server_loop = loop
 
     async def connect(self, factory: ProtocolFactory) -> Tuple[asyncio.BaseTransport, Any]:
-        assert self._factory is not None, "serve() first"
+        assert self._factory is not None and self._server_loop is not None, "serve() first"
         loop = asyncio.get_running_loop()
         client_address = (HOST, next(self._ports))
         server_address = (HOST, 1)
         client_protocol = factory()
-        server_protocol = self._factory()
         client = FloorTransport(loop, client_protocol, client_address, server_address)
-        server = FloorTransport(loop, server_protocol, server_address, client_address)
-        client.peer, server.peer = server, client
-        loop.call_soon(server_protocol.connection_made, server)
+        # The server's protocol is made on its loop, before anything the
+        # client writes reaches it.
+        server = FloorTransport(self._server_loop, None, server_address, client_address)
+        client.pair(server)
+        server.pair(client)
+        client._to_peer(server._start, self._factory)
         client_protocol.connection_made(client)
         return client, client_protocol
 

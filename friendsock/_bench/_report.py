@@ -214,6 +214,11 @@ def build_table(run: Run, case: Case) -> Tuple[Table, List[str]]:
                        "through a queue.SimpleQueue; between two threads a SimpleQueue each way): "
                        "what waking a waiting thread costs, without a transport; % floor: "
                        "Friends as % of it")
+    elif has["memory"] and case.test == "threads":
+        caption.append("Memory floor: a naive in-memory transport between the two loops, what "
+                       "any in-process transport across threads costs at least (two protocols "
+                       "handing bytes with the other loop's call_soon_threadsafe("
+                       "peer.data_received), no accounting); % floor: Friends as % of it")
     elif has["memory"]:
         caption.append("Memory floor: a naive in-memory transport, what any in-process "
                        "transport costs at least (asyncio, uvloop: two protocols handing bytes "

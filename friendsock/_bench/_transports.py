@@ -44,8 +44,8 @@ LOOPLESS_CASES = ("blocking-threads-rr", "blocking-threads-stream")
 # the naive call_soon transport (``_floor``) on asyncio and uvloop, the bare
 # hand-over between threads in the blocking tables; in these tables only
 # (anyio has none).
-MEMORY_CASES = ("stream", "rr", "crr", "streams-rr", "blocking-rr", "blocking-stream",
-                "blocking-threads-rr", "blocking-threads-stream")
+MEMORY_CASES = ("stream", "rr", "crr", "streams-rr", "threads-rr", "threads-stream", "blocking-rr",
+                "blocking-stream", "blocking-threads-rr", "blocking-threads-stream")
 HOST = "127.0.0.1"
 # Large enough that hundreds of concurrent connects never overflow it.
 BACKLOG = 1024
