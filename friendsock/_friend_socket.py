@@ -455,6 +455,13 @@ def unwatch_options(sock: Any) -> None:
         sock.__class__ = STDLIB_SOCKET  # type: ignore[assignment]
 
 
+def no_urgent_data() -> OSError:
+    """What ``recv(MSG_OOB)`` gets on a paired socket: TCP's answer when no
+    urgent byte waits, and none ever does on a link (a friend's send with
+    MSG_OOB is refused)."""
+    return OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+
 class PairedSocketCalls:
     """The calls a paired socket object (a trio socket, or a blocking
     socket, whose connection paired) answers from its link end rather than

@@ -138,6 +138,7 @@ CALLS: Dict[str, Callable[[socket.socket], Any]] = {
     "recv MSG_PEEK": lambda sock: sock.recv(10, socket.MSG_PEEK),
     "recv MSG_DONTWAIT": lambda sock: sock.recv(10, socket.MSG_DONTWAIT),
     "recv MSG_WAITALL": lambda sock: sock.recv(10, socket.MSG_WAITALL),
+    "recv MSG_OOB": lambda sock: sock.recv(10, socket.MSG_OOB),
     "recv_into": _recv_into,
     "recvfrom": lambda sock: sock.recvfrom(10),
     "recvmsg": lambda sock: sock.recvmsg(10)[0],

@@ -49,7 +49,7 @@ from .._core._link import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._friend_socket import STDLIB_SOCKET, FriendSocket, PairedSocketCalls, show_fin
+from .._friend_socket import STDLIB_SOCKET, FriendSocket, PairedSocketCalls, no_urgent_data, show_fin
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -77,6 +77,7 @@ _MAX_JOIN = 64 * 1024
 # Plain ints: the socket module's are IntFlag members, whose ``&`` and ``~``
 # run in Python (some microseconds a call).
 _PEEK = int(socket.MSG_PEEK)
+_OOB = int(socket.MSG_OOB)
 _DONTWAIT = int(socket.MSG_DONTWAIT)
 _WAITALL = int(socket.MSG_WAITALL)
 _SUPPORTED_RECV_FLAGS = _PEEK | _DONTWAIT | _WAITALL
@@ -1009,6 +1010,13 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
                 raise ValueError("negative buffersize in recv")
             if bufsize == 0:  # the C call's answer before any other check
                 return b""
+            if flags & _OOB:
+                timeout = self.gettimeout()
+                if timeout:  # the stdlib waits for readiness first in timeout mode
+                    self._readable(timeout)
+                else:
+                    self._check_open()
+                raise no_urgent_data()
             timeout = self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS)
             self._check_open()
             if flags & _WAITALL and timeout is None:

@@ -13,6 +13,7 @@ kind of end translates them once (``_broken``, ``_closed_error``).
 from __future__ import annotations
 
 import errno
+import socket
 import warnings
 import weakref
 from typing import Any, Callable, Optional, Tuple
@@ -27,6 +28,7 @@ from ._run import RunState
 
 # Small writes are joined into one receive up to this size.
 _MAX_JOIN = 64 * 1024
+_PEEK = int(socket.MSG_PEEK)
 
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
@@ -209,13 +211,13 @@ class TrioEnd:
         return _ABORTED
 
     # -- receiving and waiting for room ------------------------------------
-    async def _receive(self, max_bytes: int) -> bytes:
+    async def _receive(self, max_bytes: int, peek: bool = False) -> bytes:
         """Up to ``max_bytes`` bytes, b"" at EOF; a checkpoint. Cancelled,
-        nothing was consumed."""
+        nothing was consumed. ``peek`` (``MSG_PEEK``): nor otherwise."""
         await _checkpoint_if_cancelled()
         channel = self._in
         if channel.queued and not self._closed:  # the common case, first
-            data = channel.pull(max_bytes, _MAX_JOIN)
+            data = channel.peek(max_bytes) if peek else channel.pull(max_bytes, _MAX_JOIN)
             if data:  # (b"": handed over to TCP meanwhile, see below)
                 await _cancel_shielded_checkpoint()
                 return data
@@ -225,7 +227,7 @@ class TrioEnd:
                 raise self._closed_error()
             seen = channel.seen()
             if seen is SEEN_DATA:
-                data = channel.pull(max_bytes, _MAX_JOIN)
+                data = channel.peek(max_bytes) if peek else channel.pull(max_bytes, _MAX_JOIN)
                 if not data:
                     continue
                 break
@@ -239,7 +241,7 @@ class TrioEnd:
                 await _wait_task_rescheduled(self._abort_reader)
                 parked = True
                 if channel.queued and not self._closed:  # woken by a write, as a rule
-                    data = channel.pull(max_bytes, _MAX_JOIN)
+                    data = channel.peek(max_bytes) if peek else channel.pull(max_bytes, _MAX_JOIN)
                     if data:
                         break
                 continue
@@ -248,7 +250,7 @@ class TrioEnd:
                 if error is not None:
                     raise self._broken(error)
             if seen is SEEN_TCP:  # handed over (LinkEnd.over_tcp): trio's own socket by now
-                return await self.recv(max_bytes)  # type: ignore[attr-defined,no-any-return]
+                return await self.recv(max_bytes, _PEEK if peek else 0)  # type: ignore[attr-defined,no-any-return]
             data = b""  # EOF
             break
         if not parked:

@@ -22,8 +22,8 @@ import trio
 
 from .._core._errors import LinkBrokenError
 from .._core._link import CHANNEL_OPEN, SEEN_NOTHING, LinkEnd
-from .._friend_socket import (FriendSocket, PairedSocketCalls, is_watched, show_fin, to_keep, unwatch_options,
-                              watch_options)
+from .._friend_socket import (FriendSocket, PairedSocketCalls, is_watched, no_urgent_data, show_fin, to_keep,
+                              unwatch_options, watch_options)
 from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
 from ._run import RunState
@@ -73,10 +73,14 @@ def _no_flags(flags: int) -> None:
 
 
 # A trio socket's descriptor is non-blocking: there the kernel's MSG_WAITALL
-# returns what is there, as a call without it does, and a send with
-# MSG_DONTWAIT waits as one without it does. MSG_NOSIGNAL (Python ignores
-# SIGPIPE) and MSG_MORE (a link has no segments to hold back) change nothing.
+# returns what is there, as a call without it does, and a call with
+# MSG_DONTWAIT waits (trio's) as one without it does. MSG_NOSIGNAL (Python
+# ignores SIGPIPE) and MSG_MORE (a link has no segments to hold back)
+# change nothing.
 _WAITALL = int(socket.MSG_WAITALL)
+_PEEK = int(socket.MSG_PEEK)
+_OOB = int(socket.MSG_OOB)
+_NO_CHANGE_TO_RECV = _WAITALL | int(socket.MSG_DONTWAIT)
 _NO_CHANGE_TO_SEND = (int(socket.MSG_DONTWAIT) | int(getattr(socket, "MSG_NOSIGNAL", 0))
                       | int(getattr(socket, "MSG_MORE", 0)))
 
@@ -147,12 +151,17 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         bufsize = operator.index(bufsize)
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
-        _no_flags(flags & ~_WAITALL)
+        if flags & _OOB:
+            await _checkpoint()
+            if self._closed:
+                raise self._closed_error()
+            raise no_urgent_data()
+        _no_flags(flags & ~(_NO_CHANGE_TO_RECV | _PEEK))
         # Shut for reading, Linux still reads what comes (then EOF, not a wait).
         if bufsize == 0 or self._read_shut and self._in.seen() is SEEN_NOTHING:
             await _checkpoint()
             return b""
-        return await self._receive(bufsize)
+        return await self._receive(bufsize, peek=bool(flags & _PEEK))
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         view = memoryview(buffer).cast("B")
