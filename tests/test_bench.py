@@ -15,6 +15,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -570,12 +571,40 @@ def test_parse_size_rejects(text):
         parse_size(text)
 
 
-def _python_m(*args, timeout=60):
+def _python_m(*args, timeout=60, descriptors=None):
+    """``python -m friendsock ARGS``; with ``descriptors``, under that
+    RLIMIT_NOFILE (soft and hard: the bench cannot raise it)."""
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    limit = None if descriptors is None else (
+        lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors)))
     return subprocess.run([sys.executable, "-m", "friendsock", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+                          text=True, timeout=timeout, env=env, preexec_fn=limit)
+
+
+def test_socketless_idle_links_past_the_descriptor_limit(tmp_path):
+    """More idle connections than the descriptors allow: the transports
+    that hold descriptors are measured at what fits (a row of its own) and
+    say why not at the count asked for; socketless links, which hold none,
+    are measured at that count too."""
+    path = tmp_path / "out.json"
+    done = _python_m("bench", *TINY, "--tests", "memory", "--idle", "300", "--loops", "asyncio",
+                     "--transports", "tcp,friends,socketless", "--json", str(path), descriptors=256)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(path.read_text())
+    fit = str((256 - 64) // 2)
+    for key in ("memory-heap", "memory-rss"):
+        rows = data["tests"][key]["results"]
+        assert list(rows) == [fit, "300"], key
+        for transport in ("tcp", "friends", "socketless"):
+            cell = rows[fit]["asyncio"][transport]
+            assert cell["error"] is None and cell["median"] > 0, (key, transport, cell)
+        for transport in ("tcp", "friends"):
+            assert "need 664 descriptors (RLIMIT_NOFILE 256)" in rows["300"]["asyncio"][transport]["error"]
+        cell = rows["300"]["asyncio"]["socketless"]
+        assert cell["error"] is None and cell["median"] > 0 and cell["friend_verified"], (key, cell)
+    assert "socketless links hold no descriptor: measured at 300 too" in " ".join(done.stdout.split())
 
 
 def test_python_m_friendsock():

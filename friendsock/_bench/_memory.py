@@ -63,6 +63,11 @@ def settle_heap() -> None:
         _malloc_trim(0)
 
 
+# The transports whose idle connections hold descriptors (two each): a
+# socketless link holds none.
+DESCRIPTOR_TRANSPORTS = ("tcp", "unix", "friends")
+
+
 def raise_fd_limit(connections: int) -> Tuple[int, List[str]]:
     """Raise the soft RLIMIT_NOFILE to the hard limit; return how many idle
     connections fit (two descriptors each) and what to tell the reader."""
@@ -223,7 +228,9 @@ def _child_main(argv: Sequence[str]) -> int:
         print("usage: python -m friendsock._bench._memory LOOP TRANSPORT COUNT", file=sys.stderr)
         return 2
     kind, transport, count = argv[0], argv[1], int(argv[2])
-    count, _ = raise_fd_limit(count)
+    fit, _ = raise_fd_limit(count)
+    if transport in DESCRIPTOR_TRANSPORTS:
+        count = fit
     loop = loop_factory(kind)()
     try:
         with tempfile.TemporaryDirectory(prefix="fsbench-") as tmpdir:

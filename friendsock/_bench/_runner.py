@@ -22,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import resource
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
 
 from ._blocking_workloads import BlockingFloorWorkload, BlockingWorkload
 from ._floor import FloorEndpoint
-from ._memory import IdleWorkload, raise_fd_limit
+from ._memory import DESCRIPTOR_TRANSPORTS, FD_MARGIN, IdleWorkload, raise_fd_limit
 from ._transports import (
     LOOPS,
     TRANSPORTS,
@@ -411,6 +413,8 @@ class Runner:
         # (test, loop, transport) that hung: not tried again in that test,
         # each try would cost the watchdog's whole wait.
         self._hung: Set[Tuple[str, str, str]] = set()
+        # The most idle connections that fit the descriptor limit (memory).
+        self._descriptor_fit = sys.maxsize
 
     def total_steps(self) -> int:
         config = self.config
@@ -457,7 +461,11 @@ class Runner:
         return run
 
     def _fit_memory(self, cases: List[Case]) -> List[Case]:
-        """Shrink idle counts that do not fit the descriptor limit."""
+        """Idle counts that do not fit the descriptor limit: shrunk for the
+        transports that hold descriptors (a row of its own), kept for
+        socketless links, which hold none (their cells of the other
+        transports say why they were not measured)."""
+        socketless = "socketless" in self.config.transports
         fitted = []
         for case in cases:
             params = []
@@ -465,8 +473,13 @@ class Runner:
                 fit, notes = raise_fd_limit(count)
                 for note in notes:
                     self.run.note(note)
+                if fit < count:
+                    self._descriptor_fit = min(self._descriptor_fit, fit)
+                    if socketless:
+                        params.append(count)
+                        self.run.note(f"socketless links hold no descriptor: measured at {count} too")
                 params.append(fit)
-            fitted.append(dataclasses.replace(case, params=tuple(dict.fromkeys(params))))
+            fitted.append(dataclasses.replace(case, params=tuple(sorted(set(params)))))
         # The tables show what was measured.
         self.run.cases = [next((f for f in fitted if f.key == c.key), c) for c in self.run.cases]
         return fitted
@@ -521,6 +534,13 @@ class Runner:
             self.run.cells[(case.key, param, kind, transport)] = cell
             if (case.test, kind, transport) in self._hung:
                 cell.error = "skipped: hung earlier in this test"
+                progress.advance(rounds)
+                continue
+            if case.test == "memory" and transport in DESCRIPTOR_TRANSPORTS and \
+                    param > self._descriptor_fit:
+                cell.error = (f"not measured: {param} idle connections need "
+                              f"{2 * param + FD_MARGIN} descriptors (RLIMIT_NOFILE "
+                              f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]})")
                 progress.advance(rounds)
                 continue
             progress.describe(f"{label} {transport}: setting up")
