@@ -1574,7 +1574,8 @@ def _hand_over_before_fork() -> None:
     rides on, so the child may use either end as its own (a forking
     server's accepted connection) and the parent the other. A link with an
     end on an asyncio or uvloop loop, more than _HAND_OVER_LIMIT bytes
-    queued one way, or duplicates
+    queued one way, bytes queued behind a FIN its writer's socket already
+    sent (a descriptor polled, see ``LinkEnd.fin_to_show``), or duplicates
     (dup()) of a socket somebody polls (their one readiness descriptor
     cannot be each one's connection) stays a friend link: the parent's; in
     the child its ends fail (:func:`_cut_off_in_child`). _ends_lock is held
