@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import _socket
 import errno
+import operator
 import os
 import socket
 import struct
 import sys
 import types
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._core._errors import LinkBrokenError
 from ._core._link import CHANNEL_TCP, LinkEnd
@@ -453,6 +454,56 @@ def unwatch_options(sock: Any) -> None:
     if type(sock) is _WatchedSocket:
         _watchers.pop(sock, None)
         sock.__class__ = STDLIB_SOCKET  # type: ignore[assignment]
+
+
+# recvmsg()/sendmsg() on a TCP connection: scatter/gather reads and writes;
+# no ancillary data comes (TCP ignores what sendmsg gives). Their arguments,
+# checked as the C calls check them, for every kind of paired socket.
+def recvmsg_size(bufsize: Any, ancbufsize: Any) -> int:
+    bufsize = operator.index(bufsize)
+    if bufsize < 0:
+        raise ValueError("negative buffer size in recvmsg()")
+    check_ancillary_size(ancbufsize)
+    return bufsize
+
+
+def check_ancillary_size(ancbufsize: Any) -> None:
+    if operator.index(ancbufsize) < 0:
+        raise ValueError("invalid ancillary data buffer length")  # the C call's words
+
+
+def recvmsg_views(buffers: Any, ancbufsize: Any) -> List[memoryview]:
+    """``recvmsg_into()``'s buffers, as byte views to fill in turn."""
+    views = [memoryview(buffer).cast("B") for buffer in buffers]
+    if any(view.readonly for view in views):
+        raise TypeError("recvmsg_into() argument 1 must be an iterable of single-segment "
+                        "read-write buffers")
+    check_ancillary_size(ancbufsize)
+    return views
+
+
+def scatter(data: bytes, views: List[memoryview]) -> int:
+    """``data`` into ``views`` in turn; its size."""
+    offset = 0
+    for view in views:
+        piece = data[offset:offset + len(view)]
+        view[:len(piece)] = piece
+        offset += len(piece)
+    return len(data)
+
+
+def sendmsg_data(buffers: Any, ancdata: Any, address: Any) -> bytes:
+    """What ``sendmsg()`` sends: its buffers joined. Its ancillary data and
+    address are checked as the C call does, then ignored, as TCP does on a
+    connected socket."""
+    data = b"".join(memoryview(buffer).cast("B") for buffer in buffers)
+    for item in ancdata:
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise TypeError("sendmsg() ancillary data items must be (level, type, data) tuples")
+        operator.index(item[0]), operator.index(item[1]), memoryview(item[2])
+    if address is not None and not isinstance(address, tuple):
+        raise TypeError(f"sendmsg() address must be a tuple, not {type(address).__name__}")
+    return data
 
 
 def no_urgent_data() -> OSError:

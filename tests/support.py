@@ -12,7 +12,7 @@ import socket
 import ssl
 import sys
 import warnings
-from typing import Any, AsyncIterator, Iterator, List, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 import uvloop
@@ -320,6 +320,22 @@ async def echo_and_finish(
     transport.write_eof()
     assert await bounded(client.lost) is None
     assert client.events == ["made", "data", "eof", "lost"]
+
+
+async def answer_then_finish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, how: str,
+                             go_on: Callable[[], Awaitable[Any]]) -> None:
+    """A server's part: answer a line with ``OK``, then, once ``go_on()``
+    returns, close (``how`` "close"), or shut down writing and close once
+    the client has (any other ``how``)."""
+    await reader.readline()
+    writer.write(b"OK\n")
+    await go_on()
+    if how == "close":
+        writer.close()
+    else:
+        writer.write_eof()
+        await reader.read()  # until the client closes
+        writer.close()
 
 
 # The library's deadline for a confirmed connect (a listener given with sock=).

@@ -23,6 +23,7 @@ import uvloop
 
 import friendsock
 import friendsock.trio as fst
+from support import answer_then_finish
 
 HOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -48,15 +49,7 @@ async def asyncio_writer(friends: bool, how: str, steps: Steps, waits: Callable[
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await reader.readline()
-            writer.write(b"OK\n")
-            await waits(steps.finish)
-            if how == "close":
-                writer.close()
-            else:
-                writer.write_eof()
-                await reader.read()  # until the reader closes
-                writer.close()
+            await answer_then_finish(reader, writer, how, lambda: waits(steps.finish))
             await writer.wait_closed()
         finally:
             done.set_result(None)

@@ -25,6 +25,7 @@ import friendsock
 from support import (
     LOCALHOST,
     ContextRecorder,
+    answer_then_finish,
     Recorder,
     chunked,
     connected_pair,
@@ -1264,17 +1265,6 @@ async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, 
     after the peer is done)."""
     go_on = asyncio.Event()
 
-    async def answer_then_finish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readline()
-        writer.write(b"OK\n")
-        await go_on.wait()
-        if how == "close":
-            writer.close()
-        else:
-            writer.write_eof()
-            await reader.read()  # until the client closes
-            writer.close()
-
     def polled(wait_ms: int) -> bool:
         fd = writer.get_extra_info("socket").fileno()
         # A socketless link has no descriptor to poll (as the README says).
@@ -1285,7 +1275,7 @@ async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, 
         poller.register(fd, select.POLLIN)
         return poller.poll(wait_ms) != []
 
-    async with streams_server(answer_then_finish, friends) as server:
+    async with streams_server(lambda r, w: answer_then_finish(r, w, how, go_on.wait), friends) as server:
         reader, writer = await friendsock.open_connection(*server.sockets[0].getsockname()[:2],
                                                           friends=friends)
         assert friendsock.is_friend(writer) is friends

@@ -116,6 +116,12 @@ def _calls(sock: Sock) -> Dict[str, Callable[[], Awaitable[Any]]]:
         "recv MSG_PEEK, recv": lambda: _each(lambda: sock.recv(4, socket.MSG_PEEK), lambda: sock.recv(10)),
         "recv_into MSG_PEEK": lambda: sock.recv_into(bytearray(5), 0, socket.MSG_PEEK),
         "recv MSG_OOB": lambda: sock.recv(10, socket.MSG_OOB),
+        "recvmsg": lambda: sock.recvmsg(10),
+        "recvmsg MSG_PEEK": lambda: sock.recvmsg(4, 0, socket.MSG_PEEK),
+        "recvmsg_into": lambda: _recvmsg_into(sock),
+        "recvmsg(-1)": lambda: sock.recvmsg(-1),
+        "sendmsg": lambda: sock.sendmsg([b"ab", memoryview(b"cd")]),
+        "sendmsg, bad ancillary data": lambda: sock.sendmsg([b"x"], [(1, 2)]),
         "recv_into": lambda: sock.recv_into(bytearray(5)),
         "recvfrom": lambda: sock.recvfrom(10),
         "send": lambda: sock.send(b"x"),
@@ -137,6 +143,12 @@ def _calls(sock: Sock) -> Dict[str, Callable[[], Awaitable[Any]]]:
     }
 # Not compared: connect() on a connected socket (trio's connect is
 # non-blocking, and the kernel then answers 0 once; friendsock EISCONN).
+
+
+async def _recvmsg_into(sock: Sock) -> Any:
+    first, second = bytearray(3), bytearray(5)
+    size, ancdata, flags, address = await sock.recvmsg_into([first, second])
+    return size, bytes(first + second), ancdata, flags, address
 
 
 async def _each(*calls: Callable[[], Awaitable[Any]]) -> Any:

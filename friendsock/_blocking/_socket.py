@@ -49,7 +49,8 @@ from .._core._link import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._friend_socket import STDLIB_SOCKET, FriendSocket, PairedSocketCalls, no_urgent_data, show_fin
+from .._friend_socket import (STDLIB_SOCKET, FriendSocket, PairedSocketCalls, no_urgent_data, recvmsg_size,
+                              recvmsg_views, scatter, sendmsg_data, show_fin)
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -399,11 +400,6 @@ def _friend_of_readiness(fileno: Any) -> Optional["FriendBlockingSocket"]:
     if friend is None or friend._friend_closed:
         raise _unsupported("a socket made from this descriptor")
     return friend  # type: ignore[no-any-return]
-
-
-def _check_ancillary_size(ancbufsize: Any) -> None:
-    if operator.index(ancbufsize) < 0:
-        raise ValueError("invalid ancillary data buffer length")  # the C call's words
 
 
 def _may_pair(sock: socket.socket) -> bool:
@@ -1127,28 +1123,13 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
     def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Tuple[int, None]:
         return self.recv_into(buffer, nbytes, flags), None
 
-    # recvmsg/sendmsg: on a TCP connection, scatter/gather reads and writes;
-    # no ancillary data comes (TCP ignores what sendmsg gives).
+    # recvmsg/sendmsg: scatter/gather reads and writes (see recvmsg_size).
     def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> Tuple[bytes, list, int, None]:
-        bufsize = operator.index(bufsize)
-        if bufsize < 0:
-            raise ValueError("negative buffer size in recvmsg()")
-        _check_ancillary_size(ancbufsize)
-        return self.recv(bufsize, flags), [], 0, None
+        return self.recv(recvmsg_size(bufsize, ancbufsize), flags), [], 0, None
 
     def recvmsg_into(self, buffers: Any, ancbufsize: int = 0, flags: int = 0) -> Tuple[int, list, int, None]:
-        views = [memoryview(buffer).cast("B") for buffer in buffers]
-        if any(view.readonly for view in views):
-            raise TypeError("recvmsg_into() argument 1 must be an iterable of single-segment "
-                            "read-write buffers")
-        _check_ancillary_size(ancbufsize)
-        data = self.recv(sum(len(view) for view in views), flags)
-        offset = 0
-        for view in views:
-            piece = data[offset:offset + len(view)]
-            view[:len(piece)] = piece
-            offset += len(piece)
-        return len(data), [], 0, None
+        views = recvmsg_views(buffers, ancbufsize)
+        return scatter(self.recv(sum(len(view) for view in views), flags), views), [], 0, None
 
     def _flags_timeout(self, flags: int, supported: int) -> Optional[float]:
         """The timeout a call with ``flags`` waits for. MSG_DONTWAIT makes a
@@ -1285,14 +1266,7 @@ class FriendBlockingSocket(PairedSocketCalls, FriendCapableSocket):
         return self.send(data, args[0] if len(args) == 2 else 0)
 
     def sendmsg(self, buffers: Any, ancdata: Any = (), flags: int = 0, address: Any = None) -> int:
-        data = b"".join(memoryview(buffer).cast("B") for buffer in buffers)
-        for item in ancdata:  # checked as the C call does; TCP ignores them
-            if not isinstance(item, tuple) or len(item) != 3:
-                raise TypeError("sendmsg() ancillary data items must be (level, type, data) tuples")
-            operator.index(item[0]), operator.index(item[1]), memoryview(item[2])
-        if address is not None and not isinstance(address, tuple):
-            raise TypeError(f"sendmsg() address must be a tuple, not {type(address).__name__}")
-        return self.send(data, flags)  # a connected stream socket ignores the address
+        return self.send(sendmsg_data(buffers, ancdata, address), flags)
 
     # -- shutting down and closing ------------------------------------------------
     def shutdown(self, how: int) -> None:

@@ -22,8 +22,9 @@ import trio
 
 from .._core._errors import LinkBrokenError
 from .._core._link import CHANNEL_OPEN, SEEN_NOTHING, LinkEnd
-from .._friend_socket import (FriendSocket, PairedSocketCalls, is_watched, no_urgent_data, show_fin, to_keep,
-                              unwatch_options, watch_options)
+from .._friend_socket import (FriendSocket, PairedSocketCalls, is_watched, no_urgent_data, recvmsg_size,
+                              recvmsg_views, scatter, sendmsg_data, show_fin, to_keep, unwatch_options,
+                              watch_options)
 from .._handshake import SocketRelease
 from ._end import TrioEnd, stream_error
 from ._run import RunState
@@ -182,13 +183,14 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
     async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Tuple[int, None]:
         return await self.recv_into(buffer, nbytes, flags), None
 
-    async def recvmsg(self, *args: Any) -> Any:
-        await _checkpoint()
-        raise _unsupported("recvmsg()")
+    # recvmsg/sendmsg: scatter/gather reads and writes (see recvmsg_size).
+    async def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> Tuple[bytes, list, int, None]:
+        return await self.recv(recvmsg_size(bufsize, ancbufsize), flags), [], 0, None
 
-    async def recvmsg_into(self, *args: Any) -> Any:
-        await _checkpoint()
-        raise _unsupported("recvmsg_into()")
+    async def recvmsg_into(self, buffers: Any, ancbufsize: int = 0,
+                           flags: int = 0) -> Tuple[int, list, int, None]:
+        views = recvmsg_views(buffers, ancbufsize)
+        return scatter(await self.recv(sum(len(view) for view in views), flags), views), [], 0, None
 
     def is_readable(self) -> bool:
         if self._closed:
@@ -240,9 +242,8 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
             raise TypeError(f"sendto() takes 2 or 3 arguments ({len(args) + 1} given)")
         return await self.send(data, args[0] if len(args) == 2 else 0)
 
-    async def sendmsg(self, *args: Any) -> int:
-        await _checkpoint()
-        raise _unsupported("sendmsg()")
+    async def sendmsg(self, buffers: Any, ancdata: Any = (), flags: int = 0, address: Any = None) -> int:
+        return await self.send(sendmsg_data(buffers, ancdata, address), flags)
 
     async def wait_writable(self) -> None:
         if self._closed:
