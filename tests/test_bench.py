@@ -595,15 +595,17 @@ def test_socketless_idle_links_past_the_descriptor_limit(tmp_path):
     data = json.loads(path.read_text())
     fit = str((256 - 64) // 2)
     for key in ("memory-heap", "memory-rss"):
+        # (RSS moves by whole pages: a hundred connections may not move it.)
+        measured = (lambda cell: cell["median"] > 0) if key == "memory-heap" else (lambda cell: True)
         rows = data["tests"][key]["results"]
         assert list(rows) == [fit, "300"], key
         for transport in ("tcp", "friends", "socketless"):
             cell = rows[fit]["asyncio"][transport]
-            assert cell["error"] is None and cell["median"] > 0, (key, transport, cell)
+            assert cell["error"] is None and measured(cell), (key, transport, cell)
         for transport in ("tcp", "friends"):
             assert "need 664 descriptors (RLIMIT_NOFILE 256)" in rows["300"]["asyncio"][transport]["error"]
         cell = rows["300"]["asyncio"]["socketless"]
-        assert cell["error"] is None and cell["median"] > 0 and cell["friend_verified"], (key, cell)
+        assert cell["error"] is None and measured(cell) and cell["friend_verified"], (key, cell)
     assert "socketless links hold no descriptor: measured at 300 too" in " ".join(done.stdout.split())
 
 
