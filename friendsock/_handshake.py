@@ -162,19 +162,20 @@ class SocketRelease:
             return None
         return self.first, self.second
 
-    def keep(self, sock: socket.socket) -> None:
+    def keep(self, sock: socket.socket) -> socket.socket:
         """Its user closes ``sock``, one of these, while the link still
         needs its connection: the descriptor moves to a socket object of the
         link's own, and the user's shows it closed (``fileno()`` -1), as
-        after a close over TCP."""
+        after a close over TCP. The socket object the descriptor is in now."""
         if sock is self.first:
             kept = self.first = _detached(sock)
         elif sock is self.second:
             kept = self.second = _detached(sock)
         else:
-            return
+            return sock
         if self.restores:  # (options to give back: on the socket object kept)
             self.restores = [(kept if each[0] is sock else each[0],) + each[1:] for each in self.restores]
+        return kept
 
     def __call__(self) -> None:
         keeper, client = self.keeper, self.client

@@ -4,18 +4,20 @@ polling the connection's descriptor (httpcore polls
 readable once the peer's FIN came. A friend link's bytes never cross the
 real sockets, so a friend end done writing sends its real socket's FIN
 too: whatever kind of end wrote (an asyncio or uvloop transport, a trio
-stream, a blocking socket) and whatever kind reads (a transport's socket,
-a trio stream's, polled or waited on with ``trio.lowlevel.wait_readable``),
+stream or socket, a blocking socket) and whatever kind reads (a
+transport's socket, a trio stream's or socket, polled or waited on with
+``trio.lowlevel.wait_readable``),
 on one loop or across threads, on both paths."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import select
 import socket
 import threading
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
 import trio
@@ -64,8 +66,12 @@ async def asyncio_writer(friends: bool, how: str, steps: Steps, waits: Callable[
         await server.wait_closed()
 
 
-async def trio_writer(friends: bool, how: str, steps: Steps, waits: Callable[..., Any]) -> None:
-    listeners = await fst.open_tcp_listeners(0, host=HOST, friends=friends)
+async def trio_writer(friends: bool, how: str, steps: Steps, waits: Callable[..., Any],
+                      unchanged: bool = False) -> None:
+    """friendsock.trio's streams, or (``unchanged``) trio's own, which pair
+    under friendsock.trio.install() (friend trio sockets)."""
+    listeners = await (trio.open_tcp_listeners(0, host=HOST) if unchanged
+                       else fst.open_tcp_listeners(0, host=HOST, friends=friends))
     steps.port.append(listeners[0].socket.getsockname()[1])
     steps.listening.set()
     try:
@@ -131,10 +137,12 @@ async def asyncio_reader(friends: bool, asked: str, steps: Steps, waits: Callabl
         await writer.wait_closed()
 
 
-async def trio_reader(friends: bool, asked: str, steps: Steps, waits: Callable[..., Any]) -> None:
+async def trio_reader(friends: bool, asked: str, steps: Steps, waits: Callable[..., Any],
+                      unchanged: bool = False) -> None:
     await waits(steps.listening)
     with trio.fail_after(TIMEOUT):
-        stream = await fst.open_tcp_stream(HOST, steps.port[0], friends=friends)
+        stream = await (trio.open_tcp_stream(HOST, steps.port[0]) if unchanged
+                        else fst.open_tcp_stream(HOST, steps.port[0], friends=friends))
         async with stream:
             assert friendsock.is_friend(stream) is friends
             await stream.send_all(b"hi\n")
@@ -162,7 +170,7 @@ async def trio_waits(event: threading.Event) -> None:
 def run_on(kind: str, *ends: Callable[..., Any]) -> Callable[[], None]:
     """A function that runs ``ends`` (coroutine functions of ``waits``)
     together on one loop or trio run of ``kind``."""
-    if kind == "trio":
+    if kind.startswith("trio"):
         async def trio_main() -> None:
             async with trio.open_nursery() as nursery:
                 for end in ends:
@@ -177,14 +185,20 @@ def run_on(kind: str, *ends: Callable[..., Any]) -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def patched_if(friends: bool) -> Iterator[None]:
-    """Blocking sockets pair only while the socket module is patched."""
-    if friends:
+def switched_on(friends: bool, kinds: Tuple[str, ...]) -> Iterator[None]:
+    """Blocking sockets pair only while the socket module is patched, and
+    unchanged trio code only under friendsock.trio.install()."""
+    blocking, trio_unchanged = friends and "blocking" in kinds, friends and "trio-unchanged" in kinds
+    if blocking:
         friendsock.patch_socket()
+    if trio_unchanged:
+        fst.install()
     try:
         yield
     finally:
-        if friends:
+        if trio_unchanged:
+            fst.uninstall()
+        if blocking:
             friendsock.unpatch_socket()
 
 
@@ -210,16 +224,20 @@ def run_threads(*targets: Callable[[], None]) -> None:
 
 @pytest.mark.parametrize("asked", ["before", "after"])
 @pytest.mark.parametrize("how", ["close", "shutdown"])
-@pytest.mark.parametrize("writer_kind", ["asyncio", "uvloop", "trio", "blocking"])
-@pytest.mark.parametrize("reader_kind", ["asyncio", "uvloop", "trio"])
+@pytest.mark.parametrize("writer_kind", ["asyncio", "uvloop", "trio", "trio-unchanged", "blocking"])
+@pytest.mark.parametrize("reader_kind", ["asyncio", "uvloop", "trio", "trio-unchanged"])
 def test_the_descriptor_polls_readable_once_the_friend_is_done_writing(
         friends, reader_kind, writer_kind, how, asked):
     """As over TCP: not readable while the peer is open (``asked``
     ``before``), readable once it closed or shut down writing, with the
-    descriptor first asked for before or after that."""
+    descriptor first asked for before or after that. (``trio``:
+    friendsock.trio's streams; ``trio-unchanged``: trio's own, over friend
+    trio sockets.)"""
     steps = Steps()
-    readers = {"asyncio": asyncio_reader, "uvloop": asyncio_reader, "trio": trio_reader}
-    writers = {"asyncio": asyncio_writer, "uvloop": asyncio_writer, "trio": trio_writer}
+    readers = {"asyncio": asyncio_reader, "uvloop": asyncio_reader, "trio": trio_reader,
+               "trio-unchanged": functools.partial(trio_reader, unchanged=True)}
+    writers = {"asyncio": asyncio_writer, "uvloop": asyncio_writer, "trio": trio_writer,
+               "trio-unchanged": functools.partial(trio_writer, unchanged=True)}
 
     def read(waits: Callable[..., Any]) -> Any:
         return readers[reader_kind](friends, asked, steps, waits)
@@ -228,11 +246,11 @@ def test_the_descriptor_polls_readable_once_the_friend_is_done_writing(
         return writers[writer_kind](friends, how, steps, waits)
 
     before = friendsock.stats().links_made
-    if writer_kind == reader_kind:  # one loop, one thread
-        run_threads(run_on(reader_kind, write, read))
-    elif writer_kind == "blocking":
-        with patched_if(friends):
+    with switched_on(friends, (reader_kind, writer_kind)):
+        if writer_kind == reader_kind:  # one loop, one thread
+            run_threads(run_on(reader_kind, write, read))
+        elif writer_kind == "blocking":
             run_threads(lambda: blocking_writer(friends, how, steps), run_on(reader_kind, read))
-    else:
-        run_threads(run_on(writer_kind, write), run_on(reader_kind, read))
+        else:
+            run_threads(run_on(writer_kind, write), run_on(reader_kind, read))
     assert friendsock.stats().links_made - before == (1 if friends else 0)

@@ -274,7 +274,8 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
                 self._options.sync_linger()
             unwatch_options(self._sock)  # (released with a linger of the link's own)
             if isinstance(release, SocketRelease):
-                release.keep(self._sock)
+                # Its FIN from where the descriptor goes: ours shows -1 then.
+                show_fin(self._end, release.keep(self._sock))
             self._close_end()
 
     def __exit__(self, *exc_info: Any) -> None:
