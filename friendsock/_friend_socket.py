@@ -163,8 +163,7 @@ class FriendSocket:
         exposed = getattr(self._end.link.on_done, "exposed", None)
         if exposed is not None:
             exposed()
-        if self._end.fd_hidden:
-            reveal(self._end)
+        reveal(self._end)  # (a FIN may be owed to a friend not hidden: one hooked in after it)
 
     def fileno(self) -> int:
         # -1 once its end is closed, as a closed transport's socket: the

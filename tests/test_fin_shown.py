@@ -25,7 +25,6 @@ import uvloop
 
 import friendsock
 import friendsock.trio as fst
-from support import answer_then_finish
 
 HOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -38,9 +37,66 @@ class Steps:
         self.port: List[int] = []
         self.listening = threading.Event()
         self.finish = threading.Event()  # the reader has looked (or not): done writing now
+        self.written = threading.Event()  # the writer is done writing (and closed, or not)
 
     def wait(self, event: threading.Event) -> None:
         assert event.wait(TIMEOUT), "the other end did not get there"
+
+
+# -- finishing writing, each kind of end its way: shut down writing (and maybe
+# close at once), or close; then, still open, read until the other end closes.
+
+
+async def asyncio_finish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, how: str,
+                         steps: Steps) -> None:
+    if how != "close":
+        writer.write_eof()
+    if how != "shutdown":
+        writer.close()
+    steps.written.set()
+    if how == "shutdown":
+        await asyncio.wait_for(reader.read(), TIMEOUT)
+        writer.close()
+
+
+async def trio_finish(stream: Any, how: str, steps: Steps) -> None:
+    if how != "close":
+        await stream.send_eof()
+    if how != "shutdown":
+        await stream.aclose()
+    steps.written.set()
+    if how == "shutdown":
+        while await stream.receive_some():
+            pass
+
+
+def blocking_finish(conn: socket.socket, how: str, steps: Steps) -> None:
+    if how != "close":
+        conn.shutdown(socket.SHUT_WR)
+    if how != "shutdown":
+        conn.close()
+    steps.written.set()
+    if how == "shutdown":
+        while conn.recv(1024):
+            pass
+
+
+async def trio_listen(friends: bool, steps: Steps, unchanged: bool) -> Any:
+    """friendsock.trio's listeners, or (``unchanged``) trio's own, which pair
+    under friendsock.trio.install() (friend trio sockets); the port posted."""
+    listeners = await (trio.open_tcp_listeners(0, host=HOST) if unchanged
+                       else fst.open_tcp_listeners(0, host=HOST, friends=friends))
+    steps.port.append(listeners[0].socket.getsockname()[1])
+    steps.listening.set()
+    return listeners
+
+
+async def trio_connect(friends: bool, steps: Steps, waits: Callable[..., Any], unchanged: bool) -> Any:
+    await waits(steps.listening)
+    stream = await (trio.open_tcp_stream(HOST, steps.port[0]) if unchanged
+                    else fst.open_tcp_stream(HOST, steps.port[0], friends=friends))
+    assert friendsock.is_friend(stream) is friends
+    return stream
 
 
 # -- the end that finishes writing: the server -------------------------------------
@@ -51,7 +107,10 @@ async def asyncio_writer(friends: bool, how: str, steps: Steps, waits: Callable[
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await answer_then_finish(reader, writer, how, lambda: waits(steps.finish))
+            await reader.readline()
+            writer.write(b"OK\n")
+            await waits(steps.finish)
+            await asyncio_finish(reader, writer, how, steps)
             await writer.wait_closed()
         finally:
             done.set_result(None)
@@ -68,12 +127,7 @@ async def asyncio_writer(friends: bool, how: str, steps: Steps, waits: Callable[
 
 async def trio_writer(friends: bool, how: str, steps: Steps, waits: Callable[..., Any],
                       unchanged: bool = False) -> None:
-    """friendsock.trio's streams, or (``unchanged``) trio's own, which pair
-    under friendsock.trio.install() (friend trio sockets)."""
-    listeners = await (trio.open_tcp_listeners(0, host=HOST) if unchanged
-                       else fst.open_tcp_listeners(0, host=HOST, friends=friends))
-    steps.port.append(listeners[0].socket.getsockname()[1])
-    steps.listening.set()
+    listeners = await trio_listen(friends, steps, unchanged)
     try:
         with trio.fail_after(TIMEOUT):
             stream = await listeners[0].accept()
@@ -82,10 +136,7 @@ async def trio_writer(friends: bool, how: str, steps: Steps, waits: Callable[...
                     pass
                 await stream.send_all(b"OK\n")
                 await waits(steps.finish)
-                if how == "shutdown":
-                    await stream.send_eof()
-                    while await stream.receive_some():  # until the reader closes
-                        pass
+                await trio_finish(stream, how, steps)
     finally:
         for listener in listeners:
             await listener.aclose()
@@ -103,10 +154,7 @@ def blocking_writer(friends: bool, how: str, steps: Steps) -> None:
             conn.makefile("rb").readline()
             conn.sendall(b"OK\n")
             steps.wait(steps.finish)
-            if how == "shutdown":
-                conn.shutdown(socket.SHUT_WR)
-                while conn.recv(1024):  # until the reader closes
-                    pass
+            blocking_finish(conn, how, steps)
 
 
 # -- the end whose descriptor is polled: the client ----------------------------------
@@ -128,6 +176,8 @@ async def asyncio_reader(friends: bool, asked: str, steps: Steps, waits: Callabl
         if asked == "before":
             assert not polls_readable(writer.get_extra_info("socket").fileno(), 0)
         steps.finish.set()
+        if asked == "after":
+            await waits(steps.written)
         fd = writer.get_extra_info("socket").fileno()
         # Off the loop: the writer may run on it.
         assert await asyncio.to_thread(polls_readable, fd, TIMEOUT), "no FIN to see"
@@ -139,17 +189,16 @@ async def asyncio_reader(friends: bool, asked: str, steps: Steps, waits: Callabl
 
 async def trio_reader(friends: bool, asked: str, steps: Steps, waits: Callable[..., Any],
                       unchanged: bool = False) -> None:
-    await waits(steps.listening)
     with trio.fail_after(TIMEOUT):
-        stream = await (trio.open_tcp_stream(HOST, steps.port[0]) if unchanged
-                        else fst.open_tcp_stream(HOST, steps.port[0], friends=friends))
+        stream = await trio_connect(friends, steps, waits, unchanged)
         async with stream:
-            assert friendsock.is_friend(stream) is friends
             await stream.send_all(b"hi\n")
             assert await stream.receive_some() == b"OK\n"
             if asked == "before":
                 assert not polls_readable(stream.socket.fileno(), 0)
             steps.finish.set()
+            if asked == "after":
+                await waits(steps.written)
             await trio.lowlevel.wait_readable(stream.socket)
             assert await stream.receive_some() == b""
 
@@ -223,16 +272,16 @@ def run_threads(*targets: Callable[[], None]) -> None:
 
 
 @pytest.mark.parametrize("asked", ["before", "after"])
-@pytest.mark.parametrize("how", ["close", "shutdown"])
+@pytest.mark.parametrize("how", ["close", "shutdown", "shutdown, close"])
 @pytest.mark.parametrize("writer_kind", ["asyncio", "uvloop", "trio", "trio-unchanged", "blocking"])
 @pytest.mark.parametrize("reader_kind", ["asyncio", "uvloop", "trio", "trio-unchanged"])
 def test_the_descriptor_polls_readable_once_the_friend_is_done_writing(
         friends, reader_kind, writer_kind, how, asked):
     """As over TCP: not readable while the peer is open (``asked``
-    ``before``), readable once it closed or shut down writing, with the
-    descriptor first asked for before or after that. (``trio``:
-    friendsock.trio's streams; ``trio-unchanged``: trio's own, over friend
-    trio sockets.)"""
+    ``before``), readable once it closed or shut down writing (and maybe
+    closed at once after), with the descriptor first asked for before or
+    after that. (``trio``: friendsock.trio's streams; ``trio-unchanged``:
+    trio's own, over friend trio sockets.)"""
     steps = Steps()
     readers = {"asyncio": asyncio_reader, "uvloop": asyncio_reader, "trio": trio_reader,
                "trio-unchanged": functools.partial(trio_reader, unchanged=True)}
@@ -253,4 +302,86 @@ def test_the_descriptor_polls_readable_once_the_friend_is_done_writing(
             run_threads(lambda: blocking_writer(friends, how, steps), run_on(reader_kind, read))
         else:
             run_threads(run_on(writer_kind, write), run_on(reader_kind, read))
+    assert friendsock.stats().links_made - before == (1 if friends else 0)
+
+
+# -- a FIN that came before the reader's end was accepted ----------------------------
+
+
+async def asyncio_client_writer(friends: bool, how: str, steps: Steps, waits: Callable[..., Any]) -> None:
+    await waits(steps.listening)
+    reader, writer = await friendsock.open_connection(HOST, steps.port[0], friends=friends)
+    try:
+        assert friendsock.is_friend(writer) is friends
+        writer.write(b"hi\n")
+        await asyncio_finish(reader, writer, how, steps)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def trio_client_writer(friends: bool, how: str, steps: Steps, waits: Callable[..., Any],
+                             unchanged: bool = False) -> None:
+    with trio.fail_after(TIMEOUT):
+        stream = await trio_connect(friends, steps, waits, unchanged)
+        async with stream:
+            await stream.send_all(b"hi\n")
+            await trio_finish(stream, how, steps)
+
+
+def blocking_client_writer(friends: bool, how: str, steps: Steps) -> None:
+    steps.wait(steps.listening)
+    with socket.create_connection((HOST, steps.port[0]), timeout=TIMEOUT) as conn:
+        assert friendsock.is_friend(conn) is friends
+        conn.sendall(b"hi\n")
+        blocking_finish(conn, how, steps)
+
+
+async def trio_server_reader(friends: bool, steps: Steps, waits: Callable[..., Any],
+                             unchanged: bool = False) -> None:
+    """Accepts only once the client is done writing, then waits for its
+    descriptor to be readable, and reads the client's line and EOF."""
+    listeners = await trio_listen(friends, steps, unchanged)
+    try:
+        await waits(steps.written)
+        with trio.fail_after(TIMEOUT):
+            stream = await listeners[0].accept()
+            async with stream:
+                assert friendsock.is_friend(stream) is friends
+                await trio.lowlevel.wait_readable(stream.socket)
+                received = b""
+                while chunk := await stream.receive_some():
+                    received += chunk
+                assert received == b"hi\n"
+    finally:
+        for listener in listeners:
+            await listener.aclose()
+
+
+@pytest.mark.parametrize("how", ["close", "shutdown", "shutdown, close"])
+@pytest.mark.parametrize("writer_kind", ["asyncio", "uvloop", "trio", "trio-unchanged", "blocking"])
+@pytest.mark.parametrize("reader_kind", ["trio", "trio-unchanged"])
+def test_the_descriptor_of_an_end_accepted_after_the_friend_finished_polls_readable(
+        friends, reader_kind, writer_kind, how):
+    """The client is done writing (and maybe closed) before the server
+    accepts: the accepted socket's descriptor polls readable, as over TCP,
+    though the server's end was not hooked in when the client finished."""
+    steps = Steps()
+
+    def read(waits: Callable[..., Any]) -> Any:
+        return trio_server_reader(friends, steps, waits, unchanged=reader_kind == "trio-unchanged")
+
+    def write(waits: Callable[..., Any]) -> Any:
+        if writer_kind.startswith("trio"):
+            return trio_client_writer(friends, how, steps, waits, unchanged=writer_kind == "trio-unchanged")
+        return asyncio_client_writer(friends, how, steps, waits)
+
+    before = friendsock.stats().links_made
+    with switched_on(friends, (reader_kind, writer_kind)):
+        if writer_kind == reader_kind:  # one trio run
+            run_threads(run_on(reader_kind, read, write))
+        elif writer_kind == "blocking":
+            run_threads(run_on(reader_kind, read), lambda: blocking_client_writer(friends, how, steps))
+        else:
+            run_threads(run_on(reader_kind, read), run_on(writer_kind, write))
     assert friendsock.stats().links_made - before == (1 if friends else 0)

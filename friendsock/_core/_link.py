@@ -648,12 +648,14 @@ class LinkEnd:
         real socket, is to send its FIN now, so that the friend's descriptor
         polls readable as a TCP socket's does after the peer's FIN (a pool
         polls an idle connection's descriptor to learn that its server
-        closed it). Once only. Not to a friend that no adapter runs yet
-        (held: bytes or EOF on its real socket would mean that it is used
-        raw), nor to one closed. While the friend's descriptor is hidden
-        (``fd_hidden``: a system call and a FIN's round in the kernel per
-        connection saved, and the connection still one to keep), the FIN is
-        owed instead, until :meth:`reveal`."""
+        closed it). Once only; not to a friend closed. While the friend's
+        descriptor is hidden (``fd_hidden``: a system call and a FIN's
+        round in the kernel per connection saved, and the connection still
+        one to keep), or no adapter runs the friend yet (held: bytes or EOF
+        on its real socket would mean that it is used raw), the FIN is owed
+        instead, until :meth:`reveal`; asked again meanwhile (a close after
+        a shutdown), it is owed from ``sock``, where the descriptor may
+        have moved."""
         lock = self.link._lock
         if lock is None:
             return self._fin_to_show(sock)
@@ -661,12 +663,13 @@ class LinkEnd:
             return self._fin_to_show(sock)
 
     def _fin_to_show(self, sock: Any) -> bool:
-        if self.fin_owed is not None:
+        owed = self.fin_owed
+        if owed is FIN_SHOWN:
             return False
         friend = self.link.friend_of(self)
-        if friend is None or friend.closed or friend.outgoing.notify_writable is None:
+        if friend is None or friend.closed:
             return False
-        if friend.fd_hidden:
+        if owed is not None or friend.fd_hidden or friend.outgoing.notify_writable is None:
             self.fin_owed = sock
             return False
         self.fin_owed = FIN_SHOWN
