@@ -462,11 +462,11 @@ def recvmsg_size(bufsize: Any, ancbufsize: Any) -> int:
     bufsize = operator.index(bufsize)
     if bufsize < 0:
         raise ValueError("negative buffer size in recvmsg()")
-    check_ancillary_size(ancbufsize)
+    _check_ancillary_size(ancbufsize)
     return bufsize
 
 
-def check_ancillary_size(ancbufsize: Any) -> None:
+def _check_ancillary_size(ancbufsize: Any) -> None:
     if operator.index(ancbufsize) < 0:
         raise ValueError("invalid ancillary data buffer length")  # the C call's words
 
@@ -477,7 +477,7 @@ def recvmsg_views(buffers: Any, ancbufsize: Any) -> List[memoryview]:
     if any(view.readonly for view in views):
         raise TypeError("recvmsg_into() argument 1 must be an iterable of single-segment "
                         "read-write buffers")
-    check_ancillary_size(ancbufsize)
+    _check_ancillary_size(ancbufsize)
     return views
 
 

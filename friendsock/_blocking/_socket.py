@@ -730,14 +730,14 @@ def _make_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peernam
             signals.writable()  # sleeping writers look again
 
     friend._options = FriendSocket(descriptor, end, capacity_changed)  # type: ignore[arg-type]
-    # The hooks hold the signals only: a friend socket its user drops is
-    # collected (and closed) as a real one is. What already waits needs no
-    # hook: a reader looks before it sleeps.
     # Its real descriptor is never handed out (fileno() is the readiness
     # descriptor's): the friend's FIN waits for an event loop's transport
     # that takes the end over (give_end_away) to show it. (Hidden before it
     # is hooked in: a friend done writing on its thread meanwhile owes it.)
     end.fd_hidden = True
+    # The hooks hold the signals only: a friend socket its user drops is
+    # collected (and closed) as a real one is. What already waits needs no
+    # hook: a reader looks before it sleeps.
     end.outgoing.attach_writer(signals.writable)
     end.incoming.attach_reader(signals.readable)
     # The kernel sized the real socket's buffers during the handshake; the

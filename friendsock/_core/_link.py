@@ -654,8 +654,8 @@ class LinkEnd:
         one to keep), or no adapter runs the friend yet (held: bytes or EOF
         on its real socket would mean that it is used raw), the FIN is owed
         instead, until :meth:`reveal`; asked again meanwhile (a close after
-        a shutdown), it is owed from ``sock``, where the descriptor may
-        have moved."""
+        a shutdown), it goes from ``sock``, where the descriptor may have
+        moved."""
         lock = self.link._lock
         if lock is None:
             return self._fin_to_show(sock)
@@ -663,13 +663,12 @@ class LinkEnd:
             return self._fin_to_show(sock)
 
     def _fin_to_show(self, sock: Any) -> bool:
-        owed = self.fin_owed
-        if owed is FIN_SHOWN:
+        if self.fin_owed is FIN_SHOWN:
             return False
         friend = self.link.friend_of(self)
         if friend is None or friend.closed:
             return False
-        if owed is not None or friend.fd_hidden or friend.outgoing.notify_writable is None:
+        if friend.fd_hidden or friend.outgoing.notify_writable is None:
             self.fin_owed = sock
             return False
         self.fin_owed = FIN_SHOWN
