@@ -38,10 +38,11 @@ def is_friend(obj: Any) -> bool:
     blocking socket that paired (:func:`patch_socket`)."""
     if _is_asyncio_friend(obj) or _is_blocking_friend(obj):
         return True
-    # A trio friend end exists only once the trio adapter was imported;
-    # asking must not import trio.
-    friendsock_trio = sys.modules.get("friendsock.trio")
-    return friendsock_trio is not None and friendsock_trio.is_friend(obj)
+    # A trio friend end exists only once the trio adapter was imported
+    # (by friendsock.trio, or by a switch that covers trio); asking must
+    # not import trio.
+    trio_adapter = sys.modules.get("friendsock._trio")
+    return trio_adapter is not None and trio_adapter.is_friend(obj)
 
 
 def links() -> List[LinkInfo]:

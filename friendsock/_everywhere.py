@@ -19,10 +19,13 @@ def install_everywhere() -> Callable[[], None]:
     trio_patched: List[bool] = []
 
     def install_trio(_: ModuleType) -> None:
-        from . import trio as friendsock_trio
+        # The adapter's own module, not the friendsock.trio front door: a
+        # program that imports friendsock.trio first imports trio from
+        # there, and this runs while that module is still half made.
+        from ._trio import _install as trio_install
 
-        if not friendsock_trio.is_installed():
-            friendsock_trio.install()
+        if not trio_install.is_installed():
+            trio_install.install()
             trio_patched.append(True)
 
     cancel = when_imported("trio", install_trio)
@@ -32,9 +35,9 @@ def install_everywhere() -> Callable[[], None]:
         for klass in patched:
             uninstall_class(klass)
         if trio_patched:
-            from . import trio as friendsock_trio
+            from ._trio import _install as trio_install
 
-            friendsock_trio.uninstall()
+            trio_install.uninstall()
             trio_patched.clear()
 
     return uninstall

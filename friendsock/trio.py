@@ -11,10 +11,7 @@ anything else is what trio itself would give.
 
 from __future__ import annotations
 
-from typing import Any
-
-import trio
-
+from ._trio import is_friend
 from ._trio._pairing import (
     FriendListener,
     open_tcp_listeners,
@@ -24,14 +21,6 @@ from ._trio._pairing import (
 from ._trio._install import install, is_installed, uninstall
 from ._trio._socket import FriendTrioSocket
 from ._trio._stream import FriendStream
-
-
-def is_friend(stream: Any) -> bool:
-    """Whether ``stream`` (a stream, or a ``trio.socket`` socket, or a
-    ``trio.SocketStream`` over one) is one end of a friend link."""
-    if isinstance(stream, trio.SocketStream):
-        stream = stream.socket
-    return isinstance(stream, (FriendStream, FriendTrioSocket))
 
 
 __all__ = [

@@ -399,3 +399,47 @@ async def test_stats_per_listener_trio() -> None:
     counts = since(before, friendsock.stats()).listeners[f"127.0.0.1:{port}"]
     assert counts.links_made == 1
     assert dict(counts.fallbacks) == {"opted-out": 1, "peer-not-friend": 1}
+
+
+_IMPORT_ORDER_PROGRAM = '''
+import importlib, sys
+for name in sys.argv[1].split(","):
+    importlib.import_module(name)
+import asyncio, uvloop, trio
+import friendsock, friendsock.trio
+
+async def main():
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        async def serve():
+            async with await listeners[0].accept() as stream:
+                await stream.send_all(b"hi")
+        nursery.start_soon(serve)
+        async with await trio.open_tcp_stream("127.0.0.1", listeners[0].socket.getsockname()[1]) as s:
+            assert await s.receive_some(2) == b"hi"
+            paired = friendsock.is_friend(s)
+    await listeners[0].aclose()
+    return paired
+
+print(friendsock.trio.is_installed(), friendsock.is_installed(asyncio.new_event_loop()),
+      friendsock.is_installed(uvloop.new_event_loop()), trio.run(main))
+'''
+
+
+@pytest.mark.parametrize("how", ["variable", "run"])
+@pytest.mark.parametrize("order", [
+    ",".join(first + list(middle) + last)
+    for middle in itertools.permutations(["friendsock", "friendsock.trio", "trio"])
+    for first, last in ((["asyncio", "uvloop"], []), ([], ["uvloop", "asyncio"]))
+])
+def test_every_import_order_starts_switched_on(tmp_path: Path, order: str, how: str) -> None:
+    # friendsock.trio imports trio, whose import installs friendsock's trio
+    # patches while friendsock.trio is still half made.
+    program = tmp_path / "program.py"
+    program.write_text(_IMPORT_ORDER_PROGRAM)
+    if how == "variable":
+        done = _run(tmp_path, str(program), order, python=True, env=_env(FRIENDSOCK_INSTALL="1"))
+    else:
+        done = _run(tmp_path, str(program), order)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True", "True"]
