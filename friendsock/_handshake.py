@@ -23,12 +23,14 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ._core._addresses import flow_key, is_ipv4, is_unspecified, shared_host
+from ._core._addresses import flow_key, is_ipv4, is_unspecified, kernel_destination, shared_host
+from ._core import _link
+from ._core._errors import PairingCheckError
 from ._core._link import Link, LinkEnd
 from ._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from ._core._stats import Fallback, counters
 from ._core._tap import tap_for
-from ._core._switch import is_enabled
+from ._core._switch import _OFF_VALUES, is_enabled
 from ._friend_socket import STDLIB_SOCKET, fresh_buffer_sizes, read_buffer_sizes
 
 # How long a confirmed connect (a listener that other processes may share)
@@ -449,6 +451,14 @@ def _numeric_host(host: str, family: int) -> Tuple[Any, ...]:
     return ()
 
 
+def first_host(local_infos: Optional[list], af: int) -> Optional[str]:
+    """The IP :func:`bind_local` tries first for the family ``af``, if any."""
+    for laf, _, _, _, laddr in local_infos or ():
+        if laf == af:
+            return laddr[0]  # type: ignore[no-any-return]
+    return None
+
+
 def bind_local(sock: socket.socket, af: int, local_infos: list) -> None:
     """Bind to the first of ``local_infos`` of the socket's family."""
     error: Optional[OSError] = None
@@ -648,7 +658,8 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
                 listener=entry.endpoint, addresses=(sockname, address),
                 tap=tap_for(sockname, address))
     pending: Pending = PendingConnect(flow_key(sockname, address), link, entry,
-                                      ClientEnd(sock, sockname, address), client_ready=not adoptable)
+                                      ClientEnd(sock, sockname, address), client_ready=not adoptable,
+                                      client=sockname)
     link.on_done = SocketRelease(_Process.pid, sock)
     optimistic = entry.exclusive and only_one and not adoptable and (entry.proven or unproven_ok)
     pending.optimistic = optimistic
@@ -659,8 +670,8 @@ def register_connect(sock: socket.socket, address: Any, entry: Entry, only_one: 
 
 
 def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: bool,
-                    threaded: bool, fresh: bool = False,
-                    unproven_ok: bool = True) -> Optional[Tuple[Optional[Pending], int]]:
+                    threaded: bool, fresh: bool = False, unproven_ok: bool = True,
+                    requested: Any = None) -> Optional[Tuple[Optional[Pending], int]]:
     """Register ``sock``'s connect to the listener ``entry`` and start it
     (:func:`register_connect`, then :func:`start_connect`), if its accept
     queue has room (:func:`accept_room`); None, and nothing done, when it is
@@ -670,6 +681,8 @@ def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: b
 
     One connect at a time per listener looks at the room and takes it, so
     connects on several threads cannot overflow the queue for each other.
+    ``requested``: the address its user asked to connect to, where it
+    connects (the kernel takes it to ``address``), if not ``address``.
     """
     with entry.handle.connect_lock:
         if registry.is_listening(entry) and accept_room(entry) <= 0:
@@ -679,7 +692,7 @@ def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: b
         if pending is None:
             return None, 0
         try:
-            return pending, start_connect(sock, address)
+            return pending, start_connect(sock, address if requested is None else requested)
         except BaseException:
             abandon_connect(pending, sock)
             raise
@@ -738,12 +751,29 @@ class ConnectAttempt:
     to complete) is the adapter's, and so is a connect that does not pair.
     """
 
-    __slots__ = ("address", "entry", "only_one", "fallback", "sock", "pending", "fresh",
-                 "can_go_over_tcp")
+    __slots__ = ("requested", "address", "entry", "only_one", "fallback", "sock", "pending",
+                 "fresh", "can_go_over_tcp")
 
-    def __init__(self, address: Any, can_go_over_tcp: bool = True) -> None:
+    def __init__(self, address: Any, can_go_over_tcp: bool = True,
+                 source: Optional[str] = None) -> None:
         if _collected:
             forget_collected()
+        # What the caller asked for, and where the kernel takes a socket that
+        # connects there (see kernel_destination) from the IP ``source``,
+        # if the caller knows it yet (bind() finds it out otherwise): what
+        # the registry, the flow key and the link's addresses are made of.
+        self.requested = address
+        self.entry: Optional[Entry] = None
+        self._aim(kernel_destination(address, source))
+        self.fallback = Fallback.NO_LISTENER
+        self.sock: Optional[socket.socket] = None
+        self.pending: Optional[Pending] = None
+        self.fresh = False  # the socket is open()'s, not its user's
+        # The connecting end can go on over TCP (see register_connect).
+        self.can_go_over_tcp = can_go_over_tcp
+
+    def _aim(self, address: Any) -> None:
+        """Connect to ``address``, with the listener that reaches."""
         self.address = address
         entry: Optional[Entry]
         entry, self.only_one = registry.match_listener(address)
@@ -753,12 +783,15 @@ class ConnectAttempt:
             forget_listener(entry)
             entry, self.only_one = registry.match_listener(address)
         self.entry = entry
-        self.fallback = Fallback.NO_LISTENER
-        self.sock: Optional[socket.socket] = None
-        self.pending: Optional[Pending] = None
-        self.fresh = False  # the socket is open()'s, not its user's
-        # The connecting end can go on over TCP (see register_connect).
-        self.can_go_over_tcp = can_go_over_tcp
+
+    def _aim_from(self, source: str) -> None:
+        """The socket is bound to the IP ``source``: a wildcard destination
+        is where the kernel takes a socket bound there."""
+        address = kernel_destination(self.requested, source)
+        if address != self.address:
+            self._aim(address)
+            if self.entry is None:
+                self.fallback = Fallback.NO_LISTENER
 
     def open(self, af: int, socktype: int, proto: int) -> socket.socket:
         """The connect's socket, non-blocking."""
@@ -776,6 +809,7 @@ class ConnectAttempt:
         sock = self._socket()
         if local_infos is not None:
             bind_local(sock, af, local_infos)
+            self._aim_from(sock.getsockname()[0])
             self._check_reaches_us()
         elif self.entry is not None:
             # Bind first so the 4-tuple is known before connect(); binding
@@ -797,6 +831,10 @@ class ConnectAttempt:
         sock = self._socket()
         try:
             host, port = (sockname or sock.getsockname())[:2]
+            if not is_unspecified(host):
+                self._aim_from(host)
+                if self.entry is None:
+                    return
             if not port:
                 if is_unspecified(host):
                     host = self.address[0]  # binding it proves it ours, as bind()'s
@@ -825,13 +863,50 @@ class ConnectAttempt:
         scheduler; the link is threaded unless it is the listener's."""
         entry = self.entry
         assert entry is not None, "no listener to pair with"
+        # The kernel takes the connect where it goes: connected() checks
+        # that the names it was registered under are the kernel's.
         started = connect_if_room(self._socket(), self.address, entry, self.only_one,
                                   threaded=entry.owner is not owner, fresh=self.fresh,
-                                  unproven_ok=self.can_go_over_tcp)
+                                  unproven_ok=self.can_go_over_tcp, requested=self.requested)
         if started is None:
             return None
         self.pending, err = started
         return err
+
+    def connected(self) -> bool:
+        """The connect completed: whether it still pairs. Its flow key was
+        made before ``connect()``, from where the kernel takes it; here the
+        kernel's own names of the connection (``getsockname()`` and
+        ``getpeername()``) must say the same, as the accepting side's
+        names of it do when it claims (they mirror the client's). Should
+        they not (a destination rewritten on the way: NAT), the connect is
+        withdrawn before its end is anybody's, an optimistic link undone:
+        no byte has entered it. A socket that cannot say (reset already)
+        stays as it is: a claim, or the listener's close, settles it.
+
+        This and :func:`claim_accepted` are the two places a link's ends
+        are named; with it, both ends of every link made from a
+        ``ConnectAttempt`` (every door's connect: asyncio's and uvloop's,
+        trio's streams and sockets, blocking sockets, ``sock_connect``
+        adoption; TLS runs over whichever) agree by the kernel's names.
+        Kept connections and socketless links are named by friendsock
+        itself, from the same destination."""
+        pending = self.pending
+        if pending is None:
+            return False
+        if named_as_registered(pending) or not registry.withdraw(pending):
+            return True  # (claimed: by the accepting side's names, the same)
+        link = pending.link
+        link.on_done = None  # the socket goes on as plain TCP
+        if link.established:  # optimistic: made, never used
+            # (Its accepting side may have reset it already, on its thread:
+            # see _landed_misnamed.)
+            for end in (link.client, link.server):
+                if end is not None:
+                    end.close()
+        self.pending = None
+        self.fallback = Fallback.NAMES_DIFFER
+        return False
 
     @property
     def optimistic(self) -> bool:
@@ -853,6 +928,47 @@ class ConnectAttempt:
         sock = self.sock
         assert sock is not None, "open() first"
         return sock
+
+
+def named_as_registered(pending: Pending) -> bool:
+    """Whether the kernel names the connection of the connect ``pending``
+    (connected) as its flow key does; True when its socket cannot say
+    (reset already). See :meth:`ConnectAttempt.connected`."""
+    sock = pending.handle.sock
+    try:
+        return flow_key(sock.getsockname(), sock.getpeername()) == pending.key
+    except OSError:
+        return True
+
+
+def check_link_names(link: Link, writer: LinkEnd) -> None:
+    """``FRIENDSOCK_CHECK_PAIRING``: before ``writer`` sends its first byte,
+    each real socket under ``link`` that friendsock holds must name the
+    connection as the link does (its flow key); else raise
+    :class:`PairingCheckError`, which no adapter turns into anything else.
+    A link without real sockets (socketless) has only the names it was
+    given."""
+    release = link.on_done
+    if not isinstance(release, SocketRelease) or link.addresses is None:
+        return
+    expected = flow_key(*link.addresses)
+    side = "client" if writer is link.client else "server"
+    for sock in (release.first, release.second):
+        if sock is None:
+            continue
+        try:
+            names = sock.getsockname(), sock.getpeername()
+        except OSError:
+            continue  # closed or reset already: nothing named
+        if flow_key(*names) != expected:
+            raise PairingCheckError(
+                f"friend link {link.addresses[0]} -> {link.addresses[1]}: a real socket under it "
+                f"is {names[0]} -> {names[1]} (the {side} end's first byte); "
+                f"the two ends would not agree")
+
+
+if os.environ.get("FRIENDSOCK_CHECK_PAIRING", "").strip().lower() not in _OFF_VALUES | {""}:
+    _link.first_push_check = check_link_names
 
 
 def call_on_claim(pending: Pending, here: Callable[[], None], elsewhere: Callable[[], None]) -> None:
@@ -937,7 +1053,28 @@ def claim_accepted(conn: socket.socket, address: Any, *, ready: bool = True,
             sockname = conn.getsockname()
         except OSError:  # already reset by the peer
             return None, None
-    return registry.claim(flow_key(sockname, address), ready=ready, hold=hold), sockname
+    key = flow_key(sockname, address)
+    pending = registry.claim(key, ready=ready, hold=hold)
+    if pending is None:
+        misnamed = registry.take_misnamed(key, address)
+        if misnamed is not None:
+            _landed_misnamed(misnamed)
+    return pending, sockname
+
+
+def _landed_misnamed(pending: Pending) -> None:
+    """The connect ``pending`` (withdrawn) reached an accepting side that
+    names it otherwise (see :meth:`Registry.take_misnamed`): TCP on both
+    ends. Paired from connect() on, its client end may have written into
+    the link already and may wait on it: the link is reset, as the kernel
+    resets a connection, so the client end fails at once (a reset) rather
+    than hang; its real socket closes with the link."""
+    counters.fallback(Fallback.NAMES_DIFFER, pending.listener.endpoint)
+    link = pending.link
+    if link.established:
+        link.server.reset()
+    else:  # a confirmed connect: its client goes on over TCP when it looks
+        link.on_done = None
 
 
 # struct tcp_info's tcpi_notsent_bytes (then tcpi_min_rtt), and
@@ -1006,7 +1143,10 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
     if infos is None:
         return None  # a name: the loop resolves it, as it always does
     address = infos[0][4]  # as the accepting side will see it
-    attempt = ConnectAttempt(address)
+    source = users_sockname(sock)
+    if source is None:
+        return None  # closed: the loop's connect says so
+    attempt = ConnectAttempt(address, source=source[0])
     if attempt.entry is None:
         return None
     attempt.sock = sock
@@ -1018,9 +1158,9 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
         sockname = sock.getsockname()
     except OSError:
         return None
-    if registry.is_pending(flow_key(sockname, address)):
+    if registry.is_pending(flow_key(sockname, attempt.address)):
         return None  # friendsock's own connect, registered already
-    return register_connect(sock, address, entry, attempt.only_one,
+    return register_connect(sock, attempt.address, entry, attempt.only_one,
                             threaded=entry.owner is not owner, adoptable=True)
 
 

@@ -37,6 +37,7 @@ from .._handshake import (
     go_tcp,
     hold_ended,
     make_room,
+    named_as_registered,
     payload_moved,
     register_adoptable_connect,
     register_listener,
@@ -85,6 +86,8 @@ async def sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, add
         raise
     finally:
         adoptable_connecting.discard(sock)
+    if not named_as_registered(pending) and go_tcp(pending, Fallback.NAMES_DIFFER):
+        return  # named otherwise by the kernel: plain TCP
     _connected[sock] = pending
 
 

@@ -24,6 +24,7 @@ from .._handshake import (
     abandon_connect,
     call_on_claim,
     confirmed,
+    first_host,
     numeric_address_infos,
     offer_for_reuse,
     start_connect,
@@ -83,16 +84,18 @@ async def connect(
     exceptions: List[OSError] = []
     for af, socktype, sproto, _, address in infos:
         # A transport cannot go on over TCP: a listener not proven yet is confirmed.
-        attempt = ConnectAttempt(address, can_go_over_tcp=False)
+        attempt = ConnectAttempt(address, can_go_over_tcp=False,
+                                 source=first_host(local_infos, af))
         if socketless_entry(attempt.entry, local_addr is not None or kwargs.get("sock") is not None):
             assert attempt.entry is not None
-            made = socketless_connect(attempt.entry, address, threaded=attempt.entry.owner is not loop)
+            made = socketless_connect(attempt.entry, attempt.address,
+                                      threaded=attempt.entry.owner is not loop)
             # A listener on this loop was handed its end with call_soon():
             # it accepts before the connection_made turn ends.
             return await start_client_end(loop, made, made.handle.sock, protocol_factory, tls,
                                           accept_to_come=made.link.threaded)
         if attempt.entry is not None and attempt.entry.owner is loop and local_addr is None:
-            reused = reused_connect(attempt.entry, address)
+            reused = reused_connect(attempt.entry, attempt.address)
             if reused is not None:
                 # As a socketless connect: the server end comes with call_soon().
                 return await start_client_end(loop, reused, reused.handle.sock, protocol_factory, tls)
@@ -107,6 +110,7 @@ async def connect(
             if attempt.pending is None:
                 err = start_connect(sock, address)
             await _connected(loop, sock, address, err)
+            attempt.connected()
         except OSError as exc:
             attempt.give_up()
             exceptions.append(exc)

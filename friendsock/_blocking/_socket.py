@@ -589,13 +589,13 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
     if not registry.has_port(resolved[1]):
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return False
-    attempt = ConnectAttempt(resolved)
-    if attempt.entry is None:
-        counters.fallback(Fallback.NO_LISTENER, resolved)
-        return False
     sockname = users_sockname(sock)
     if sockname is None:
         return False  # closed: the native connect says so
+    attempt = ConnectAttempt(resolved, source=sockname[0])
+    if attempt.entry is None:
+        counters.fallback(Fallback.NO_LISTENER, resolved)
+        return False
     descriptor = Descriptor(sock)
     attempt.sock = descriptor  # type: ignore[assignment]
     attempt.bind_users_socket(sockname)
@@ -634,6 +634,9 @@ def _finish_connect(sock: FriendCapableSocket, attempt: ConnectAttempt, pending:
                     descriptor: Descriptor) -> bool:
     """The rest of :func:`connect_friend`, the link made: its client end is
     ``sock``'s to be (a fork meanwhile hands it over with the link)."""
+    if not attempt.connected():  # named otherwise by the kernel: plain TCP
+        counters.fallback(attempt.fallback, attempt.address)
+        return True
     if not attempt.optimistic:
         try:
             if not _confirm(pending, descriptor):

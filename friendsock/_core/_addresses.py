@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 Endpoint = Tuple[str, int]
 FlowKey = Tuple[Endpoint, Endpoint]
@@ -45,6 +45,32 @@ def flow_key(local: Any, remote: Any) -> FlowKey:
     a = normalize_endpoint(local)
     b = normalize_endpoint(remote)
     return (a, b) if a <= b else (b, a)
+
+
+def kernel_destination(address: Any, source: Optional[str] = None) -> Any:
+    """Where Linux's ``connect(address)`` goes, for a socket bound to the IP
+    ``source`` (None: not bound to one): ``address`` itself, but for the
+    wildcard addresses, which name this host. ``0.0.0.0`` (and
+    ``::ffff:0.0.0.0``) is the socket's own source address, or
+    ``127.0.0.1`` when it has none; ``::`` is ``::1``, or
+    ``::ffff:127.0.0.1`` for a socket bound to an IPv4-mapped address.
+    (``ip_route_connect`` and ``tcp_v6_connect``; the kernel's
+    ``getpeername()`` then answers this.) A connect's flow key is made
+    from it, never from the address its user passed: the accepting side
+    sees the kernel's."""
+    host = address[0]
+    if host == "0.0.0.0":
+        host = source if source is not None and is_ipv4(source) and not is_unspecified(source) \
+            else "127.0.0.1"
+    elif host == "::ffff:0.0.0.0":
+        mapped = source is not None and source.startswith(_MAPPED_PREFIX) and "." in source
+        host = source if mapped and source != host else "::ffff:127.0.0.1"
+    elif host == "::":
+        mapped = source is not None and source.startswith(_MAPPED_PREFIX) and "." in source
+        host = "::ffff:127.0.0.1" if mapped else "::1"
+    else:
+        return address
+    return (host,) + tuple(address[1:])
 
 
 def is_unspecified(host: str) -> bool:

@@ -29,3 +29,10 @@ class LinkBrokenError(FriendError):
         """The OSError a socket call raises for this errno: OSError picks
         the subclass (ConnectionResetError, BrokenPipeError, ...) itself."""
         return OSError(self.errno, os.strerror(self.errno))
+
+
+class PairingCheckError(RuntimeError):
+    """``FRIENDSOCK_CHECK_PAIRING``: a link's ends are not named alike by the
+    kernel (a case friendsock does not know of, which would lose bytes).
+    Deliberately no :class:`FriendError`: no adapter translates it, so it
+    reaches the program with its traceback."""

@@ -606,6 +606,45 @@ class LockedChannel(Channel):
 FIN_SHOWN: Any = object()
 
 
+class _FirstPushCheck:
+    """A channel that runs ``check`` before its first push: the names check
+    of ``FRIENDSOCK_CHECK_PAIRING`` (see :data:`first_push_check`), in its
+    own channel kinds so that a link made without it costs nothing."""
+
+    __slots__ = ()
+    check: Callable[[], None]
+
+    def push(self, data: bytes) -> None:
+        self.check()
+        super().push(data)  # type: ignore[misc]
+
+
+class CheckedChannel(_FirstPushCheck, Channel):
+    __slots__ = ("check",)
+
+
+class CheckedLockedChannel(_FirstPushCheck, LockedChannel):
+    __slots__ = ("check",)
+
+
+def _first_time(check: Callable[["Link", "LinkEnd"], None], link: "Link",
+                end: "LinkEnd") -> Callable[[], None]:
+    """``check(link, end)`` the first time it is called, then nothing."""
+    due = [True]
+
+    def run() -> None:
+        if due:
+            due.clear()
+            check(link, end)
+    return run
+
+
+# Set (by the handshake, which can read the real sockets) when
+# FRIENDSOCK_CHECK_PAIRING is on: called with a link and the end about to
+# write its first byte, it raises if the link's ends are not named alike.
+first_push_check: Optional[Callable[["Link", "LinkEnd"], None]] = None
+
+
 class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
@@ -898,15 +937,23 @@ class Link:
         meter = counters.shard()
         to_server: Channel
         to_client: Channel
-        if tap is None:
+        check = first_push_check
+        if tap is None and check is None:
             kind: Type[Channel] = LockedChannel if threaded else Channel
             to_server = kind(client_sndbuf, server_rcvbuf, meter)
             to_client = kind(server_sndbuf, client_rcvbuf, meter)
+        elif tap is None:
+            checked: Type[Any] = CheckedLockedChannel if threaded else CheckedChannel
+            to_server = checked(client_sndbuf, server_rcvbuf, meter)
+            to_client = checked(server_sndbuf, client_rcvbuf, meter)
         else:
             to_server, to_client = tap.channels(client_sndbuf, client_rcvbuf, server_sndbuf,
                                                 server_rcvbuf, threaded, meter)
         self.client = LinkEnd(self, outgoing=to_server, incoming=to_client)
         self.server = LinkEnd(self, outgoing=to_client, incoming=to_server)
+        if check is not None and tap is None:
+            to_server.check = _first_time(check, self, self.client)  # type: ignore[attr-defined]
+            to_client.check = _first_time(check, self, self.server)  # type: ignore[attr-defined]
         self.threaded = threaded
         self.listener = listener
         self.addresses = addresses

@@ -79,11 +79,15 @@ class PendingConnect(Generic[ClientT, ListenerT]):
     """A client end registered before its ``connect()`` syscall."""
 
     __slots__ = ("key", "link", "listener", "state", "on_claimed", "handle", "client_ready",
-                 "server_ready", "on_settled", "optimistic")
+                 "server_ready", "on_settled", "optimistic", "client")
 
     def __init__(self, key: FlowKey, link: Link, listener: ListenerEntry[ListenerT],
-                 handle: Any = None, client_ready: bool = True) -> None:
+                 handle: Any = None, client_ready: bool = True, client: Any = None) -> None:
         self.key = key
+        # The connecting socket's own address (bound before connect()), by
+        # which an accepting side that names the connection otherwise still
+        # finds it (see Registry.take_misnamed); None: not registered so.
+        self.client: Optional[Endpoint] = None if client is None else normalize_endpoint(client)
         self.link = link
         self.listener = listener
         self.state = PendingState.WAITING
@@ -114,6 +118,8 @@ class Registry:
         self._listeners: Dict[Endpoint, List[ListenerEntry]] = {}
         self._ports: Dict[int, int] = {}
         self._pending: Dict[FlowKey, PendingConnect] = {}
+        # The same connects by their client's address (see take_misnamed).
+        self._by_client: Dict[Endpoint, PendingConnect] = {}
 
     # -- listeners --------------------------------------------------------
     def add_listener(self, entry: ListenerEntry) -> None:
@@ -130,7 +136,7 @@ class Registry:
                 return []
             orphans = [p for p in self._pending.values() if p.listener is entry]
             for pending in orphans:
-                del self._pending[pending.key]
+                self._forget(pending)
                 pending.state = PendingState.WITHDRAWN
             entry.waiting = 0
             waiters, entry.room_waiters = entry.room_waiters, []
@@ -240,6 +246,8 @@ class Registry:
             if establish:
                 pending.link.establish()
             self._pending[pending.key] = pending
+            if pending.client is not None:
+                self._by_client[pending.client] = pending
             listener.waiting += 1
             return True
 
@@ -253,9 +261,10 @@ class Registry:
         returns None: the connection is TCP.
         """
         with self._lock:
-            pending = self._pending.pop(key, None)
+            pending = self._pending.get(key)
             if pending is None:
                 return None
+            self._forget(pending)
             pending.listener.waiting -= 1
             pending.server_ready = ready
             if ready and pending.client_ready:
@@ -297,7 +306,7 @@ class Registry:
                 return False
             # A HELD connect was taken off the table by its claim already.
             if self._pending.get(pending.key) is pending:
-                del self._pending[pending.key]
+                self._forget(pending)
                 pending.listener.waiting -= 1
             pending.state = PendingState.WITHDRAWN
             return True
@@ -311,10 +320,34 @@ class Registry:
             pending = self._pending.get(key)
             if pending is None or pending.link is not link or unless_proven and pending.listener.proven:
                 return False
-            del self._pending[key]
+            self._forget(pending)
             pending.listener.waiting -= 1
             pending.state = PendingState.WITHDRAWN
             return True
+
+    def take_misnamed(self, key: FlowKey, peer: Any) -> Optional[PendingConnect]:
+        """An accepting side found no connect under ``key``, its own names
+        of the connection: the connect waiting under other names whose
+        client is ``peer``, withdrawn, if there is one. Its connection
+        landed here, but its two ends name it differently (a rewrite on
+        the way: NAT), so it is no link: both ends go on as TCP, and one
+        that was paired from ``connect()`` on must be failed, not left to
+        wait on a link nobody runs. (The client's address is its own bound
+        port: no other connection has it.)"""
+        with self._lock:
+            pending = self._by_client.get(normalize_endpoint(peer))
+            if pending is None or pending.state is not PendingState.WAITING or pending.key == key:
+                return None
+            self._forget(pending)
+            pending.listener.waiting -= 1
+            pending.state = PendingState.WITHDRAWN
+            return pending
+
+    def _forget(self, pending: PendingConnect) -> None:
+        """Take ``pending`` off the tables (the lock held)."""
+        del self._pending[pending.key]
+        if pending.client is not None and self._by_client.get(pending.client) is pending:
+            del self._by_client[pending.client]
 
     def is_pending(self, key: FlowKey) -> bool:
         """Whether a connect with this flow key waits to be claimed."""
@@ -332,6 +365,7 @@ class Registry:
         self._listeners = {}
         self._ports = {}
         self._pending = {}
+        self._by_client = {}
 
     def _shared_after_fork(self) -> None:
         # The child holds this process's listening sockets too, and may

@@ -29,6 +29,9 @@ class Fallback(str, enum.Enum):
     # A socket connected or accepted with the loop's sock_* methods carried
     # payload over TCP before both ends were friendsock's (or never became so).
     USED_RAW = "used-raw"
+    # The kernel's names of a connect's connection are not those it was
+    # registered under (its destination rewritten on the way: NAT).
+    NAMES_DIFFER = "names-differ"
 
 
 @dataclasses.dataclass(frozen=True)

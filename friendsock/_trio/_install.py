@@ -240,8 +240,8 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
     if not registry.has_port(resolved[1]):
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return await native(self, resolved)
-    attempt = ConnectAttempt(resolved)
     sockname = users_sockname(sock)
+    attempt = ConnectAttempt(resolved, source=None if sockname is None else sockname[0])
     if attempt.entry is None or sockname is None:  # None: closed, the native connect says so
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return await native(self, resolved)
@@ -249,7 +249,8 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
     token = trio.lowlevel.current_trio_token()
     if socketless_entry(attempt.entry, is_bound(sockname)):
         await trio.lowlevel.checkpoint_if_cancelled()
-        made = socketless_connect(attempt.entry, resolved, threaded=attempt.entry.owner is not token)
+        made = socketless_connect(attempt.entry, attempt.address,
+                                  threaded=attempt.entry.owner is not token)
         _friend_in_place_of(self, sock, made)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return
@@ -260,7 +261,7 @@ async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any
     as_new = attempt.entry.owner is token and not is_bound(sockname) and set_as_a_new_socket(sock)
     if as_new:
         await trio.lowlevel.checkpoint_if_cancelled()
-        reused = reused_connect(attempt.entry, resolved)
+        reused = reused_connect(attempt.entry, attempt.address)
         if reused is not None:
             carry_options(sock, reused.handle.sock, reused.link.on_done)
             _friend_in_place_of(self, sock, reused)

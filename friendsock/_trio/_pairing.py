@@ -32,6 +32,7 @@ from .._handshake import (
     claim_accepted,
     confirmed,
     fallback_address,
+    first_host,
     forget_listener,
     numeric_address_infos,
     make_room,
@@ -341,19 +342,19 @@ async def _connect(host: Union[str, bytes], port: int,
     reason = Fallback.NO_LISTENER
     where: Any = (host, port)  # where the fallback is counted
     for af, socktype, proto, _, address in infos:
-        attempt = ConnectAttempt(address)
+        attempt = ConnectAttempt(address, source=first_host(local_infos, af))
         entry = attempt.entry
         if entry is None:
             continue
         if socketless_entry(entry, local_address is not None):
             await trio.lowlevel.checkpoint_if_cancelled()
-            made = socketless_connect(entry, address, threaded=entry.owner is not token)
+            made = socketless_connect(entry, attempt.address, threaded=entry.owner is not token)
             stream = _start_client(made, made.handle.sock)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return stream
         if entry.owner is token and local_address is None:
             await trio.lowlevel.checkpoint_if_cancelled()
-            reused = reused_connect(entry, address)
+            reused = reused_connect(entry, attempt.address)
             if reused is not None:  # (its server end is in the listener's backlog)
                 stream = _start_client(reused, reused.handle.sock)
                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -412,13 +413,16 @@ async def _pair(attempt: ConnectAttempt, token: trio.lowlevel.TrioToken,
         pending = attempt.pending
         if pending is None:
             return None
-        await _connected(sock, attempt.address, err)
+        await _connected(sock, attempt.requested, err)
     except OSError:
         attempt.give_up(close=close_on_error)
         raise
     except BaseException:
         attempt.give_up()
         raise
+    if not attempt.connected():  # named otherwise by the kernel: plain TCP
+        counters.fallback(attempt.fallback, attempt.address)
+        return False
     if attempt.optimistic:
         return True
     return await _confirm(pending, sock, token)
