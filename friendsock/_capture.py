@@ -20,6 +20,7 @@ import re
 import threading
 from typing import Iterator, List, Optional, Union
 
+from ._core._fork import Part, on_fork
 from ._core import _tap
 from ._core._pcap import FILE_HEADER, Buffer
 
@@ -296,5 +297,4 @@ def start_from_environment(environ: Optional[dict] = None) -> Optional[Capture]:
     return running
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
+on_fork(Part.CAPTURE, after_in_child=_forked)

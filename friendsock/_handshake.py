@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from ._core._addresses import flow_key, is_ipv4, is_unspecified, kernel_destination, shared_host
 from ._core import _link
 from ._core._errors import PairingCheckError
+from ._core._fork import Part, on_fork
 from ._core._link import Link, LinkEnd
 from ._core._registry import ListenerEntry, PendingConnect, PendingState, registry
 from ._core._stats import Fallback, counters
@@ -60,8 +61,7 @@ class _Process:
         cls.pid = os.getpid()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_Process._forked)
+on_fork(Part.PROCESS, after_in_child=_Process._forked)
 
 
 def current_pid() -> int:

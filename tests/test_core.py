@@ -5,12 +5,15 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from friendsock._core import _fork
 from friendsock._core._addresses import flow_key, normalize_endpoint
 from friendsock._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from friendsock._core._finalizing import close_when_safe
@@ -499,3 +502,49 @@ def test_a_finalizers_close_runs_at_once_unless_a_collection_runs_it():
     gc.collect()
     assert done.wait(10)
     assert len(ran_on) == 1 and ran_on[0] != threading.get_ident()
+
+
+_FORK_ORDER_PROGRAM = r'''
+import os, sys
+registered = []
+real = os.register_at_fork
+def spy(**hooks):
+    registered.append(sorted({h.__module__ for h in hooks.values()}))
+    real(**hooks)
+os.register_at_fork = spy
+import friendsock, friendsock.trio, friendsock._blocking._patch, friendsock._capture
+from friendsock._core import _fork
+print([mods for mods in registered if any(m.startswith("friendsock") for m in mods)])
+print([part.name for part in sorted(_fork._hooks)])
+seen = []
+for part in _fork.Part:
+    _fork.on_fork(part, before=lambda p=part: seen.append(("before", p.name)),
+                  after_in_parent=lambda p=part: seen.append(("parent", p.name)),
+                  after_in_child=lambda p=part: seen.append(("child", p.name)))
+def fails():
+    seen.append(("child", "STATS"))
+    1 / 0
+_fork.on_fork(_fork.Part.STATS, before=lambda: seen.append(("before", "STATS")),
+              after_in_parent=lambda: seen.append(("parent", "STATS")), after_in_child=fails)
+pid = os.fork()
+if pid == 0:
+    print([p for w, p in seen if w == "before"], [p for w, p in seen if w == "child"], flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print([p for w, p in seen if w == "parent"])
+'''
+
+
+def test_a_fork_runs_every_part_from_one_registration_in_order() -> None:
+    done = subprocess.run([sys.executable, "-c", _FORK_ORDER_PROGRAM], capture_output=True,
+                          text=True, timeout=60, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "[['friendsock._core._fork']]"  # friendsock registers once
+    order = [part.name for part in _fork.Part]
+    assert lines[1] == str(order)  # every part has its hooks
+    child_before, child_after = lines[2].split("] [")
+    assert child_before + "]" == str(order[::-1])  # before: in reverse
+    # After: in order; the failing one reported, the others run.
+    assert "[" + child_after == str(order)
+    assert lines[3] == str(order)
+    assert "ZeroDivisionError" in done.stderr and "STATS" in done.stderr

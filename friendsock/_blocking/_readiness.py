@@ -35,6 +35,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
+from .._core._fork import Part, on_fork
 from .._core._link import CHANNEL_EOF, CHANNEL_RESET
 
 _FILL = bytes(4096)  # enough to make a minimal AF_UNIX send buffer unwritable
@@ -64,8 +65,7 @@ def _forked() -> None:
     _per_thread = threading.local()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
+on_fork(Part.READINESS, after_in_child=_forked)
 
 
 def _nobody() -> None:

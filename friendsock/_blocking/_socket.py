@@ -40,6 +40,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from .._core._fork import Part, on_fork
 from .. import _handshake
 from .._core._addresses import flow_key
 from .._core._errors import FriendError, LinkBrokenError
@@ -1597,9 +1598,8 @@ def _cut_off_in_child() -> None:
     _connecting.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_hand_over_before_fork, after_in_parent=_forked_parent,
-                        after_in_child=_cut_off_in_child)
+on_fork(Part.BLOCKING, before=_hand_over_before_fork, after_in_parent=_forked_parent,
+        after_in_child=_cut_off_in_child)
 
 
 def patchable_class() -> Callable[..., socket.socket]:

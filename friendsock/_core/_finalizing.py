@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import _thread
 import gc
-import os
 import queue
 import sys
 import threading
 import traceback
 from typing import Any, Callable, List, Optional
+
+from ._fork import Part, on_fork
 
 # The thread collecting now, if any (collections do not overlap: the
 # collector holds the GIL and does not start another from a callback).
@@ -85,5 +86,4 @@ def _forked() -> None:
     _collecting = None
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
+on_fork(Part.FINALIZING, after_in_child=_forked)

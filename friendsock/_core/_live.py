@@ -8,12 +8,12 @@ transports alive (their collection is what closes them).
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from ._fork import Part, on_fork
 from ._stats import format_address
 
 if TYPE_CHECKING:
@@ -175,5 +175,4 @@ def _link_info(link: "Link", now: float) -> Optional[LinkInfo]:
 
 
 live_links = LiveLinks()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=live_links._reset_after_fork)
+on_fork(Part.LIVE_LINKS, after_in_child=live_links._reset_after_fork)

@@ -9,10 +9,10 @@ connection is a friend link or real TCP.
 from __future__ import annotations
 
 import enum
-import os
 import threading
 from typing import Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
+from ._fork import Part, on_fork
 from ._addresses import Endpoint, FlowKey, is_ipv4, normalize_endpoint
 from ._link import Link
 
@@ -377,6 +377,5 @@ class Registry:
 
 
 registry = Registry()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=registry._reset_after_fork,
-                        after_in_parent=registry._shared_after_fork)
+on_fork(Part.REGISTRY, after_in_child=registry._reset_after_fork,
+        after_in_parent=registry._shared_after_fork)

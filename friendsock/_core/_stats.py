@@ -5,12 +5,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-import os
 import threading
 import types
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ._addresses import normalize_endpoint
+from ._fork import Part, on_fork
 
 
 class Fallback(str, enum.Enum):
@@ -233,5 +233,4 @@ def _listeners(shards: List[Shard]) -> Mapping[str, ListenerStats]:
 
 
 counters = Counters()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=counters._reset_after_fork)
+on_fork(Part.STATS, after_in_child=counters._reset_after_fork)
