@@ -701,3 +701,39 @@ def test_the_picture_comes_with_the_run(tmp_path, monkeypatch, capsys):
     (tmp_path / "friendsock-bench.png").unlink()
     assert main([*argv, "--no-plot"]) == 0
     assert not (tmp_path / "friendsock-bench.png").exists()
+
+
+def test_the_picture_reads_at_a_glance():
+    """One panel per table, bars (no lines), one colour a loop, one legend
+    of at most five entries under the panels, none inside them, and the
+    figure's title clear of every panel's."""
+    import matplotlib.pyplot as plt
+
+    config = _runner.Config(tests=["rr", "blocking"], transports=list(_runner.TRANSPORTS),
+                            loops=LOOPS, mode=_runner.QUICK, seconds=1.0, rounds=1,
+                            memory_rounds=1, sizes=[64, 1024])
+    run = _runner.Run(config, _runner.plan(config))
+    for case in run.cases:
+        for param in case.params:
+            for loop in LOOPS:
+                if _runner.loop_runs(loop, case.key):
+                    for transport in _runner.loop_transports(loop, config.transports, case.key):
+                        run.cells[(case.key, param, loop, transport)] = _runner.Cell(
+                            values=[100.0 if transport == "tcp" else 250.0])
+    fig = _report.draw(run)
+    try:
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        assert [ax.get_title().split()[0] for ax in panels] == [c.key for c in run.cases]
+        assert all(ax.get_legend() is None and ax.patches and not ax.get_lines()[1:]
+                   for ax in panels)  # bars, and TCP's line only
+        (legend,) = fig.legends
+        labels = [text.get_text() for text in legend.get_texts()]
+        assert labels == [*LOOPS, "TCP = 1"] and len(labels) <= 5
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        title = fig._suptitle.get_window_extent(renderer)
+        for ax in panels:
+            assert not title.overlaps(ax.title.get_window_extent(renderer)), ax.get_title()
+            assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+    finally:
+        plt.close(fig)

@@ -127,8 +127,6 @@ TRANSPORT_LEGEND = {
     "socketless": "Socketless: friend links with no kernel socket "
                   "(friendsock.set_socketless(True))",
 }
-TRANSPORT_LABELS = {"tcp": "Baseline TCP", "unix": "AF_UNIX", "friends": "Friends",
-                    "socketless": "Socketless", "memory": "Memory floor"}
 COLUMN_LABELS = {"tcp": "TCP", "unix": "AF_UNIX", "memory": "floor", "friends": "Friends",
                  "socketless": "Socketless"}
 COLUMN_ORDER = ("tcp", "unix", "memory", "friends", "socketless")
@@ -625,9 +623,28 @@ def _fell_back(cell: Optional[Cell]) -> bool:
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
+# Friend links first: the picture is about them.
+PLOT_ORDER = ("friends", "socketless", "unix", "memory")
+LOOP_COLORS = {"asyncio": "tab:blue", "uvloop": "tab:orange", "trio": "tab:green",
+               "anyio": "tab:purple"}
+
+
 def plot(run: Run, path: str) -> None:
-    """One panel per table: each transport's median as a ratio to TCP's
-    (absolute figures when TCP was not run)."""
+    """Draw the picture (:func:`draw`) to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = draw(run)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def draw(run: Run) -> Any:
+    """The picture, a matplotlib figure. One panel per table: bars of each transport's median as a ratio to
+    TCP's on the same loop, grouped by transport (and size), one colour a
+    loop; absolute figures when TCP was not run. One legend for the figure,
+    above the panels: the loops and TCP's line."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
@@ -636,60 +653,84 @@ def plot(run: Run, path: str) -> None:
     cases = [c for c in run.cases if any(k == c.key for k, *_ in run.cells)]
     if not cases:
         raise ValueError("nothing was measured")
+    relative = "tcp" in run.config.transports
     ncols = min(3, len(cases))
     nrows = (len(cases) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
-    colors = {"tcp": "tab:gray", "unix": "tab:blue", "friends": "tab:red", "memory": "tab:green",
-              "socketless": "tab:purple"}
-    styles = {"asyncio": "-", "uvloop": "--", "trio": ":", "anyio": "-."}
-    relative = "tcp" in run.config.transports
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.4 * ncols, 3.4 * nrows + 0.8),
+                             squeeze=False, layout="constrained")
+    loops_drawn: List[str] = []
+    any_fell_back = False
     for ax, case in zip(axes.flat, cases):
-        xs = list(range(len(case.params)))
-        ratios: List[float] = []
-        for transport in run.config.transports:
+        loops = [loop for loop in run.config.loops if loop_runs(loop, case.key)]
+        width = 0.8 / max(1, len(loops))
+        x = 0.0
+        ticks: List[float] = []
+        labels: List[str] = []
+        values: List[float] = []
+        bars = []
+        for transport in PLOT_ORDER:
             if relative and transport == "tcp":
                 continue
-            for loop in run.config.loops:
-                if not any(run.cell(case.key, p, loop, transport) is not None
-                           for p in case.params):
-                    continue  # not run on this loop (memory off trio, trio's missing tests)
-                ys: List[float] = []
-                for param in case.params:
+            params = [p for p in case.params
+                      if any(run.cell(case.key, p, loop, transport) is not None
+                             for loop in loops)]
+            for param in params:
+                for i, loop in enumerate(loops):
                     cell = run.cell(case.key, param, loop, transport)
-                    value = cell.median if cell is not None and cell.error is None else None
-                    if relative:
-                        base = run.cell(case.key, param, loop, "tcp")
-                        base_value = base.median if base is not None and base.error is None else None
-                        value = value / base_value if value is not None and base_value else None
-                    ys.append(float("nan") if value is None else value)
-                ratios += [y for y in ys if y == y]
-                label = f"{TRANSPORT_LABELS[transport]} ({loop})"
-                fell_back = transport in FRIEND_TRANSPORTS and any(
-                    _fell_back(run.cell(case.key, param, loop, transport)) for param in case.params)
-                ax.plot(xs, ys, styles.get(loop, "-"), marker="o", color=colors[transport],
-                        markerfacecolor="white" if fell_back else colors[transport],
-                        label=label + (" - fell back to TCP" if fell_back else ""))
+                    value = _median(cell)
+                    if relative and value is not None:
+                        base = _median(run.cell(case.key, param, loop, "tcp"))
+                        value = value / base if base else None
+                    if value is None:
+                        continue
+                    fell_back = transport in FRIEND_TRANSPORTS and _fell_back(cell)
+                    any_fell_back |= fell_back
+                    bars += ax.bar(x + (i - (len(loops) - 1) / 2) * width, value, width * 0.92,
+                                   color=LOOP_COLORS.get(loop, "tab:gray"),
+                                   hatch="///" if fell_back else None,
+                                   edgecolor="white" if fell_back else None)
+                    values.append(value)
+                    if loop not in loops_drawn:
+                        loops_drawn.append(loop)
+                ticks.append(x)
+                labels.append(COLUMN_LABELS[transport]
+                              + (f"\n{format_param(case, param)}" if len(case.params) > 1 else ""))
+                x += 1.0
+            x += 0.4  # a gap between transports
+        if len(bars) <= 16:  # a figure on each bar, where they fit
+            for bar in bars:
+                ax.annotate(f"{bar.get_height():.3g}", (bar.get_x() + bar.get_width() / 2,
+                                                        bar.get_height()),
+                            ha="center", va="bottom", fontsize=7)
         if relative:
-            ax.axhline(1.0, color=colors["tcp"], linewidth=1, label="Baseline TCP")
-            ax.set_ylabel("ratio to TCP")
-            if ratios and max(ratios) / max(min(ratios), 1e-9) > 20:
+            ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+            ax.set_ylabel("× TCP")
+            if values and max(values) / max(min(values), 1e-9) > 20:
                 ax.set_yscale("log")
         else:
             ax.set_ylabel(case.unit)
-        ax.set_xticks(xs)
-        ax.set_xticklabels([format_param(case, p) for p in case.params])
-        ax.set_xlabel(PARAM_LABELS[case.param] if case.param != "bytes" else "size")
-        ax.set_title(f"{case.key} ({case.unit}{', lower is better' if not case.higher_is_better else ''})",
-                     fontsize=10)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(labels, fontsize=8 if len(labels) <= 6 else 6.5)
+        sizes = "" if len(case.params) > 1 else f" {format_param(case, case.params[0])}"
+        ax.set_title(f"{case.key}{sizes} ({case.unit}"
+                     f"{', lower is better' if not case.higher_is_better else ''})", fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
     for ax in list(axes.flat)[len(cases):]:
         ax.set_visible(False)
-    fig.suptitle(f"friendsock bench ({run.config.mode.name}, {os.cpu_count()} CPUs): "
-                 "AF_UNIX and friends relative to TCP" if relative else "friendsock bench")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    handles: List[Any] = [
+        matplotlib.patches.Patch(color=LOOP_COLORS.get(loop, "tab:gray"), label=loop)
+        for loop in loops_drawn]
+    if relative:
+        handles.append(matplotlib.lines.Line2D([], [], color="black", linestyle="--",
+                                               label="TCP = 1"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
+    title = (f"friendsock bench ({run.config.mode.name}, {os.cpu_count()} CPUs): "
+             + ("each transport's figure over TCP's on the same loop" if relative
+                else "medians"))
+    if any_fell_back:
+        title += "; hatched: fell back to TCP"
+    fig.suptitle(title, fontsize=11)
+    return fig
 
 
 __all__ = ["collect_header", "make_console", "print_header", "print_tables", "print_summary",
