@@ -115,7 +115,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
             f"The trio and anyio loops run {', '.join(TRIO_CASES)}. "
             "Exit status: 0, or 1 when a cell has no figure (an error, a hang, a time-out: "
             "each in the closing summary) unless --exit-zero, 2 for bad arguments, 130 when "
-            "interrupted. See benchmarks/README.md for the JSON shape."),
+            "interrupted. See docs/benchmarks.md for the JSON shape."),
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",

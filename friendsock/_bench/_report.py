@@ -565,7 +565,7 @@ class RichProgress(Progress):
 
 
 def to_json(run: Run, header: Dict[str, Any]) -> Dict[str, Any]:
-    """The machine-readable form; its shape is documented in benchmarks/README.md."""
+    """The machine-readable form; its shape is documented in docs/benchmarks.md."""
     tests: Dict[str, Any] = {}
     for case in run.cases:
         if not any(loop_runs(loop, case.key) for loop in run.config.loops):
