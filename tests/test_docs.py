@@ -48,3 +48,23 @@ def test_a_public_name_without_a_docstring_is_caught(monkeypatch):
     assert list(hooks.undocumented()) == []
     monkeypatch.setattr(friendsock.is_enabled, "__doc__", None)
     assert list(hooks.undocumented()) == [("friendsock", "is_enabled")]
+
+
+def test_the_readme_is_short_and_its_links_resolve():
+    """The README stays an introduction that points into the docs: at most
+    200 lines, the two set-up lines (the benchmark, the tests CI runs), and
+    every link to a file of the repository names one that exists."""
+    import re
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert len(text.splitlines()) <= 200
+    lines = text.splitlines()
+    assert any(line.endswith('pip install -e ".[bench]" && python -m friendsock bench')
+               for line in lines)
+    assert any(line.endswith('pip install -e ".[test]" && python -m pytest') for line in lines)
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert targets
+    for target in targets:
+        if "://" not in target:
+            assert os.path.exists(os.path.join(ROOT, target)), target
