@@ -625,6 +625,11 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 # Friend links first: the picture is about them.
 PLOT_ORDER = ("friends", "socketless", "unix", "memory")
+def _short_param(case: Case, value: int) -> str:
+    """A size as a tick has room for: 64, 1K, 64K, 1M."""
+    return format_param(case, value).replace(" KiB", "K").replace(" MiB", "M").replace(" B", "")
+
+
 LOOP_COLORS = {"asyncio": "tab:blue", "uvloop": "tab:orange", "trio": "tab:green",
                "anyio": "tab:purple"}
 
@@ -668,6 +673,9 @@ def draw(run: Run) -> Any:
         labels: List[str] = []
         values: List[float] = []
         bars = []
+        # Several sizes: a tick a size, the transport's name once under its group.
+        sized = len(case.params) > 1
+        groups: List[Tuple[float, str]] = []
         for transport in PLOT_ORDER:
             if relative and transport == "tcp":
                 continue
@@ -693,9 +701,10 @@ def draw(run: Run) -> Any:
                     if loop not in loops_drawn:
                         loops_drawn.append(loop)
                 ticks.append(x)
-                labels.append(COLUMN_LABELS[transport]
-                              + (f"\n{format_param(case, param)}" if len(case.params) > 1 else ""))
+                labels.append(_short_param(case, param) if sized else COLUMN_LABELS[transport])
                 x += 1.0
+            if params:
+                groups.append((x - (len(params) + 1) / 2, COLUMN_LABELS[transport]))
             x += 0.4  # a gap between transports
         if len(bars) <= 16:  # a figure on each bar, where they fit
             for bar in bars:
@@ -710,7 +719,13 @@ def draw(run: Run) -> Any:
         else:
             ax.set_ylabel(case.unit)
         ax.set_xticks(ticks)
-        ax.set_xticklabels(labels, fontsize=8 if len(labels) <= 6 else 6.5)
+        ax.set_xticklabels(labels, fontsize=8 if len(labels) <= 8 else 7)
+        if sized:
+            names = ax.secondary_xaxis("bottom")
+            names.set_xticks([center for center, _ in groups])
+            names.set_xticklabels([name for _, name in groups], fontsize=8)
+            names.tick_params(length=0, pad=14)
+            names.spines["bottom"].set_visible(False)
         sizes = "" if len(case.params) > 1 else f" {format_param(case, case.params[0])}"
         ax.set_title(f"{case.key}{sizes} ({case.unit}"
                      f"{', lower is better' if not case.higher_is_better else ''})", fontsize=10)
