@@ -9,8 +9,11 @@ from typing import Any, Iterator, Tuple
 
 log = logging.getLogger("mkdocs.plugins.friendsock")
 
-# The modules whose __all__ the API reference documents.
+# The modules whose __all__ the API reference documents, and the pytest
+# plugin's names it documents besides (the plugin has no __all__: pytest
+# reads its hooks by name).
 PUBLIC_MODULES = ("friendsock", "friendsock.trio")
+PLUGIN_NAMES = ("friendsock", "FriendsockFixture", "friendsock_server")
 
 
 def undocumented() -> Iterator[Tuple[str, str]]:
@@ -19,9 +22,11 @@ def undocumented() -> Iterator[Tuple[str, str]]:
     the one it overrides)."""
     import importlib
 
-    for module_name in PUBLIC_MODULES:
+    modules = [(name, importlib.import_module(name).__all__) for name in PUBLIC_MODULES]
+    modules.append(("friendsock.pytest_plugin", PLUGIN_NAMES))
+    for module_name, names in modules:
         module = importlib.import_module(module_name)
-        for name in module.__all__:
+        for name in names:
             obj = getattr(module, name)
             if not inspect.getdoc(obj):
                 yield module_name, name

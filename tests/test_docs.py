@@ -41,6 +41,8 @@ def test_the_site_builds_strict(tmp_path):
     reference = (tmp_path / "site" / "reference" / "index.html").read_text()
     for name in friendsock.__all__:
         assert f'id="friendsock.{name}"' in reference, name
+    for name in _hooks().PLUGIN_NAMES:
+        assert f'id="friendsock.pytest_plugin.{name}"' in reference, name
 
 
 def test_a_public_name_without_a_docstring_is_caught(monkeypatch):
