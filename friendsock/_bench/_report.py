@@ -331,6 +331,7 @@ class Target:
     why: str
 
 
+_BY_REFERENCE = "a bytes object by reference against two copies through the kernel"
 _THREAD_WAKE = ("a round trip between threads is mostly waking the other one, which every "
                 "transport pays")
 TARGETS = (
@@ -339,17 +340,17 @@ TARGETS = (
     Target("trio rr 64 B: Friends ≥ 75% of the floor", "rr", 64, "trio", "friends", "memory",
            0.75, "memory_stream_pair is what trio users pick for in-process streams today"),
     Target("anyio rr 64 B: Friends ≥ 2.5× TCP", "rr", 64, "anyio", "friends", "tcp", 2.5,
-           "as trio's, less anyio's own layer, the same on every path"),
+           "trio's bound, less anyio's own layer, which costs the same on every path"),
     Target("streams-rr 64 B, asyncio: Friends ≥ 3× TCP", "streams-rr", 64, "asyncio",
            "friends", "tcp", 3.0, "what StreamReader/StreamWriter code sees; the tasks' "
            "wake-ups stay on every path"),
     Target("streams-rr 64 B, uvloop: Friends ≥ 2.5× TCP", "streams-rr", 64, "uvloop",
-           "friends", "tcp", 2.5, "as asyncio's, less: uvloop's TCP is in C"),
+           "friends", "tcp", 2.5, "asyncio's reason, lower: uvloop's own TCP is in C"),
     Target("streams-rr 64 B, asyncio: Friends ≥ the floor", "streams-rr", 64, "asyncio",
            "friends", "memory", 1.0, "a link's accounting should cost no more than the "
            "loop turns it saves"),
     Target("streams-rr 64 B, uvloop: Friends ≥ the floor", "streams-rr", 64, "uvloop",
-           "friends", "memory", 1.0, "as on asyncio"),
+           "friends", "memory", 1.0, "asyncio's reason, on uvloop"),
     Target("crr 64 B, asyncio: Friends ≥ 2.5× TCP", "crr", 64, "asyncio", "friends", "tcp",
            2.5, "a kept connection skips the kernel's connect, accept and close"),
     Target("crr 64 B, uvloop: Friends ≥ 1.3× TCP", "crr", 64, "uvloop", "friends", "tcp", 1.3,
@@ -357,7 +358,7 @@ TARGETS = (
     Target("crr 64 B, asyncio: Socketless ≥ 10× TCP", "crr", 64, "asyncio", "socketless",
            "tcp", 10.0, "no kernel socket at all: near what the floor reaches"),
     Target("crr 64 B, uvloop: Socketless ≥ 10× TCP", "crr", 64, "uvloop", "socketless", "tcp",
-           10.0, "as on asyncio"),
+           10.0, "asyncio's reason, on uvloop"),
     Target("threads-rr 64 B, asyncio: Friends ≥ 1.5× TCP", "threads-rr", 64, "asyncio",
            "friends", "tcp", 1.5, _THREAD_WAKE),
     Target("threads-rr 64 B, uvloop: Friends ≥ 1.4× TCP", "threads-rr", 64, "uvloop",
@@ -367,10 +368,9 @@ TARGETS = (
     Target("blocking-threads-rr 64 B: Friends ≥ 2× TCP", "blocking-threads-rr", 64, "asyncio",
            "friends", "tcp", 2.0, "AF_UNIX, the kernel's hand-over in C, gets about there"),
     Target("blocking-stream 64 KiB, thread to asyncio: Friends ≥ 3× TCP", "blocking-stream",
-           64 * 1024, "asyncio", "friends", "tcp", 3.0,
-           "a bytes object by reference against two copies through the kernel"),
+           64 * 1024, "asyncio", "friends", "tcp", 3.0, _BY_REFERENCE),
     Target("blocking-threads-stream 64 KiB: Friends ≥ 3× TCP", "blocking-threads-stream",
-           64 * 1024, "asyncio", "friends", "tcp", 3.0, "as above"),
+           64 * 1024, "asyncio", "friends", "tcp", 3.0, _BY_REFERENCE),
 )
 
 
