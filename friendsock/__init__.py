@@ -1,8 +1,12 @@
-"""friendsock: the Linux "TCP friends" loopback bypass for asyncio, in user space.
+"""friendsock: the Linux "TCP friends" loopback bypass in user space, for
+asyncio, uvloop, trio, anyio and blocking sockets.
 
 When both ends of a TCP connection live in this process, they pair during the
 handshake and move bytes straight between each other's queues; any other peer
-gets real TCP on the loop's native transport.
+gets real TCP on the loop's native transport. This module is the asyncio and
+uvloop front door, blocking sockets' (:func:`patch_socket`), and what every
+kind of end shares (the switches, :func:`stats`, :func:`links`, capture);
+trio's and anyio's is :mod:`friendsock.trio`.
 """
 
 from __future__ import annotations

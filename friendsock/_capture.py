@@ -91,6 +91,8 @@ class Capture:
 
     # -- the sink's side (called under the lock) -----------------------------
     def write(self, records: List[Buffer]) -> None:
+        """Append pcap records to the file (the links' taps call this,
+        under the capture's lock), rotating first when ``max_bytes`` says so."""
         if self.closed or not records:
             return
         if self.max_bytes is None:
@@ -131,6 +133,7 @@ class Capture:
         return True
 
     def link_captured(self) -> None:
+        """Count one more link in this capture (``links``)."""
         self.links += 1
 
     # -- the file ------------------------------------------------------------

@@ -45,14 +45,18 @@ MEMORY_CASE_KEYS = {"stream", "rr", "crr", "streams-rr", "threads-rr", "threads-
 SOCKETLESS_CASE_KEYS = {"rr", "crr", "streams-rr", "memory-heap", "memory-rss"}
 LOOPS = ["asyncio", "uvloop"] + (["trio", "anyio"] if HAVE_TRIO else [])
 CELL_KEYS = {"median", "min", "max", "rounds", "unit", "friend_verified", "error", "notes"}
-TINY = ["--seconds", "0.02", "--rounds", "1", "--no-progress"]
+TINY = ["--seconds", "0.02", "--rounds", "1", "--no-progress", "--no-plot"]
 
 
-def _run_json(tmp_path, argv):
+def _run_json(tmp_path, argv, status=0):
     path = tmp_path / "out.json"
-    status = main([*argv, "--json", str(path)])
-    assert status == 0
+    assert main([*argv, "--json", str(path)]) == status
     return json.loads(path.read_text())
+
+
+def _words(text):
+    """The output as words: lines are wrapped to the terminal's width."""
+    return " ".join(text.split())
 
 
 @pytest.fixture(autouse=True)
@@ -65,11 +69,11 @@ def switches_left_as_found():
 
 def test_every_test_transport_and_loop(tmp_path, capsys):
     plot = tmp_path / "out.png"
-    argv = [*TINY, "--sizes", "64,64K", "--conns", "1,3", "--idle", "20"]
+    argv = [*TINY, "--tests", "all", "--sizes", "64,64K", "--conns", "1,3", "--idle", "20"]
     if HAVE_MATPLOTLIB:
         argv += ["--plot", str(plot)]
     data = _run_json(tmp_path, argv)
-    out = capsys.readouterr().out
+    out = _words(capsys.readouterr().out)
 
     assert data["format"] == "friendsock-bench/1"
     header = data["header"]
@@ -122,13 +126,12 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
                   "threads-rr", "threads-stream", "memory-heap", "memory-rss",
                   "blocking-rr", "blocking-stream", "blocking-threads-rr", "blocking-threads-stream"):
         assert f"{title} — " in out
-    assert "Baseline TCP" in out and "AF_UNIX" in out and "Friends" in out
+    assert "the baseline" in out and "AF_UNIX" in out and "Friends" in out
     assert ("friends fell back to real TCP across threads" in out) == fell_back
     assert "uvloop" in out and "CPUs" in out and "command:" in out
     if HAVE_TRIO:
-        assert "Memory floor" in out and "% floor" in out and "targets" in out
-        assert "the trio loop runs stream, rr, crr only" in out
-        assert "the anyio loop runs stream, rr, crr only" in out
+        assert "floor: a naive in-memory transport" in out and "targets — " in out
+        assert "trio and anyio run stream, rr, crr only: no trio or anyio rows in" in out
         _check_targets(data, met_known=True, loops=("trio", "anyio", "asyncio", "uvloop"))
     if HAVE_MATPLOTLIB:
         assert plot.read_bytes().startswith(b"\x89PNG")
@@ -213,9 +216,9 @@ def test_blocking_tables(tmp_path, capsys):
     assert len(data["targets"]) == 4
     assert all(target["floor_ratio"] is not None for target in data["targets"])
     assert "blocking-threads-rr — " in out and "patch_socket()" in out
-    words = " ".join(out.split())  # as wrapped to the terminal's width
+    words = _words(out)
     assert "no event loop in the path" in words
-    assert "a naive hand-over between threads" in words and "floor's ratio" in words
+    assert "a naive hand-over between threads" in words and "the floor's own ratio" in words
     assert not friendsock.is_socket_patched()
 
 
@@ -250,7 +253,12 @@ def test_friends_that_did_not_pair_are_marked(tmp_path, capsys):
     assert "†" in out and "not from friend links" in out
 
 
-def test_failing_transport_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+def _summary(out):
+    """The lines of the closing summary."""
+    return out[out.rindex("\nsummary\n"):].splitlines()[2:]
+
+
+def test_failing_transport_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     measure = _workloads.RRWorkload.measure
 
     async def failing(self, seconds, warmup):
@@ -259,16 +267,34 @@ def test_failing_transport_is_reported_and_the_run_goes_on(tmp_path, monkeypatch
         return await measure(self, seconds, warmup)
 
     monkeypatch.setattr(_workloads.RRWorkload, "measure", failing)
-    data = _run_json(tmp_path, [*TINY, "--tests", "rr,crr", "--sizes", "64", "--loops", "asyncio"])
+    argv = [*TINY, "--tests", "rr,crr", "--sizes", "64", "--loops", "asyncio"]
+    data = _run_json(tmp_path, argv, status=1)
     rr = data["tests"]["rr"]["results"]["64"]["asyncio"]
     assert "boom" in rr["friends"]["error"]
     assert rr["friends"]["median"] is None
     assert rr["tcp"]["error"] is None and rr["tcp"]["median"] > 0
     crr = data["tests"]["crr"]["results"]["64"]["asyncio"]
     assert crr["friends"]["error"] is None and crr["friends"]["friend_verified"] is True
+    # The closing summary names the cell and why, and the exit status says so.
+    summary = _summary(capsys.readouterr().out)
+    assert "cells with no figure (1):" in summary
+    assert "  rr 64 B asyncio Friends: RuntimeError: boom" in summary
+    assert summary[-1].startswith("exit status 1")
+    # --exit-zero keeps 0 for exploratory runs; the summary still lists it.
+    assert main([*argv, "--exit-zero"]) == 0
+    summary = _summary(capsys.readouterr().out)
+    assert "  rr 64 B asyncio Friends: RuntimeError: boom" in summary
+    assert summary[-1] == "exit status 0 (--exit-zero)"
 
 
-def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+def test_a_clean_run_says_so_and_exits_0(capsys):
+    assert main([*TINY, "--tests", "rr", "--sizes", "64", "--loops", "asyncio"]) == 0
+    summary = _summary(capsys.readouterr().out)
+    assert summary[-1] == "every cell measured"
+    assert not any("no figure" in line or "exit status" in line for line in summary)
+
+
+def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(_runner, "WATCHDOG_GRACE", 0.3)
     # Enough for a healthy cell on a loaded machine; a stuck one is given up on then.
     monkeypatch.setattr(_runner, "MEASURE_SLACK", 2.0)
@@ -286,13 +312,19 @@ def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_workloads.RRWorkload, "measure", hanging)
     data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "64,1K",
-                                "--loops", "asyncio"])
+                                "--loops", "asyncio"], status=1)
     rr = data["tests"]["rr"]["results"]
     assert rr["64"]["asyncio"]["unix"]["error"].startswith("hung")
     assert rr["1024"]["asyncio"]["unix"]["error"].startswith("skipped")
     for size in ("64", "1024"):
         assert rr[size]["asyncio"]["tcp"]["median"] > 0
         assert rr[size]["asyncio"]["friends"]["friend_verified"] is True
+    # Both the hang and the cell it skipped are in the closing summary.
+    summary = _summary(capsys.readouterr().out)
+    assert "cells with no figure (2):" in summary
+    assert any(line.startswith("  rr 64 B asyncio AF_UNIX: hung: ") for line in summary)
+    assert "  rr 1 KiB asyncio AF_UNIX: skipped: hung earlier in this test" in summary
+    assert summary[-1].startswith("exit status 1")
 
 
 def test_tls_cells(tmp_path, capsys):
@@ -312,10 +344,10 @@ def test_tls_cells(tmp_path, capsys):
                 assert cell["error"] is None, (key, loop, transport, cell["error"])
                 assert cell["median"] >= 0 and cell["notes"] == [], (key, loop, transport)
             assert cells["friends"]["friend_verified"] is True, (key, loop)
-    out = capsys.readouterr().out
+    out = _words(capsys.readouterr().out)
     assert "stream-tls — " in out and "rr-tls — " in out and "every transport runs TLS" in out
     if HAVE_TRIO:
-        assert "no trio rows in stream-tls, rr-tls" in out
+        assert "no trio or anyio rows in stream-tls, rr-tls" in out
 
 
 def test_tls_without_trustme_is_one_line_and_exit_2(monkeypatch, capsys):
@@ -374,7 +406,8 @@ def test_anyio_loop_alone(tmp_path, capsys):
         assert cells["tcp"]["friend_verified"] is None
     _check_targets(data, met_known=True, loops=("anyio",))
     assert not friendsock.trio.is_installed()
-    assert "the anyio loop runs stream, rr, crr only" in capsys.readouterr().out
+    assert "anyio runs stream, rr, crr only: no anyio rows in streams-rr" in _words(
+        capsys.readouterr().out)
 
 
 @needs_trio
@@ -387,7 +420,7 @@ def test_trio_selection_without_memory(tmp_path, capsys):
     assert per_loop["trio"]["friends"]["friend_verified"] is True
     assert data["targets"] == []  # rr 64 B was not run
     out = capsys.readouterr().out
-    assert "Memory floor" not in out and "targets" not in out
+    assert "floor" not in out and "targets" not in out
 
 
 @needs_trio
@@ -407,8 +440,8 @@ def test_memory_floor_alone(tmp_path, capsys):
                 assert list(cells) == ["memory"]
                 assert cells["memory"]["error"] is None, (key, size, loop, cells["memory"]["error"])
                 assert cells["memory"]["median"] > 0, (key, size, loop)
-    out = capsys.readouterr().out
-    assert "Memory floor" in out and "call_soon_threadsafe" in " ".join(out.split())
+    out = _words(capsys.readouterr().out)
+    assert "floor: a naive in-memory transport" in out and "call_soon_threadsafe" in out
     assert data["below_tcp"] == []  # nothing compared
 
 
@@ -468,7 +501,8 @@ def test_trio_failing_and_stuck_transports_are_reported(tmp_path, monkeypatch):
         return await measure(self, seconds, warmup)
 
     monkeypatch.setattr(_trio_workloads.TrioRRWorkload, "measure", failing)
-    data = _run_json(tmp_path, [*TINY, "--tests", "rr,crr", "--sizes", "64", "--loops", "trio"])
+    data = _run_json(tmp_path, [*TINY, "--tests", "rr,crr", "--sizes", "64", "--loops", "trio"],
+                     status=1)
     rr = data["tests"]["rr"]["results"]["64"]["trio"]
     assert "boom" in rr["friends"]["error"] and rr["friends"]["median"] is None
     assert rr["memory"]["error"].startswith("timed out")
@@ -495,7 +529,7 @@ def test_a_hung_trio_step_is_reported_and_the_run_goes_on(tmp_path, monkeypatch)
 
     monkeypatch.setattr(_trio_workloads.TrioRRWorkload, "measure", hanging)
     data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "64,1K",
-                                "--loops", "asyncio,trio"])
+                                "--loops", "asyncio,trio"], status=1)
     rr = data["tests"]["rr"]["results"]
     assert rr["64"]["trio"]["unix"]["error"].startswith("hung")
     assert rr["1024"]["trio"]["unix"]["error"].startswith("skipped")
@@ -591,7 +625,10 @@ def test_socketless_idle_links_past_the_descriptor_limit(tmp_path):
     path = tmp_path / "out.json"
     done = _python_m("bench", *TINY, "--tests", "memory", "--idle", "300", "--loops", "asyncio",
                      "--transports", "tcp,friends,socketless", "--json", str(path), descriptors=256)
-    assert done.returncode == 0, done.stderr
+    # The cells not measured at 300 are in the summary, and the status says so.
+    assert done.returncode == 1, done.stderr
+    assert "memory-heap 300 asyncio TCP: not measured: 300 idle connections need 664" \
+        in done.stdout
     data = json.loads(path.read_text())
     fit = str((256 - 64) // 2)
     for key in ("memory-heap", "memory-rss"):
@@ -606,7 +643,7 @@ def test_socketless_idle_links_past_the_descriptor_limit(tmp_path):
             assert "need 664 descriptors (RLIMIT_NOFILE 256)" in rows["300"]["asyncio"][transport]["error"]
         cell = rows["300"]["asyncio"]["socketless"]
         assert cell["error"] is None and measured(cell) and cell["friend_verified"], (key, cell)
-    assert "socketless links hold no descriptor: measured at 300 too" in " ".join(done.stdout.split())
+    assert "socketless links hold no descriptor: measured at 300 too" in _words(done.stdout)
 
 
 def test_python_m_friendsock():
@@ -622,3 +659,81 @@ def test_python_m_friendsock():
     assert "rr — " in done.stdout and "finished in" in done.stdout
     if HAVE_TRIO:
         assert "trio" in done.stdout and "targets" in done.stdout
+
+
+def test_the_quick_default_measures_every_target():
+    """Quick runs the headline cells: every target's cells, on every loop
+    that has them, and no test beyond those."""
+    parser = _cli.build_parser()
+    args = parser.parse_args([])
+    assert args.tests is None and args.mode is None
+    config = _runner.Config(tests=list(_runner.QUICK.tests), transports=list(_runner.TRANSPORTS),
+                            loops=LOOPS, mode=_runner.QUICK, seconds=0.1, rounds=1,
+                            memory_rounds=1)
+    planned = {(case.key, param) for case in _runner.plan(config) for param in case.params}
+    wanted = {(target.case, target.param) for target in _report.TARGETS}
+    assert wanted <= planned
+    assert {key for key, _ in planned} == {key for key, _ in wanted} | {"stream", "threads-stream"}
+    assert len(planned) == len({key for key, _ in planned})  # one size a table
+
+
+def test_the_tables_fit_100_columns(monkeypatch, capsys):
+    """Every line of the output fits a 100-column terminal, with every
+    figure whole (folded, never cut), the rounds' min-max included."""
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main([*TINY, "--rounds", "2", "--spread", "--tests", "rr,crr,blocking",
+                 "--sizes", "64"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= 100
+    assert "…" not in out
+    assert "targets — " in out and "(why it is set there)" in out
+
+
+def test_the_picture_comes_with_the_run(tmp_path, monkeypatch, capsys):
+    """With matplotlib installed, a run without --plot draws
+    friendsock-bench.png in the working directory; --no-plot draws none."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["--seconds", "0.02", "--rounds", "1", "--no-progress", "--tests", "rr",
+            "--sizes", "64", "--loops", "asyncio,uvloop"]
+    assert main(argv) == 0
+    assert (tmp_path / "friendsock-bench.png").read_bytes().startswith(b"\x89PNG")
+    assert "wrote friendsock-bench.png" in capsys.readouterr().out
+    (tmp_path / "friendsock-bench.png").unlink()
+    assert main([*argv, "--no-plot"]) == 0
+    assert not (tmp_path / "friendsock-bench.png").exists()
+
+
+def test_the_picture_reads_at_a_glance():
+    """One panel per table, bars (no lines), one colour a loop, one legend
+    of at most five entries under the panels, none inside them, and the
+    figure's title clear of every panel's."""
+    import matplotlib.pyplot as plt
+
+    config = _runner.Config(tests=["rr", "blocking"], transports=list(_runner.TRANSPORTS),
+                            loops=LOOPS, mode=_runner.QUICK, seconds=1.0, rounds=1,
+                            memory_rounds=1, sizes=[64, 1024])
+    run = _runner.Run(config, _runner.plan(config))
+    for case in run.cases:
+        for param in case.params:
+            for loop in LOOPS:
+                if _runner.loop_runs(loop, case.key):
+                    for transport in _runner.loop_transports(loop, config.transports, case.key):
+                        run.cells[(case.key, param, loop, transport)] = _runner.Cell(
+                            values=[100.0 if transport == "tcp" else 250.0])
+    fig = _report.draw(run)
+    try:
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        assert [ax.get_title().split()[0] for ax in panels] == [c.key for c in run.cases]
+        assert all(ax.get_legend() is None and ax.patches and not ax.get_lines()[1:]
+                   for ax in panels)  # bars, and TCP's line only
+        (legend,) = fig.legends
+        labels = [text.get_text() for text in legend.get_texts()]
+        assert labels == [*LOOPS, "TCP = 1"] and len(labels) <= 5
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        title = fig._suptitle.get_window_extent(renderer)
+        for ax in panels:
+            assert not title.overlaps(ax.title.get_window_extent(renderer)), ax.get_title()
+            assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+    finally:
+        plt.close(fig)

@@ -6,7 +6,7 @@ Each state is set up on a fresh pair, once over TCP and once paired, and
 each call is made on its own pair (one call's effect never leaks into the
 next). Where the two disagree the test prints every differing answer. The
 few differences friendsock keeps on purpose are left out, each with why
-(see the README's "Blocking sockets").
+(see docs/doors/blocking.md).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ STATES: Dict[str, Callable[[socket.socket, socket.socket], None]] = {
 # -- calls ----------------------------------------------------------------------
 def _poll_events(sock: socket.socket) -> Any:
     """What select() and poll() report now. POLLERR left out: a paired
-    socket's descriptor cannot show a reset's (see the README)."""
+    socket's descriptor cannot show a reset's (see docs/doors/blocking.md)."""
     number = sock.fileno()
     readable, writable, _ = select.select([number], [number], [], 0)
     poller = select.poll()

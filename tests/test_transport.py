@@ -1267,7 +1267,7 @@ async def test_the_socket_polls_readable_once_the_peer_is_done_writing(friends, 
 
     def polled(wait_ms: int) -> bool:
         fd = writer.get_extra_info("socket").fileno()
-        # A socketless link has no descriptor to poll (as the README says).
+        # A socketless link has no descriptor to poll (as docs/socketless.md says).
         assert (fd == -1) is (friends and friendsock.is_socketless())
         if fd < 0:
             return True

@@ -12,7 +12,7 @@ import shlex
 import sys
 from typing import Callable, List, Optional, Sequence, TypeVar
 
-from ._runner import FULL, MODES, QUICK, TESTS, Config, Runner, default_cases, format_size
+from ._runner import FULL, MODES, QUICK, TESTS, Config, Mode, Runner, default_cases, format_size
 from ._transports import LOOPS, TRANSPORTS, TRIO_CASES
 
 T = TypeVar("T")
@@ -87,6 +87,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+DEFAULT_PLOT = "friendsock-bench.png"
+
+
+def _trims(mode: Mode) -> str:
+    return ", ".join(f"{key} at {'/'.join(format_size(p) for p in params)}"
+                     for key, params in mode.trims)
+
+
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     cases = default_cases()
     sizes_help = "; ".join(f"{c.key}: {','.join(format_size(p).replace(' ', '') for p in c.params)}"
@@ -99,21 +107,25 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
             "(friends: unchanged anyio code under friendsock.trio.install()), printed "
             "in the form of the kernel TCP friends patch's tables."),
         epilog=(
-            f"tests: {', '.join(TESTS)}. Quick (the default): {QUICK.seconds:g} s per cell, "
-            f"median of {QUICK.rounds} rounds (memory: {QUICK.memory_rounds}), streams-rr "
-            f"at 64 B and 1 KiB. Full: {FULL.seconds:g} s per cell, {FULL.rounds} rounds "
-            f"(memory: {FULL.memory_rounds}). Default sizes: {sizes_help}. "
-            f"The trio and anyio loops run {', '.join(TRIO_CASES)}; the memory transport "
-            "(the floor) runs on every loop but anyio, in some tables. "
-            "See benchmarks/README.md for the JSON shape."),
+            f"Quick (the default): the headline cells, those the targets judge "
+            f"({', '.join(QUICK.tests)}; {_trims(QUICK)}), {QUICK.seconds:g} s per cell, "
+            f"median of {QUICK.rounds} rounds: under a minute on 2 cores. Full: every test "
+            f"and size, {FULL.seconds:g} s per cell, {FULL.rounds} rounds (memory: "
+            f"{FULL.memory_rounds}). Default sizes: {sizes_help}. "
+            f"The trio and anyio loops run {', '.join(TRIO_CASES)}. "
+            "Exit status: 0, or 1 when a cell has no figure (an error, a hang, a time-out: "
+            "each in the closing summary) unless --exit-zero, 2 for bad arguments, 130 when "
+            "interrupted. See docs/benchmarks.md for the JSON shape."),
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="short cells, for a first look (the default)")
+                      help="the headline cells, short, for a first look (the default)")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
-                      help="longer cells and more rounds, for figures to publish")
-    parser.add_argument("--tests", type=_choice(TESTS, "test"), default=list(TESTS),
-                        metavar="LIST", help=f"comma-separated: {','.join(TESTS)} (default all)")
+                      help="every test and size, longer cells and more rounds, for figures "
+                           "to publish")
+    parser.add_argument("--tests", type=_choice(TESTS, "test"), metavar="LIST",
+                        help=f"comma-separated: {','.join(TESTS)}, or all (default: quick "
+                             f"{','.join(QUICK.tests)}; full all)")
     parser.add_argument("--sizes", type=_list_of(parse_size, "size"), metavar="LIST",
                         help="message/write sizes for stream, rr, crr, streams-rr, threads and blocking, "
                              "e.g. 64,1K,64K,1M")
@@ -142,7 +154,15 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                              "(trio has no TLS rows); needs trustme for the certificates")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png",
-                        help="also plot each test's ratios to TCP (needs matplotlib)")
+                        help=f"where to draw each table's ratios to TCP (default {DEFAULT_PLOT} "
+                             "when matplotlib is installed; .png, .svg or .pdf)")
+    parser.add_argument("--no-plot", action="store_true",
+                        help=f"no {DEFAULT_PLOT} (an explicit --plot is still drawn)")
+    parser.add_argument("--spread", action="store_true",
+                        help="show each cell's min–max over its rounds under its median")
+    parser.add_argument("--exit-zero", action="store_true",
+                        help="exit 0 even when cells have no figure (for exploratory runs); "
+                             "they are still listed in the closing summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -176,8 +196,9 @@ def _check_output(path: str) -> Optional[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
-    """Run the benchmark; returns the exit status (2: bad arguments,
-    130: interrupted)."""
+    """Run the benchmark; returns the exit status (1: a cell has no figure,
+    unless --exit-zero, or the JSON or picture could not be written;
+    2: bad arguments; 130: interrupted)."""
     if argv is None:
         argv = sys.argv[1:]
     argv = list(argv)
@@ -200,6 +221,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
                            "or --loops asyncio)")
     if importlib.util.find_spec("rich") is None:
         return _fail(prog, "the benchmark needs rich: pip install 'friendsock[bench]'")
+    if args.plot is None and not args.no_plot and importlib.util.find_spec("matplotlib"):
+        args.plot = DEFAULT_PLOT  # the picture comes with the run when it can be drawn
     if args.plot is not None:
         if importlib.util.find_spec("matplotlib") is None:
             return _fail(prog, "--plot needs matplotlib, which is not installed "
@@ -217,7 +240,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
 
     mode = MODES[args.mode or "quick"]
     config = Config(
-        tests=args.tests,
+        tests=args.tests if args.tests is not None else list(mode.tests),
         transports=args.transports,
         loops=args.loops,
         mode=mode,
@@ -240,23 +263,24 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     _report.print_header(console, header, runner.run)
     for loop in missing:
         runner.run.note(f"{loop} is not installed: no {loop} rows")
-    for kind in ("trio", "anyio"):
-        if kind in config.loops:
-            without = [c.key for c in runner.run.cases if c.key not in TRIO_CASES]
-            if without:
-                runner.run.note(f"the {kind} loop runs {', '.join(TRIO_CASES)} only: no {kind} "
-                                "rows in " + ", ".join(without))
-    status = 0
+    kinds = [kind for kind in ("trio", "anyio") if kind in config.loops]
+    without = [c.key for c in runner.run.cases if c.key not in TRIO_CASES]
+    if kinds and without:
+        runner.run.note(f"{' and '.join(kinds)} run{'s' if len(kinds) == 1 else ''} "
+                        f"{', '.join(TRIO_CASES)} only: no "
+                        f"{' or '.join(kinds)} rows in " + ", ".join(without))
+    interrupted = False
     try:
         runner.execute()
     except KeyboardInterrupt:
-        status = 130
+        interrupted = True
     finally:
         if progress is not None:
             progress.stop()
     run = runner.run
-    _report.print_tables(console, run)
-    _report.print_footer(console, run)
+    _report.print_tables(console, run, spread=args.spread)
+    # The files first, so the closing summary is the last thing printed.
+    written = True
     if args.json is not None:
         try:
             with open(args.json, "w") as f:
@@ -265,15 +289,20 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
             console.print(f"wrote {args.json}")
         except OSError as exc:
             print(f"{prog}: error: cannot write {args.json!r}: {exc}", file=sys.stderr)
-            status = status or 1
+            written = False
     if args.plot is not None:
         try:
             _report.plot(run, args.plot)
             console.print(f"wrote {args.plot}")
         except Exception as exc:  # a plot must not cost the run's results
             print(f"{prog}: error: cannot plot to {args.plot!r}: {exc}", file=sys.stderr)
-            status = status or 1
-    return status
+            written = False
+    if args.json is not None or args.plot is not None:
+        console.print()
+    status = _report.print_summary(console, run, exit_zero=args.exit_zero)
+    if interrupted:
+        return 130
+    return status or (0 if written else 1)
 
 
 if __name__ == "__main__":

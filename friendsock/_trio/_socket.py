@@ -125,6 +125,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         raise _unsupported("detach()")
 
     def share(self, *args: Any) -> bytes:  # pragma: no cover - Windows only
+        """Windows only; on a friend socket ``OSError(EOPNOTSUPP)``."""
         raise _unsupported("share()")
 
     def listen(self, *args: Any) -> None:

@@ -166,6 +166,8 @@ class FriendStream(TrioEnd, trio.abc.HalfCloseableStream):
 
     # -- socket options, as trio.SocketStream ------------------------------
     def setsockopt(self, level: int, option: int, value: Any, length: Optional[int] = None) -> None:
+        """As ``trio.SocketStream.setsockopt``: on the real socket; ``SO_SNDBUF``/``SO_RCVBUF``
+        feed the link's accounting."""
         if length is None:
             if value is None:
                 raise TypeError("invalid value for argument 'value', must not be None "
@@ -178,12 +180,15 @@ class FriendStream(TrioEnd, trio.abc.HalfCloseableStream):
         self.socket.setsockopt(level, option, value, length)
 
     def getsockopt(self, level: int, option: int, buffersize: int = 0) -> Any:
+        """As ``trio.SocketStream.getsockopt``: the real socket's option."""
         if buffersize == 0:
             return self.socket.getsockopt(level, option)
         return self.socket.getsockopt(level, option, buffersize)
 
     def getsockname(self) -> Any:
+        """This end's address, as the real socket's ``getsockname()``."""
         return self._sockname
 
     def getpeername(self) -> Any:
+        """The friend's address, as the real socket's ``getpeername()``."""
         return self._peername
