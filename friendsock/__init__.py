@@ -27,7 +27,7 @@ from ._blocking._patch import is_friend_socket as _is_blocking_friend
 from ._blocking._patch import is_socket_patched, patch_socket, unpatch_socket
 from ._capture import Capture, capture, start_capture, stop_capture
 from ._capture import start_from_environment as _capture_from_env
-from ._core._live import DirectionInfo, EndInfo, LinkInfo, live_links as _live_links
+from ._core._live import DirectionInfo, EndInfo, LinkInfo, snapshot as _live_snapshot
 from ._core._registry import registry as _registry
 from ._core._stats import FriendStats, ListenerStats, counters as _counters
 from ._core._switch import is_enabled, is_socketless, set_enabled, set_socketless
@@ -54,7 +54,7 @@ def links() -> List[LinkInfo]:
     the order they were made: both addresses, each direction's state and
     bytes queued and moved, each end's buffers, paused reading/writing,
     thread and loop, and the link's age (like ``ss -tni`` for friends)."""
-    return _live_links.snapshot()
+    return _live_snapshot()
 
 
 def stats() -> FriendStats:

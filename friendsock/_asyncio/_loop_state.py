@@ -12,7 +12,7 @@ from asyncio.selector_events import _SelectorSocketTransport  # type: ignore[att
 from typing import Any, List, Optional, Protocol
 
 from .._core._finalizing import close_when_safe
-from .._core._live import live_links
+from .._core._link import live_links
 from ._wakeups import DrainQueue, RemoteDrainQueue
 
 logger = logging.getLogger("friendsock")

@@ -33,16 +33,28 @@ import enum
 import errno
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, NoReturn, Optional, Tuple, Type
+from typing import Any, Callable, Deque, NoReturn, Optional, Protocol, Tuple, Type
 
+from ._alive import LiveLinks
 from ._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
-from ._live import Describe, live_links
+from ._fork import Part, on_fork
 from ._stats import Shard, counters
 
-if TYPE_CHECKING:
-    from ._tap import LinkTap
-
 Hook = Optional[Callable[[], None]]
+# What an adapter says of its end (``LinkEnd.describe``): whether reading
+# is paused, whether writing is paused, and the scheduler it runs on.
+EndActivity = Tuple[Optional[bool], bool, Optional[str]]
+Describe = Optional[Callable[[], Optional[EndActivity]]]
+
+
+class Tap(Protocol):
+    """What a link made while capturing reports to (``_tap.LinkTap``, which
+    builds on this module's channels)."""
+
+    def channels(self, client_sndbuf: int, client_rcvbuf: int, server_sndbuf: int,
+                 server_rcvbuf: int, threaded: bool, meter: Shard) -> Tuple["Channel", "Channel"]: ...
+
+    def established(self) -> None: ...
 
 
 class ChannelState(enum.Enum):
@@ -932,7 +944,7 @@ class Link:
         threaded: bool = False,
         listener: Optional[Tuple[str, int]] = None,
         addresses: Optional[Tuple[Any, Any]] = None,
-        tap: Optional["LinkTap"] = None,
+        tap: Optional[Tap] = None,
     ) -> None:
         meter = counters.shard()
         to_server: Channel
@@ -1112,3 +1124,8 @@ class Link:
         self.client = self.server = None  # type: ignore[assignment]
         if on_done is not None:
             on_done()
+
+
+# The established links with an end open (friendsock.links() reports them).
+live_links: LiveLinks[Link] = LiveLinks()
+on_fork(Part.LIVE_LINKS, after_in_child=live_links._reset_after_fork)

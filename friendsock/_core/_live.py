@@ -1,28 +1,15 @@
-"""The live friend links, and their typed snapshot (``friendsock.links()``).
-
-Links are kept by weak reference from the moment they are established until
-their last end closes: the table must not keep an abandoned link's
-transports alive (their collection is what closes them).
-"""
+"""The typed snapshot of the live friend links (``friendsock.links()``):
+what each end and direction of each link in :data:`live_links` says now."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
-from ._fork import Part, on_fork
+from ._link import Channel, Link, LinkEnd, live_links
 from ._stats import format_address
-
-if TYPE_CHECKING:
-    from ._link import Channel, Link, LinkEnd
-
-# What an adapter says of its end (``LinkEnd.describe``): whether reading
-# is paused, whether writing is paused, and the scheduler it runs on.
-EndActivity = Tuple[Optional[bool], bool, Optional[str]]
-Describe = Optional[Callable[[], Optional[EndActivity]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,49 +80,11 @@ class LinkInfo:
                 f"[c->s {flow(self.to_server)}] [s->c {flow(self.to_client)}]")
 
 
-class LiveLinks:
-    """Established links with an end still open, in the order they were
-    established. Adding and removing are single dict operations, atomic
-    under the GIL, so ends on any thread need no lock."""
-
-    __slots__ = ("_refs",)
-
-    def __init__(self) -> None:
-        self._refs: Dict[int, "weakref.ref[Link]"] = {}
-
-    def add(self, link: "Link") -> None:
-        self._refs[id(link)] = weakref.ref(link)
-
-    def discard(self, link: "Link") -> None:
-        ref = self._refs.get(id(link))
-        if ref is not None and ref() is link:
-            self._refs.pop(id(link), None)
-
-    def links(self) -> List["Link"]:
-        found = []
-        for key, ref in list(self._refs.items()):
-            link = ref()
-            if link is None:  # collected without closing (its process forked, say)
-                if self._refs.get(key) is ref:
-                    self._refs.pop(key, None)
-            else:
-                found.append(link)
-        return found
-
-    def snapshot(self) -> List[LinkInfo]:
-        now = time.monotonic()
-        return [info for link in self.links() if (info := _link_info(link, now)) is not None]
-
-    def _reset_after_fork(self) -> None:
-        # The parent's links are not alive in a child (see Counters).
-        self._refs = {}
-
-
-def _direction(channel: "Channel") -> DirectionInfo:
+def _direction(channel: Channel) -> DirectionInfo:
     return DirectionInfo(channel.state.value, channel.queued, channel.moved, channel.reader_closed)
 
 
-def _end(end: "LinkEnd", address: Any) -> EndInfo:
+def _end(end: LinkEnd, address: Any) -> EndInfo:
     owner = end.owner
     describe = owner._describe_end if owner is not None else end.describe
     activity = describe() if describe is not None else None
@@ -156,7 +105,7 @@ def _end(end: "LinkEnd", address: Any) -> EndInfo:
     )
 
 
-def _link_info(link: "Link", now: float) -> Optional[LinkInfo]:
+def _link_info(link: Link, now: float) -> Optional[LinkInfo]:
     """None: the link was done meanwhile (on another thread)."""
     client, server = link.client, link.server
     if client is None or server is None:
@@ -174,5 +123,7 @@ def _link_info(link: "Link", now: float) -> Optional[LinkInfo]:
     )
 
 
-live_links = LiveLinks()
-on_fork(Part.LIVE_LINKS, after_in_child=live_links._reset_after_fork)
+def snapshot() -> List[LinkInfo]:
+    """Each live link (:data:`live_links`) as it is now."""
+    now = time.monotonic()
+    return [info for link in live_links.links() if (info := _link_info(link, now)) is not None]
