@@ -36,6 +36,7 @@ from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
 from .._friend_socket import FriendSocket, UvloopFriendSocket, copy_buffer_sizes, show_fin
 from .._handshake import current_pid
 from ._loop_state import DEFAULT_HIGH_WATER, LoopState, loop_state
+from ._wakeups import ASK_AT
 
 # As asyncio: after this many writes to a lost connection, warn on each.
 _LOG_THRESHOLD_FOR_CONNLOST_WRITES = 5
@@ -359,6 +360,9 @@ class FriendTransport(_FlowControlMixin):
         drains = self._drains
         outermost = not drains.running
         if outermost:
+            if drains.left <= 0:  # the loop's turn has had its share
+                drains.defer(self._drain_now, self._context)
+                return
             drains.running = True
         try:
             if self._buffered:
@@ -386,7 +390,8 @@ class FriendTransport(_FlowControlMixin):
                 drains.stop()
             raise
         if outermost:
-            if drains.waiting:
+            drains.left -= 1
+            if drains.waiting or drains.left <= ASK_AT:
                 drains.run_rounds(self._context)
             else:
                 drains.running = False
