@@ -1562,3 +1562,25 @@ async def test_extra_info_and_protocol(friends):
         assert closed not in (before, paused)
         if friends:
             assert "read=polling" in before and "read=idle" in paused and "closed" in closed
+
+
+# -- what the loop's own transport answers, on its loop ---------------------------
+
+
+def _on_uvloop() -> bool:
+    return not isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
+
+
+async def test_paused_reads_as_the_loops_own_transports(friends):
+    """``_paused``, the loop's own transports' private flag (uvloop's tests
+    read it): set by pause_reading(), unset by resume_reading()."""
+    async with connected_pair(friends) as (transport, client, server):
+        assert transport._paused is False
+        transport.pause_reading()
+        transport.pause_reading()
+        assert transport._paused is True
+        transport.resume_reading()
+        assert transport._paused is False
+        transport.close()
+        assert transport._paused is (True if _on_uvloop() else False)
+        await wait(client.lost)

@@ -160,6 +160,9 @@ CALLS: Dict[str, Callable[[asyncio.Transport], Any]] = {
     "socket given": lambda transport: transport.get_extra_info("socket") is not None,
     "limits set, then read": lambda transport: (transport.set_write_buffer_limits(high=100, low=10),
                                                 transport.get_write_buffer_limits()),
+    # The loop's own transports' private flag (uvloop's tests read it).
+    "_paused": lambda transport: transport._paused,  # type: ignore[attr-defined]
+    "pause, _paused": lambda transport: (transport.pause_reading(), transport._paused),  # type: ignore[attr-defined]
 }
 
 
