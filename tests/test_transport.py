@@ -1571,6 +1571,30 @@ def _on_uvloop() -> bool:
     return not isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
 
 
+async def test_its_socket_shut_for_writing_sends_eof(friends):
+    """asyncio's transport socket passes shutdown() on: the peer reads what
+    came before, then EOF, and a later write fails the connection with
+    EPIPE. uvloop's refuses the call, and the connection goes on."""
+    async with connected_pair(friends, server_protocol=lambda: Recorder(eof_keep_open=True)) as (
+            transport, client, server):
+        transport.write(b"before")
+        sock = transport.get_extra_info("socket")
+        if _on_uvloop():
+            with pytest.raises(TypeError, match=r"do not support shutdown\(\)"):
+                sock.shutdown(socket.SHUT_WR)
+            transport.write(b" and after")
+            assert await wait(server.wait_bytes(16)) == b"before and after"
+            assert server.events == ["made", "data"]
+            return
+        sock.shutdown(socket.SHUT_WR)
+        await wait(server.eof)
+        assert bytes(server.data) == b"before"
+        transport.write(b"after")
+        assert type(await wait(client.lost)) is BrokenPipeError
+        # The other direction stayed open until then.
+        assert server.events == ["made", "data", "eof"]
+
+
 async def test_paused_reads_as_the_loops_own_transports(friends):
     """``_paused``, the loop's own transports' private flag (uvloop's tests
     read it): set by pause_reading(), unset by resume_reading()."""

@@ -160,6 +160,14 @@ CALLS: Dict[str, Callable[[asyncio.Transport], Any]] = {
     "socket given": lambda transport: transport.get_extra_info("socket") is not None,
     "limits set, then read": lambda transport: (transport.set_write_buffer_limits(high=100, low=10),
                                                 transport.get_write_buffer_limits()),
+    # asyncio's transport socket passes shutdown() to the socket; uvloop's
+    # refuses it, and every call that moves bytes past the transport.
+    "socket shutdown(SHUT_WR)": lambda transport: transport.get_extra_info("socket").shutdown(socket.SHUT_WR),
+    "socket shutdown(SHUT_RDWR)": lambda transport: transport.get_extra_info("socket").shutdown(socket.SHUT_RDWR),
+    "socket shutdown(9)": lambda transport: transport.get_extra_info("socket").shutdown(9),
+    "socket send": lambda transport: transport.get_extra_info("socket").send(b"x"),
+    "socket recv": lambda transport: transport.get_extra_info("socket").recv(1),
+    "socket close": lambda transport: transport.get_extra_info("socket").close(),
     # The loop's own transports' private flag (uvloop's tests read it).
     "_paused": lambda transport: transport._paused,  # type: ignore[attr-defined]
     "pause, _paused": lambda transport: (transport.pause_reading(), transport._paused),  # type: ignore[attr-defined]

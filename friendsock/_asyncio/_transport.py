@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
+import os
 import socket
 import warnings
 from asyncio import format_helpers
@@ -31,7 +33,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .._core._addresses import shared_host
-from .._core._errors import LinkBrokenError, PeerResetError
+from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
 from .._friend_socket import FriendSocket, UvloopFriendSocket, copy_buffer_sizes, show_fin
 from .._handshake import current_pid
@@ -493,6 +495,10 @@ class FriendTransport(_FlowControlMixin):
         out = self._out
         try:
             out.push(data)
+        except ChannelShutdownError:  # its socket was shut for writing: send() gets EPIPE
+            self._fatal_error(BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)),
+                              "Fatal write error on socket transport")
+            return
         except PeerResetError:
             try:
                 self._end.send_refused()
