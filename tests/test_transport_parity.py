@@ -11,6 +11,7 @@ makes the protocol see later is the other transport tests' business.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import socket
 import struct
@@ -160,6 +161,13 @@ CALLS: Dict[str, Callable[[asyncio.Transport], Any]] = {
     "socket given": lambda transport: transport.get_extra_info("socket") is not None,
     "limits set, then read": lambda transport: (transport.set_write_buffer_limits(high=100, low=10),
                                                 transport.get_write_buffer_limits()),
+    # uvloop's write() takes any contiguous buffer, asyncio's bytes,
+    # bytearray and memoryview (and fails the connection on a view that is
+    # not contiguous, which uvloop's refuses).
+    "write(array)": lambda transport: transport.write(array.array("i", [1, 2])),  # type: ignore[arg-type]
+    "write(strided memoryview)": lambda transport: transport.write(memoryview(b"abcde")[::2]),
+    "write(strided memoryview), is_closing": lambda transport: (transport.write(memoryview(b"abcde")[::2]),
+                                                                transport.is_closing()),
     # asyncio's transport socket passes shutdown() to the socket; uvloop's
     # refuses it, and every call that moves bytes past the transport.
     "socket shutdown(SHUT_WR)": lambda transport: transport.get_extra_info("socket").shutdown(socket.SHUT_WR),

@@ -469,17 +469,7 @@ class FriendTransport(_FlowControlMixin):
         # (What is not the common case checks _check_alive() first, as
         # uvloop's write() does.)
         if type(data) is not bytes:
-            if not isinstance(data, (bytes, bytearray, memoryview)):
-                self._check_alive()
-                # uvloop looks at the transport's state first: past
-                # write_eof(), nothing to write, or lost, the checks below
-                # answer before the type is.
-                if not (self._state.checks_state_before_type and (self._eof or not data or self._conn_lost)):
-                    raise TypeError(
-                        f"data argument must be a bytes-like object, not {type(data).__name__!r}"
-                    )
-            else:  # bytes go by reference; mutable buffers are copied once.
-                data = bytes(data)
+            data = self._bytes_of(data)
         if self._eof:
             self._check_alive()
             raise RuntimeError("Cannot call write() after write_eof()")
@@ -507,6 +497,38 @@ class FriendTransport(_FlowControlMixin):
             return
         if out.queued - out.sndbuf - out.rcvbuf > self._high_water:
             self._maybe_pause_protocol()
+
+    def _bytes_of(self, data: Any) -> Any:
+        """What write() sends of ``data``, not bytes, as the loop's own
+        transport takes it: bytes (mutable buffers are copied once), or
+        ``data`` as it is where write()'s checks of the transport's state
+        answer first. asyncio's take bytes, bytearray and memoryview, and
+        fail the connection with BufferError on a view that is not
+        contiguous (the socket's send() refuses it; before 3.12 one that
+        joins a backlog is a TypeError); uvloop's take any
+        contiguous buffer (array, ctypes, mmap), once the state checks
+        passed."""
+        self._check_alive()
+        state = self._state
+        if state.takes_any_buffer:
+            if self._eof or not data or self._conn_lost:
+                return data
+            try:
+                view = memoryview(data)
+            except TypeError:
+                raise TypeError(f"data argument must be a bytes-like object, not {type(data).__name__!r}") from None
+            return view.cast("B").tobytes()  # (TypeError when not contiguous, as uvloop's)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data argument must be a bytes-like object, not {type(data).__name__!r}")
+        if isinstance(data, memoryview) and not data.c_contiguous:
+            if self._eof or not data or self._conn_lost:
+                return data
+            if state.extends_a_bytearray and self._out.write_buffer_size():
+                raise TypeError("can't set bytearray slice from memoryview")
+            self._fatal_error(BufferError("memoryview: underlying buffer is not C-contiguous"),
+                              "Fatal write error on socket transport")
+            return b""
+        return bytes(data)
 
     def writelines(self, list_of_data: Any) -> None:
         self._check_alive()
