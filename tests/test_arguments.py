@@ -64,3 +64,39 @@ async def test_a_given_listening_socket_ignores_unset_tls_timeouts(friends):
     with pytest.raises(ValueError, match="only meaningful with ssl"):
         await friendsock.create_server(asyncio.Protocol, "127.0.0.1", 0,
                                        ssl_handshake_timeout=1.0, friends=friends)
+
+
+@pytest.mark.parametrize("port", ["abc", b"abc", "8o", "", 1.5, "{port}", b"{port}"])
+async def test_a_port_gets_the_loops_verdict(friends, port):
+    """A port getaddrinfo cannot read is its error (socket.gaierror, an
+    OSError; TypeError for what is no port at all), not int()'s; its
+    digits as text connect as the number does."""
+    loop = asyncio.get_running_loop()
+    server = await friendsock.create_server(asyncio.Protocol, "127.0.0.1", 0, friends=friends)
+    number = server.sockets[0].getsockname()[1]
+    if isinstance(port, (str, bytes)):
+        port = port.replace(b"{port}", str(number).encode()) if isinstance(port, bytes) else port.format(port=number)
+    try:
+        expected = await _outcome(lambda: loop.create_connection(asyncio.Protocol, "127.0.0.1", port))
+        got = await _outcome(
+            lambda: friendsock.create_connection(asyncio.Protocol, "127.0.0.1", port, friends=friends))
+        assert got == expected
+    finally:
+        server.close()
+
+
+async def test_a_refused_connect_says_what_the_loops_says(friends):
+    """Refused at an address where no listener is, on a port where one of
+    ours listens elsewhere: the loop's own words (asyncio's name the
+    address)."""
+    loop = asyncio.get_running_loop()
+    server = await friendsock.create_server(asyncio.Protocol, "127.0.0.1", 0, friends=friends)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ConnectionRefusedError) as by_loop:
+            await loop.create_connection(asyncio.Protocol, "127.0.0.2", port)
+        with pytest.raises(ConnectionRefusedError) as ours:
+            await friendsock.create_connection(asyncio.Protocol, "127.0.0.2", port, friends=friends)
+        assert str(ours.value) == str(by_loop.value)
+    finally:
+        server.close()

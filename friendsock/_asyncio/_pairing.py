@@ -174,7 +174,14 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
 async def _connected(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any, err: int) -> None:
     """The rest of ``loop.sock_connect`` after :func:`start_connect` said ``err``."""
     if err == errno.EINPROGRESS:
-        await native(loop, "sock_connect")(sock, address)  # registered already: not to adopt
+        try:
+            await native(loop, "sock_connect")(sock, address)  # registered already: not to adopt
+        except OSError as exc:
+            # Its connect() again raises the kernel's error as it is; the
+            # loop's own connect names the address, as asyncio's does.
+            if exc.errno and isinstance(loop, asyncio.BaseEventLoop):
+                raise OSError(exc.errno, f"Connect call failed {address}") from None
+            raise
     elif err:
         raise OSError(err, f"Connect call failed {address}")
 
