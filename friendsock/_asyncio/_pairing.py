@@ -273,11 +273,17 @@ def _start_client(
     """The plain client end (:func:`start_client_end` without TLS), not reading yet."""
     try:
         protocol = protocol_factory()
+        if protocol is None and not isinstance(loop, asyncio.BaseEventLoop):  # uvloop refuses it
+            raise TypeError("protocol is required")
     except BaseException:
         pending.link.client.close()  # as the loop closes the socket: the server end sees EOF
         raise
     transport = _client_transport(loop, pending, sock, protocol)
-    transport.start(reading=False)  # (connection_made_turn starts it)
+    try:
+        transport.start(reading=False)  # (connection_made_turn starts it)
+    except BaseException:  # (asyncio's: a protocol without connection_made)
+        transport.discard()
+        raise
     return transport, protocol
 
 

@@ -231,9 +231,27 @@ class FriendTransport(_FlowControlMixin):
         it: a loop callback, in a copy of the current context, whose
         exception goes to the exception handler ("Exception in callback")
         and leaves the connection as it is (asyncio and uvloop keep it: a
-        later close() gives connection_lost(None)). False if it raised."""
-        callback = self._protocol.connection_made
-        context = self._context if self._state.one_context_per_transport else contextvars.copy_context()
+        later close() gives connection_lost(None)). False if it raised.
+
+        asyncio's transports look connection_made up as they are made: a
+        protocol without one is an AttributeError from create_connection.
+        uvloop's look it up when they call it: missing, it fails as a
+        callback that raised."""
+        protocol = self._protocol
+        if self._state.one_context_per_transport:  # uvloop's
+            context = self._context
+            callback = getattr(protocol, "connection_made", None)
+            if callback is None:
+                self._loop.call_exception_handler({
+                    "message": f"Exception in callback {type(self).__name__}._connection_made",
+                    "exception": AttributeError(
+                        f"{type(protocol).__name__!r} object has no attribute 'connection_made'"),
+                    "transport": self,
+                })
+                return False
+        else:
+            callback = protocol.connection_made
+            context = contextvars.copy_context()
         try:
             context.run(callback, self)
         except (SystemExit, KeyboardInterrupt):
@@ -246,6 +264,13 @@ class FriendTransport(_FlowControlMixin):
             })
             return False
         return True
+
+    def discard(self) -> None:
+        """The transport never got going (its protocol failed as it
+        started): its end closes as the socket would, and no callback runs."""
+        self._closing = self._closed = True
+        self._end.owner = None
+        self._end.close()
 
     def _describe_end(self) -> Tuple[bool, bool, str]:
         """For friendsock.links(): paused reading, paused writing, the loop."""
