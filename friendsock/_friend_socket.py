@@ -106,6 +106,15 @@ def _shutdown_write(sock: Any) -> None:
         pass
 
 
+def check_how(how: Any) -> None:
+    """``shutdown(how)``'s argument checked as the real call checks it."""
+    how = operator.index(how)  # (TypeError for what is no int)
+    if not _C_INT_MIN <= how <= _C_INT_MAX:  # as the C call converts it
+        raise OverflowError("Python int too large to convert to C int")
+    if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+
 class FriendSocket:
     """Like ``asyncio.trsock.TransportSocket``: the real socket, minus the
     calls that would steal it from the transport."""
@@ -221,6 +230,27 @@ class FriendSocket:
         if on_change is not None:
             on_change()
 
+    def shutdown(self, how: int) -> None:
+        """As asyncio's transport socket passes it to the socket: SHUT_WR
+        (and SHUT_RDWR) sends the friend EOF after what was written, with
+        the real socket's FIN, and the transport's later writes fail with
+        EPIPE; SHUT_RD shuts the real socket's reading side."""
+        if self._end.closed:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        sock = self._real()
+        check_how(how)
+        if how != socket.SHUT_RD:
+            try:
+                on_link = self._end.shutdown_write()
+            except LinkBrokenError as exc:
+                raise exc.as_os_error() from None
+            if on_link:
+                show_fin(self._end, sock)
+            else:  # the connection went on over TCP: the socket's own
+                sock.shutdown(socket.SHUT_WR)
+        if how != socket.SHUT_WR and _real_fileno(sock) >= 0:  # (a socketless end has none)
+            sock.shutdown(socket.SHUT_RD)
+
     def settimeout(self, value: Optional[float]) -> None:
         if value == 0:
             return
@@ -263,6 +293,22 @@ class UvloopFriendSocket(FriendSocket):
         if self._peername is None:
             self._peername = super().getpeername()
         return self._peername
+
+
+def _not_on_uvloop(name: str) -> Callable[..., Any]:
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"transport sockets do not support {name}() method")
+    refuse.__name__ = name
+    return refuse
+
+
+# The socket calls uvloop's PseudoSocket refuses (those that would steal
+# the descriptor from the transport, or move bytes past it).
+for _name in ("accept", "bind", "close", "connect", "connect_ex", "detach", "listen", "makefile",
+              "recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into", "send",
+              "sendall", "sendfile", "sendmsg", "sendmsg_afalg", "sendto", "shutdown"):
+    setattr(UvloopFriendSocket, _name, _not_on_uvloop(_name))
+del _name
 
 
 # Options that a connection kept for another link can be given back as it
@@ -563,10 +609,7 @@ class PairedSocketCalls:
         # socket's class (a trio socket's: trio's own).
         shutdown_on_tcp, show_own_fin = self._shutdown_on_tcp, self._show_fin
         self._check_open()
-        if not _C_INT_MIN <= how <= _C_INT_MAX:  # as the C call converts it
-            raise OverflowError("Python int too large to convert to C int")
-        if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
-            raise OSError(errno.EINVAL, "Invalid argument")
+        check_how(how)
         # The link may go on over TCP meanwhile (a fork on another thread),
         # too early for its hand-over to carry this shutdown: the socket
         # makes it then.

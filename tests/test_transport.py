@@ -5,6 +5,7 @@ accounting is ours (``sndbuf + friend rcvbuf``)."""
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import gc
@@ -1562,3 +1563,87 @@ async def test_extra_info_and_protocol(friends):
         assert closed not in (before, paused)
         if friends:
             assert "read=polling" in before and "read=idle" in paused and "closed" in closed
+
+
+# -- what the loop's own transport answers, on its loop ---------------------------
+
+
+def _on_uvloop() -> bool:
+    return not isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
+
+
+async def test_its_socket_shut_for_writing_sends_eof(friends):
+    """asyncio's transport socket passes shutdown() on: the peer reads what
+    came before, then EOF, and a later write fails the connection with
+    EPIPE. uvloop's refuses the call, and the connection goes on."""
+    async with connected_pair(friends, server_protocol=lambda: Recorder(eof_keep_open=True)) as (
+            transport, client, server):
+        transport.write(b"before")
+        sock = transport.get_extra_info("socket")
+        if _on_uvloop():
+            with pytest.raises(TypeError, match=r"do not support shutdown\(\)"):
+                sock.shutdown(socket.SHUT_WR)
+            transport.write(b" and after")
+            assert await wait(server.wait_bytes(16)) == b"before and after"
+            assert server.events == ["made", "data"]
+            return
+        sock.shutdown(socket.SHUT_WR)
+        await wait(server.eof)
+        assert bytes(server.data) == b"before"
+        transport.write(b"after")
+        assert type(await wait(client.lost)) is BrokenPipeError
+        # The other direction stayed open until then.
+        assert server.events == ["made", "data", "eof"]
+
+
+async def test_a_buffer_that_is_not_bytes_is_written_as_the_loop_writes_it(friends):
+    """uvloop's write() sends the bytes of any contiguous buffer (an
+    array); asyncio's takes bytes, bytearray and memoryview only."""
+    async with connected_pair(friends) as (transport, client, server):
+        numbers = array.array("i", [1, 2, 3])
+        if _on_uvloop():
+            transport.write(numbers)
+            numbers[0] = 7  # taken when written, as uvloop's own
+            assert await wait(server.wait_bytes(12)) == array.array("i", [1, 2, 3]).tobytes()
+        else:
+            with pytest.raises(TypeError, match="not 'array'"):
+                transport.write(numbers)
+            transport.write(memoryview(numbers))
+            assert await wait(server.wait_bytes(12)) == numbers.tobytes()
+
+
+async def test_a_strided_memoryview_is_refused_as_the_loop_refuses_it(friends, loop_guard):
+    """Not contiguous: uvloop's write() raises TypeError; asyncio's socket
+    send() fails the connection with BufferError (reported to the loop's
+    exception handler), and the peer gets EOF, none of its bytes."""
+    strided = memoryview(b"abcde")[::2]
+    async with connected_pair(friends) as (transport, client, server):
+        transport.write(b"first ")
+        assert await wait(server.wait_bytes(6)) == b"first "
+        if _on_uvloop():
+            with pytest.raises(TypeError, match="C-contiguous"):
+                transport.write(strided)
+            transport.write(b"then")
+            assert await wait(server.wait_bytes(10)) == b"first then"
+            return
+        transport.write(strided)
+        assert type(await wait(client.lost)) is BufferError
+        await wait(server.eof)
+        assert bytes(server.data) == b"first "
+        assert [type(context["exception"]) for context in loop_guard] == [BufferError]
+        loop_guard.clear()
+
+
+async def test_paused_reads_as_the_loops_own_transports(friends):
+    """``_paused``, the loop's own transports' private flag (uvloop's tests
+    read it): set by pause_reading(), unset by resume_reading()."""
+    async with connected_pair(friends) as (transport, client, server):
+        assert transport._paused is False
+        transport.pause_reading()
+        transport.pause_reading()
+        assert transport._paused is True
+        transport.resume_reading()
+        assert transport._paused is False
+        transport.close()
+        assert transport._paused is (True if _on_uvloop() else False)
+        await wait(client.lost)

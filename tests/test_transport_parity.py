@@ -11,9 +11,11 @@ makes the protocol see later is the other transport tests' business.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import socket
 import struct
+import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import pytest
@@ -160,6 +162,25 @@ CALLS: Dict[str, Callable[[asyncio.Transport], Any]] = {
     "socket given": lambda transport: transport.get_extra_info("socket") is not None,
     "limits set, then read": lambda transport: (transport.set_write_buffer_limits(high=100, low=10),
                                                 transport.get_write_buffer_limits()),
+    # uvloop's write() takes any contiguous buffer, asyncio's bytes,
+    # bytearray and memoryview (and fails the connection on a view that is
+    # not contiguous, which uvloop's refuses).
+    "write(array)": lambda transport: transport.write(array.array("i", [1, 2])),  # type: ignore[arg-type]
+    "write(strided memoryview)": lambda transport: transport.write(memoryview(b"abcde")[::2]),
+    # asyncio's transport socket passes shutdown() to the socket; uvloop's
+    # refuses it, and every call that moves bytes past the transport.
+    "socket shutdown(SHUT_WR)": lambda transport: transport.get_extra_info("socket").shutdown(socket.SHUT_WR),
+    "socket shutdown(SHUT_RDWR)": lambda transport: transport.get_extra_info("socket").shutdown(socket.SHUT_RDWR),
+    "socket shutdown(9)": lambda transport: transport.get_extra_info("socket").shutdown(9),
+    # (asyncio's before 3.11 passes these on too, with a DeprecationWarning.)
+    **({
+        "socket send": lambda transport: transport.get_extra_info("socket").send(b"x"),
+        "socket recv": lambda transport: transport.get_extra_info("socket").recv(1),
+        "socket close": lambda transport: transport.get_extra_info("socket").close(),
+    } if sys.version_info >= (3, 11) else {}),
+    # The loop's own transports' private flag (uvloop's tests read it).
+    "_paused": lambda transport: transport._paused,  # type: ignore[attr-defined]
+    "pause, _paused": lambda transport: (transport.pause_reading(), transport._paused),  # type: ignore[attr-defined]
 }
 
 

@@ -67,7 +67,7 @@ async def create_connection_on(
         if adopted is not None:
             return adopted
     reason = why_not_friends(friends, kwargs)
-    if reason is None and (host is None or port is None or not registry.has_port(int(port))):
+    if reason is None and (host is None or not _has_listener_port(port)):
         reason = Fallback.NO_LISTENER
     if reason is not None:
         if sock is None or is_tcp_socket(sock):  # (a Unix socket's is no TCP connection)
@@ -78,6 +78,15 @@ async def create_connection_on(
     if kwargs:
         tls = _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
     return await connect(loop, protocol_factory, host, port, kwargs, tls)  # type: ignore[return-value]
+
+
+def _has_listener_port(port: Any) -> bool:
+    """A listener of ours on ``port``, where it is a number or its digits;
+    anything else (a service name, what getaddrinfo refuses) is the loop's
+    own create_connection's to answer."""
+    if isinstance(port, (str, bytes)) and port.isascii() and port.isdigit():
+        port = int(port)
+    return isinstance(port, int) and registry.has_port(port)
 
 
 def _destination(host: Any, port: Any, sock: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import weakref
 from asyncio.selector_events import _SelectorSocketTransport  # type: ignore[attr-defined]
@@ -44,7 +45,7 @@ class LoopState:
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
                  "polls_after_callbacks", "one_context_per_transport",
                  "refuses_writes_once_lost", "default_write_limits", "lists_server_sockets",
-                 "checks_state_before_type", "stops_reading_at_eof", "warns_of_lost_writes",
+                 "checks_state_before_type", "takes_any_buffer", "extends_a_bytearray", "stops_reading_at_eof", "warns_of_lost_writes",
                  "joins_writelines", "buffered_by_duck_type", "buffer_size_hint", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -82,6 +83,13 @@ class LoopState:
         # uvloop's write() looks at the transport's state (past write_eof(),
         # lost) before the data's type; asyncio's at the type first.
         self.checks_state_before_type = is_uvloop
+        # uvloop's write() takes any contiguous buffer (an array, a ctypes
+        # array); asyncio's only bytes, bytearray and memoryview.
+        self.takes_any_buffer = is_uvloop
+        # asyncio's socket transports before 3.12 keep what the socket did
+        # not take in a bytearray, whose extend() refuses a strided view
+        # (TypeError) where their send() would fail the connection.
+        self.extends_a_bytearray = not is_uvloop and sys.version_info < (3, 12)
         # uvloop's streams stop reading at EOF (is_reading() is False from
         # then on); asyncio's stay "reading".
         self.stops_reading_at_eof = is_uvloop

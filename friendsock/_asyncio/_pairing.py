@@ -178,7 +178,14 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
 async def _connected(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any, err: int) -> None:
     """The rest of ``loop.sock_connect`` after :func:`start_connect` said ``err``."""
     if err == errno.EINPROGRESS:
-        await native(loop, "sock_connect")(sock, address)  # registered already: not to adopt
+        try:
+            await native(loop, "sock_connect")(sock, address)  # registered already: not to adopt
+        except OSError as exc:
+            # Its connect() again raises the kernel's error as it is; the
+            # loop's own connect names the address, as asyncio's does.
+            if exc.errno and isinstance(loop, asyncio.BaseEventLoop):
+                raise OSError(exc.errno, f"Connect call failed {address}") from None
+            raise
     elif err:
         raise OSError(err, f"Connect call failed {address}")
 
@@ -270,11 +277,17 @@ def _start_client(
     """The plain client end (:func:`start_client_end` without TLS), not reading yet."""
     try:
         protocol = protocol_factory()
+        if protocol is None and not isinstance(loop, asyncio.BaseEventLoop):  # uvloop refuses it
+            raise TypeError("protocol is required")
     except BaseException:
         pending.link.client.close()  # as the loop closes the socket: the server end sees EOF
         raise
     transport = _client_transport(loop, pending, sock, protocol)
-    transport.start(reading=False)  # (connection_made_turn starts it)
+    try:
+        transport.start(reading=False)  # (connection_made_turn starts it)
+    except BaseException:  # (asyncio's: a protocol without connection_made)
+        transport.discard()
+        raise
     return transport, protocol
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
+import os
 import socket
 import warnings
 from asyncio import format_helpers
@@ -31,11 +33,12 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .._core._addresses import shared_host
-from .._core._errors import LinkBrokenError, PeerResetError
+from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
 from .._friend_socket import FriendSocket, UvloopFriendSocket, copy_buffer_sizes, show_fin
 from .._handshake import current_pid
 from ._loop_state import DEFAULT_HIGH_WATER, LoopState, loop_state
+from ._wakeups import ASK_AT
 
 # As asyncio: after this many writes to a lost connection, warn on each.
 _LOG_THRESHOLD_FOR_CONNLOST_WRITES = 5
@@ -228,9 +231,27 @@ class FriendTransport(_FlowControlMixin):
         it: a loop callback, in a copy of the current context, whose
         exception goes to the exception handler ("Exception in callback")
         and leaves the connection as it is (asyncio and uvloop keep it: a
-        later close() gives connection_lost(None)). False if it raised."""
-        callback = self._protocol.connection_made
-        context = self._context if self._state.one_context_per_transport else contextvars.copy_context()
+        later close() gives connection_lost(None)). False if it raised.
+
+        asyncio's transports look connection_made up as they are made: a
+        protocol without one is an AttributeError from create_connection.
+        uvloop's look it up when they call it: missing, it fails as a
+        callback that raised."""
+        protocol = self._protocol
+        if self._state.one_context_per_transport:  # uvloop's
+            context = self._context
+            callback = getattr(protocol, "connection_made", None)
+            if callback is None:
+                self._loop.call_exception_handler({
+                    "message": f"Exception in callback {type(self).__name__}._connection_made",
+                    "exception": AttributeError(
+                        f"{type(protocol).__name__!r} object has no attribute 'connection_made'"),
+                    "transport": self,
+                })
+                return False
+        else:
+            callback = protocol.connection_made
+            context = contextvars.copy_context()
         try:
             context.run(callback, self)
         except (SystemExit, KeyboardInterrupt):
@@ -243,6 +264,13 @@ class FriendTransport(_FlowControlMixin):
             })
             return False
         return True
+
+    def discard(self) -> None:
+        """The transport never got going (its protocol failed as it
+        started): its end closes as the socket would, and no callback runs."""
+        self._closing = self._closed = True
+        self._end.owner = None
+        self._end.close()
 
     def _describe_end(self) -> Tuple[bool, bool, str]:
         """For friendsock.links(): paused reading, paused writing, the loop."""
@@ -333,6 +361,16 @@ class FriendTransport(_FlowControlMixin):
     def is_reading(self) -> bool:
         return not self._paused_reading and not self._closing
 
+    @property
+    def _paused(self) -> bool:
+        """The loop's own transports' private flag, which code reaching past
+        their API reads (uvloop's own tests among it): asyncio's is set by
+        pause_reading() and unset by resume_reading(); uvloop's says the
+        transport reads no more."""
+        if isinstance(self._loop, asyncio.BaseEventLoop):
+            return self._paused_reading
+        return not self.is_reading()
+
     def pause_reading(self) -> None:
         if not self.is_reading():
             return
@@ -359,6 +397,9 @@ class FriendTransport(_FlowControlMixin):
         drains = self._drains
         outermost = not drains.running
         if outermost:
+            if drains.left <= 0:  # the loop's turn has had its share
+                drains.defer(self._drain_now, self._context)
+                return
             drains.running = True
         try:
             if self._buffered:
@@ -386,7 +427,8 @@ class FriendTransport(_FlowControlMixin):
                 drains.stop()
             raise
         if outermost:
-            if drains.waiting:
+            drains.left -= 1
+            if drains.waiting or drains.left <= ASK_AT:
                 drains.run_rounds(self._context)
             else:
                 drains.running = False
@@ -452,17 +494,7 @@ class FriendTransport(_FlowControlMixin):
         # (What is not the common case checks _check_alive() first, as
         # uvloop's write() does.)
         if type(data) is not bytes:
-            if not isinstance(data, (bytes, bytearray, memoryview)):
-                self._check_alive()
-                # uvloop looks at the transport's state first: past
-                # write_eof(), nothing to write, or lost, the checks below
-                # answer before the type is.
-                if not (self._state.checks_state_before_type and (self._eof or not data or self._conn_lost)):
-                    raise TypeError(
-                        f"data argument must be a bytes-like object, not {type(data).__name__!r}"
-                    )
-            else:  # bytes go by reference; mutable buffers are copied once.
-                data = bytes(data)
+            data = self._bytes_of(data)
         if self._eof:
             self._check_alive()
             raise RuntimeError("Cannot call write() after write_eof()")
@@ -478,6 +510,10 @@ class FriendTransport(_FlowControlMixin):
         out = self._out
         try:
             out.push(data)
+        except ChannelShutdownError:  # its socket was shut for writing: send() gets EPIPE
+            self._fatal_error(BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)),
+                              "Fatal write error on socket transport")
+            return
         except PeerResetError:
             try:
                 self._end.send_refused()
@@ -486,6 +522,38 @@ class FriendTransport(_FlowControlMixin):
             return
         if out.queued - out.sndbuf - out.rcvbuf > self._high_water:
             self._maybe_pause_protocol()
+
+    def _bytes_of(self, data: Any) -> Any:
+        """What write() sends of ``data``, not bytes, as the loop's own
+        transport takes it: bytes (mutable buffers are copied once), or
+        ``data`` as it is where write()'s checks of the transport's state
+        answer first. asyncio's take bytes, bytearray and memoryview, and
+        fail the connection with BufferError on a view that is not
+        contiguous (the socket's send() refuses it; before 3.12 one that
+        joins a backlog is a TypeError); uvloop's take any
+        contiguous buffer (array, ctypes, mmap), once the state checks
+        passed."""
+        self._check_alive()
+        state = self._state
+        if state.takes_any_buffer:
+            if self._eof or not data or self._conn_lost:
+                return data
+            try:
+                view = memoryview(data)
+            except TypeError:
+                raise TypeError(f"data argument must be a bytes-like object, not {type(data).__name__!r}") from None
+            return view.cast("B").tobytes()  # (TypeError when not contiguous, as uvloop's)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data argument must be a bytes-like object, not {type(data).__name__!r}")
+        if isinstance(data, memoryview) and not data.c_contiguous:
+            if self._eof or not data or self._conn_lost:
+                return data
+            if state.extends_a_bytearray and self._out.write_buffer_size():
+                raise TypeError("can't set bytearray slice from memoryview")
+            self._fatal_error(BufferError("memoryview: underlying buffer is not C-contiguous"),
+                              "Fatal write error on socket transport")
+            return b""
+        return bytes(data)
 
     def writelines(self, list_of_data: Any) -> None:
         self._check_alive()

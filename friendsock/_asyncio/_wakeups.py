@@ -14,10 +14,17 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from .._core._stats import Shard, counters
 
-# Rounds of deliveries one loop callback may run before yielding, and the
-# bytes after which it yields anyway (what asyncio reads in one turn).
+# Rounds of callbacks handed over by other threads that one wake-up runs.
 _DRAIN_ROUNDS = 16
-_DRAIN_BYTES = 256 * 1024
+# What one turn of the loop may deliver, however many links are ready:
+# drains, and bytes read (what asyncio reads of one socket in one turn).
+# Past it, what waits runs in the next turn, after the loop's timers, its
+# other callbacks and its I/O.
+TURN_DRAINS = 1024
+_TURN_BYTES = 256 * 1024
+# An outermost drain that leaves no more than this of the turn's budget
+# asks for the next turn's callback, which gives the budget back.
+ASK_AT = TURN_DRAINS // 2
 
 
 class DrainQueue:
@@ -29,41 +36,63 @@ class DrainQueue:
     One asked for while a drain runs (a reply, written from
     ``data_received``) waits in the queue, and the outermost drain runs
     those when it is done, round after round, so a request/response
-    exchange between two ends on this loop costs no loop turn per message;
-    after a bounded number of rounds or bytes (like NAPI's poll budget) the
-    rest goes to a callback of its own, and the loop gets its turn for I/O,
-    timers and tasks. A reply never runs inside its writer's write().
+    exchange between two ends on this loop costs no loop turn per message.
+    A reply never runs inside its writer's write().
+
+    The work is bounded per turn of the loop, not per callback (like NAPI's
+    poll budget): a turn runs a callback for each link woken from outside
+    a drain, and rounds bounded per callback would add up to rounds of
+    every link, a thousand links' worth in each of a thousand callbacks.
+    ``left`` counts the drains the turn may still run, the outermost ones
+    and those of the rounds; once it is spent (or the turn's bytes are),
+    what is ready waits in the queue, an outermost drain too, and the loop
+    gets its turn for I/O, timers and tasks. ``_next_turn``, a loop callback
+    asked for once half the budget is spent or drains wait (so a turn with
+    little to do asks for none), gives the budget back and runs them: it
+    runs in the next turn, as a loop runs the callbacks asked for during a
+    turn only in the next.
 
     ``running``: a drain runs now (the drain sets it, see
     ``FriendTransport._drain``). A drain is asked for, once per burst of
     writes, by ``FriendTransport._schedule_drain``: appended to ``waiting``
     while one runs, else a loop callback in its transport's context."""
 
-    __slots__ = ("_call_soon", "waiting", "running", "_meter")
+    __slots__ = ("_call_soon", "waiting", "running", "left", "_turn_due", "_bytes_at", "_meter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._call_soon = loop.call_soon
-        # Drains asked for while one runs: for its rounds.
+        # Drains asked for while one runs (for its rounds), and those the
+        # spent budget put off to the next turn.
         self.waiting: List[Tuple[Callable[[], None], contextvars.Context]] = []
         self.running = False
-        # The loop thread's counters shard (what its readers consumed: the
-        # budget), found on the first run, on that thread.
+        self.left = TURN_DRAINS
+        self._turn_due = False  # _next_turn is a loop callback now
+        # The loop thread's counters shard (bytes its readers took), found on
+        # the first run, on that thread; what it counted when the turn began.
         self._meter: Optional[Shard] = None
+        self._bytes_at = 0
+
+    def defer(self, drain: Callable[[], None], context: contextvars.Context) -> None:
+        """An outermost drain found the turn's budget spent: it runs in the
+        next turn, after those already waiting."""
+        self.waiting.append((drain, context))
+        self._ask_next_turn()
 
     def run_rounds(self, entered: Optional[contextvars.Context]) -> None:
-        """Run the drains that waited, and those they ask for, in rounds;
-        called by the outermost drain as it ends (``running`` still set),
-        which is unset once no round is due. ``entered``: the context the
-        caller runs in, where a drain of its own runs as it is (a context
-        cannot be entered twice)."""
-        meter = self._meter
-        if meter is None:
-            meter = self._meter = counters.shard()
-        start = meter.moved
-        rounds = _DRAIN_ROUNDS
+        """Run the drains that waited, and those they ask for, in rounds,
+        within the turn's budget; called by the outermost drain as it ends
+        (``running`` still set), which is unset once no round is due.
+        ``entered``: the context the caller runs in, where a drain of its
+        own runs as it is (a context cannot be entered twice)."""
+        meter = self._meter or self._find_meter()
+        bytes_until = self._bytes_at + _TURN_BYTES
         ready = self.waiting
+        left = self.left
         while True:
             self.waiting = []  # drains asked for from here on: the next round
+            if len(ready) > left:  # the budget ends in this round: the rest goes first next turn
+                self.waiting = ready[left:]
+                ready = ready[:left]
             index = 0
             try:
                 for drain, context in ready:
@@ -73,27 +102,44 @@ class DrainQueue:
                     else:
                         context.run(drain)
             except BaseException:  # only SystemExit/KeyboardInterrupt get here
+                self.left = left - index
                 self.waiting[:0] = ready[index:]
                 self.stop()
                 raise
+            left -= index
             ready = self.waiting
-            if not ready:
-                self.running = False
-                return
-            rounds -= 1
-            if not rounds or meter.moved - start >= _DRAIN_BYTES:
-                self.stop()
-                return
+            if not ready or left <= 0 or meter.moved >= bytes_until:
+                break
+        self.left = left
+        self.stop()
 
     def stop(self) -> None:
         """The outermost drain is done, or gives the loop its turn: what
-        waits runs from a callback of its own."""
+        waits runs from the next turn's callback, which is asked for too
+        once half the budget (drains or bytes) is spent."""
         self.running = False
-        if self.waiting:
-            self._call_soon(self._resume)
+        read = (self._meter or self._find_meter()).moved - self._bytes_at
+        if read >= _TURN_BYTES:
+            self.left = 0
+        if self.waiting or self.left <= ASK_AT or read >= _TURN_BYTES // 2:
+            self._ask_next_turn()
 
-    def _resume(self) -> None:
-        if self.waiting and not self.running:  # (an outermost drain ran them first)
+    def _ask_next_turn(self) -> None:
+        if not self._turn_due:
+            self._turn_due = True
+            self._call_soon(self._next_turn)
+
+    def _find_meter(self) -> Shard:
+        meter = self._meter = counters.shard()
+        self._bytes_at = meter.moved
+        return meter
+
+    def _next_turn(self) -> None:
+        """A new turn of the loop: its budget, and what waited."""
+        self._turn_due = False
+        self.left = TURN_DRAINS
+        self._bytes_at = (self._meter or self._find_meter()).moved
+        if self.waiting and not self.running:  # (an outermost drain may have run them)
             self.running = True
             self.run_rounds(None)
 
