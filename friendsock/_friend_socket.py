@@ -19,7 +19,8 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._core._errors import LinkBrokenError
-from ._core._link import CHANNEL_TCP, LinkEnd
+from ._core._channel import CHANNEL_TCP
+from ._core._link import LinkEnd
 
 _BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
 _LINGER = struct.Struct("ii")  # struct linger

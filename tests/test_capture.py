@@ -31,7 +31,7 @@ import trio
 
 import friendsock
 from friendsock._core import _pcap
-from friendsock._core._link import Channel, LockedChannel
+from friendsock._core._channel import Channel, LockedChannel
 from support import Recorder, chunked, connected_pair, port_of
 from test_threads import EchoUntilEof, Factory, ThreadRecorder, close_server, make_server, other  # noqa: F401
 from trio_support import nothing_left_behind, receive_until_eof, stream_pair  # noqa: F401

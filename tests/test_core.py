@@ -17,7 +17,8 @@ from friendsock._core import _fork
 from friendsock._core._addresses import flow_key, normalize_endpoint
 from friendsock._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from friendsock._core._finalizing import close_when_safe
-from friendsock._core._link import Channel, ChannelState, Link, Seen
+from friendsock._core._channel import Channel, ChannelState, Seen
+from friendsock._core._link import Link
 from friendsock._core._registry import ListenerEntry, PendingConnect, PendingState, Registry
 from friendsock._core._stats import counters
 

@@ -16,7 +16,7 @@ import friendsock
 
 # Linux's (Python names it from 3.12 on).
 IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
-from friendsock._core._link import ChannelState
+from friendsock._core._channel import ChannelState
 from friendsock._core._registry import ListenerEntry, registry
 from friendsock._core._stats import Fallback
 from friendsock._handshake import (

@@ -221,7 +221,7 @@ def test_a_socketless_connect_to_a_listener_gone_meanwhile_is_reset():
     (closed on another thread) no longer takes links: the connect is reset,
     as a closing listener resets its backlog, and the forgotten listener's
     hooks keep nothing of its server."""
-    from friendsock._core._link import Seen
+    from friendsock._core._channel import Seen
     from friendsock._handshake import forget_listener, register_listener
     from friendsock._socketless import socketless_connect
 

@@ -34,7 +34,8 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 from .._core._addresses import shared_host
 from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
-from .._core._link import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, LinkEnd, Seen
+from .._core._channel import CHANNEL_OPEN, SEEN_EOF, SEEN_RESET, Seen
+from .._core._link import LinkEnd
 from .._friend_socket import FriendSocket, UvloopFriendSocket, copy_buffer_sizes, show_fin
 from .._handshake import current_pid
 from ._loop_state import DEFAULT_HIGH_WATER, LoopState, loop_state

@@ -36,7 +36,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 from .._core._fork import Part, on_fork
-from .._core._link import CHANNEL_EOF, CHANNEL_RESET
+from .._core._channel import CHANNEL_EOF, CHANNEL_RESET
 
 _FILL = bytes(4096)  # enough to make a minimal AF_UNIX send buffer unwritable
 _TOKEN = b"r"

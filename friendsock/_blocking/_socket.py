@@ -43,10 +43,11 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from .._core._fork import Part, on_fork
 from .. import _handshake
 from .._core._addresses import flow_key
+from .._core._channel import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_NOTHING,
+                              SEEN_RESET, SEEN_TCP, Seen)
 from .._core._errors import FriendError, LinkBrokenError
 from .._core._finalizing import close_when_safe
-from .._core._link import (CHANNEL_OPEN, CHANNEL_TCP, SEEN_DATA, SEEN_EOF, SEEN_NOTHING, SEEN_RESET, SEEN_TCP,
-                           Link, LinkEnd, Seen)
+from .._core._link import Link, LinkEnd
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled

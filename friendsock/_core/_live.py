@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Any, List, Optional, Tuple
 
-from ._link import Channel, Link, LinkEnd, live_links
+from ._channel import Channel
+from ._link import Link, LinkEnd, live_links
 from ._stats import format_address
 
 

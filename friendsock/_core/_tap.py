@@ -25,7 +25,7 @@ import time
 from typing import Any, Deque, List, Optional, Protocol, Tuple
 
 from ._errors import PeerResetError
-from ._link import Channel, ChannelState, LockedChannel
+from ._channel import Channel, ChannelState, LockedChannel
 from ._pcap import CLIENT, SERVER, Buffer, TcpFlow
 from ._stats import Shard
 

@@ -22,7 +22,8 @@ import trio
 
 from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from .._core._finalizing import close_when_safe
-from .._core._link import CHANNEL_TCP, SEEN_DATA, SEEN_NOTHING, SEEN_RESET, SEEN_TCP, LinkEnd
+from .._core._channel import CHANNEL_TCP, SEEN_DATA, SEEN_NOTHING, SEEN_RESET, SEEN_TCP
+from .._core._link import LinkEnd
 from .._handshake import current_pid
 from ._run import RunState
 

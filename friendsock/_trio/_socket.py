@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional, Tuple
 import trio
 
 from .._core._errors import LinkBrokenError
-from .._core._link import CHANNEL_OPEN, SEEN_NOTHING, LinkEnd
+from .._core._channel import CHANNEL_OPEN, SEEN_NOTHING
+from .._core._link import LinkEnd
 from .._friend_socket import (FriendSocket, PairedSocketCalls, is_watched, no_urgent_data, recvmsg_size,
                               recvmsg_views, scatter, sendmsg_data, show_fin, to_keep, unwatch_options,
                               watch_options)
