@@ -13,6 +13,7 @@ carrying the errno the kernel would report.
 
 from __future__ import annotations
 
+import enum
 import errno
 import threading
 import time
@@ -40,8 +41,15 @@ class Tap(Protocol):
     def established(self) -> None: ...
 
 
-# LinkEnd.fin_owed once the end's real socket sent its FIN.
-FIN_SHOWN: Any = object()
+class Fin(enum.Enum):
+    """Where an end's real-socket FIN stands (see :meth:`LinkEnd.fin_to_show`)."""
+
+    NOT_DUE = "not due"  # still writing, or nobody to show it to
+    OWED = "owed"  # done writing; waits for the friend's descriptor to be asked for
+    SHOWN = "shown"  # its real socket sent it
+
+
+FIN_NOT_DUE, FIN_OWED, FIN_SHOWN = Fin.NOT_DUE, Fin.OWED, Fin.SHOWN
 
 
 class _FirstPushCheck:
@@ -87,7 +95,7 @@ class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
     __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner", "abortive",
-                 "over_tcp", "fd_hidden", "fin_owed", "error_taken")
+                 "over_tcp", "fd_hidden", "fin", "fin_socket", "error_taken")
 
     def __init__(self, link: "Link", outgoing: Channel, incoming: Channel) -> None:
         self.link = link
@@ -112,10 +120,11 @@ class LinkEnd:
         # Its real socket is friendsock's own, and its descriptor was never
         # asked for: nobody can poll it (see fin_to_show).
         self.fd_hidden = False
-        # Our real socket's FIN (the end done writing): the socket, while
-        # the friend's descriptor is hidden and the FIN waits for it to be
-        # asked for (reveal); FIN_SHOWN once sent.
-        self.fin_owed: Any = None
+        # Our real socket's FIN (the end done writing), and while it is
+        # OWED, the socket to send it from once the friend's descriptor is
+        # asked for (reveal).
+        self.fin = FIN_NOT_DUE
+        self.fin_socket: Any = None
         # The friend's reset was reported (see take_error).
         self.error_taken = False
 
@@ -140,15 +149,15 @@ class LinkEnd:
             return self._fin_to_show(sock)
 
     def _fin_to_show(self, sock: Any) -> bool:
-        if self.fin_owed is FIN_SHOWN:
+        if self.fin is FIN_SHOWN:
             return False
         friend = self.link.friend_of(self)
         if friend is None or friend.closed:
             return False
         if friend.fd_hidden or friend.outgoing.notify_writable is None:
-            self.fin_owed = sock
+            self.fin, self.fin_socket = FIN_OWED, sock
             return False
-        self.fin_owed = FIN_SHOWN
+        self.fin, self.fin_socket = FIN_SHOWN, None
         return True
 
     def reveal(self) -> Any:
@@ -166,10 +175,9 @@ class LinkEnd:
         friend = self.link.friend_of(self)
         if friend is None:
             return None
-        sock = friend.fin_owed
-        if sock is None or sock is FIN_SHOWN:
+        if friend.fin is not FIN_OWED:
             return None
-        friend.fin_owed = FIN_SHOWN
+        sock, friend.fin, friend.fin_socket = friend.fin_socket, FIN_SHOWN, None
         return sock
 
     # -- what this end's socket calls get ---------------------------------
@@ -340,7 +348,7 @@ def _may_hand_over(client: LinkEnd, server: LinkEnd, limit: int) -> bool:
         channel = end.outgoing
         if channel.state not in (CHANNEL_OPEN, CHANNEL_EOF) or channel.queued > limit:
             return False
-        if channel.queued and end.fin_owed is FIN_SHOWN:  # its bytes cannot follow its FIN
+        if channel.queued and end.fin is FIN_SHOWN:  # its bytes cannot follow its FIN
             return False
         if end.closed and not (channel.state is CHANNEL_EOF and end.incoming.reader_closed):
             return False
@@ -477,7 +485,8 @@ class Link:
             for end in (ends if first is not server else (server, client)):
                 data, eof = end.outgoing.hand_over()
                 if eof:
-                    shown, end.fin_owed = end.fin_owed is FIN_SHOWN, FIN_SHOWN
+                    shown = end.fin is FIN_SHOWN
+                    end.fin, end.fin_socket = FIN_SHOWN, None
                     eof = not shown
                 send(end, data, eof)
             client.closed = server.closed = True  # a close() from now on is the socket's
