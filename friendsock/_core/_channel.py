@@ -403,8 +403,7 @@ class Channel:
         (``Link.forked_away``): reset, empty, and nobody to notify."""
         self.notify_readable = self.notify_writable = None
         self._queue = _NO_QUEUE  # type: ignore[assignment]
-        self._head_offset = 0
-        self.queued = 0
+        self._head_offset = self.queued = 0
         self._writer_wake_at = None
         self.reset_after_fin = False
         self.state = CHANNEL_RESET
