@@ -40,7 +40,8 @@ import friendsock
 import friendsock.trio
 import friendsock._core._link
 from friendsock import _handshake
-PairingCheckError = RuntimeError
+from friendsock._core._errors import PairingCheckError
+from friendsock._core._registry import registry
 
 GREETING = b"220 hello from the server\n"
 REQUEST = b"HELO from the client\n"
@@ -431,14 +432,14 @@ def test_drawn_names_agree_on_both_ends(listener: str, destination: str, source:
 @pytest.fixture
 def mistaken_destination(monkeypatch) -> None:
     """Connects to 127.0.0.2 registered as if to 127.0.0.1."""
-    real = _handshake.kernel_destination
+    real = _handshake._connect.kernel_destination
 
     def mistaken(address: Any, source: Optional[str] = None) -> Any:
         if address[0] == "127.0.0.2":
             return ("127.0.0.1",) + tuple(address[1:])
         return real(address, source)
 
-    monkeypatch.setattr(_handshake, "kernel_destination", mistaken)
+    monkeypatch.setattr(_handshake._connect, "kernel_destination", mistaken)
 
 
 @pytest.mark.parametrize("door", sorted(set(DOORS) - {"asyncio-socketless"}))
@@ -475,7 +476,7 @@ def test_the_pairing_check_raises_at_the_first_byte_of_a_misnamed_link(loop_fact
     # connected() missed a case): with the check on, the client's first
     # byte raises, where it would otherwise go to an end nobody runs.
     monkeypatch.setattr(_handshake.ConnectAttempt, "connected", lambda self: self.pending is not None)
-    monkeypatch.setattr(_handshake.registry, "take_misnamed", lambda key, peer: None)
+    monkeypatch.setattr(registry, "take_misnamed", lambda key, peer: None)
     monkeypatch.setattr(friendsock._core._link, "first_push_check", _handshake.check_link_names)
 
     accepted: asyncio.Queue = asyncio.Queue()

@@ -1,0 +1,53 @@
+"""What a TCP socket's kernel state says: whether payload crossed it
+(``TCP_INFO``), and whether it is a plain TCP socket at all."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+
+
+# struct tcp_info's tcpi_notsent_bytes (then tcpi_min_rtt), and
+# tcpi_data_segs_in and tcpi_data_segs_out (Linux 4.6+): segments that
+# carried payload.
+_NOTSENT = struct.Struct("I")
+_NOTSENT_OFFSET = 144
+_DATA_SEGS = struct.Struct("II")
+_DATA_SEGS_OFFSET = 152
+_TCP_INFO_NEEDED = _DATA_SEGS_OFFSET + _DATA_SEGS.size
+
+
+def payload_moved(sock: socket.socket) -> bool:
+    """Whether payload crossed ``sock``'s connection, either way, or waits
+    to: such a connection stays TCP, or bytes would be lost or reordered.
+    A socket that cannot tell (closed, reset, an old kernel) counts as used."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_NEEDED)
+    except OSError:
+        return True
+    if len(info) < _TCP_INFO_NEEDED:
+        return True
+    segs_in, segs_out = _DATA_SEGS.unpack_from(info, _DATA_SEGS_OFFSET)
+    return bool(segs_in or segs_out or _NOTSENT.unpack_from(info, _NOTSENT_OFFSET)[0])
+
+
+def is_tcp_socket(sock: Any) -> bool:
+    """An IPv4 or IPv6 stream socket: what pairs, or counts as real TCP
+    when it does not (a Unix socket's connection is neither)."""
+    try:
+        return sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM
+    except AttributeError:  # not a socket: the loop's own call says so
+        return False
+
+
+# The modules of the socket classes whose I/O a friend end may take over:
+# the stdlib's and the one patch_socket() puts in its place.
+_PLAIN_SOCKET_MODULES = frozenset({"socket", "friendsock._blocking._socket"})
+
+
+def is_plain_socket(sock: socket.socket) -> bool:
+    """Not a socket of a subclass of its user's, whose own methods (which
+    may count, log or change what goes through) must go on doing its I/O."""
+    return type(sock).__module__ in _PLAIN_SOCKET_MODULES
