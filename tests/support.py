@@ -269,8 +269,28 @@ def tcp_connections(port: int, state: Optional[str] = None) -> set:
 
 
 async def bounded(awaitable, timeout: float = 10):
-    """Await with an upper bound, so a bug shows as a failure, not a hang."""
-    return await asyncio.wait_for(awaitable, timeout)
+    """Await with an upper bound, so a bug shows as a failure, not a hang.
+
+    In the calling task, as ``asyncio.wait_for`` from 3.12 on: 3.10's and
+    3.11's ran the awaitable in a task of its own, loop turns later, and
+    what a test saw happen meanwhile would differ by version."""
+    task = asyncio.current_task()
+    assert task is not None
+    expired = []
+
+    def expire() -> None:
+        expired.append(True)
+        task.cancel()
+
+    handle = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if expired:
+            raise asyncio.TimeoutError(f"not done in {timeout} s") from None
+        raise
+    finally:
+        handle.cancel()
 
 
 class Echo(asyncio.Protocol):
@@ -278,11 +298,14 @@ class Echo(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: Optional[asyncio.Transport] = None
-        self.lost = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.made = loop.create_future()  # (after a TLS handshake, the server's comes last)
+        self.lost = loop.create_future()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         track(transport)
+        self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self.transport.write(data)

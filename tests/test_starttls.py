@@ -248,6 +248,15 @@ async def server_end(servers: Accepted) -> Peer:
     return await bounded(asyncio.shield(servers.first))
 
 
+def tls_records(data: bytes) -> int:
+    """How many whole TLS records ``data`` holds, from its start."""
+    count = 0
+    while len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[3:5], "big"):
+        data = data[5 + int.from_bytes(data[3:5], "big"):]
+        count += 1
+    return count
+
+
 def payload(size: int, seed: int = 7) -> bytes:
     return random.Random(seed).randbytes(size)
 
@@ -296,6 +305,7 @@ async def test_first_bytes_with_the_end_of_the_handshake(friends, tls, monkeypat
     data = payload(1000, seed=5)
     phase = "plain"
     held: List[bytes] = []
+    burst = bytearray()  # what went in one write, the Finished with the first bytes
     original_write = FriendTransport.write
 
     def write(self: FriendTransport, chunk: Any) -> None:
@@ -308,9 +318,8 @@ async def test_first_bytes_with_the_end_of_the_handshake(friends, tls, monkeypat
         elif phase == "holding":  # the Finished waits
             held.append(bytes(chunk))
         else:  # the first bytes: all in one burst
-            for earlier in held:
-                original_write(self, earlier)
-            original_write(self, chunk)
+            burst.extend(b"".join(held) + bytes(chunk))
+            original_write(self, bytes(burst))
             phase = "plain"
 
     monkeypatch.setattr(FriendTransport, "write", write)
@@ -325,7 +334,9 @@ async def test_first_bytes_with_the_end_of_the_handshake(friends, tls, monkeypat
         phase = "release"
         transport.write(data)
         assert await client.wait_bytes(len(data)) == data
-        assert (len(held) == 1) is friends
+        # (The Finished may wait for them anyway: uvloop flushes it a turn
+        # after the handshake, and its caller may write first.)
+        assert (tls_records(bytes(burst)) >= 2) is friends
         server = await server_end(servers)
         if on_uvloop():
             assert not server.data_while_upgrading

@@ -159,6 +159,7 @@ async def tls_ends(friends: bool, server_ctx: ssl.SSLContext,
     async with tls_server(friends, server_ctx, echoes) as server:
         transport, client = await connect(friends, port_of(server), client_ctx, server_hostname=HOSTNAME)
         echo = await bounded(asyncio.shield(echoes.first))
+        await bounded(echo.made)
         transport.write(b"x")
         await bounded(client.wait_bytes(1))
         assert friendsock.is_friend(transport) is friends
@@ -278,6 +279,7 @@ async def test_protocols_echo_and_close(friends, tls):
         assert client.transport is transport and client.events == ["made"]
         assert friendsock.is_friend(transport) is friends
         echo = await bounded(asyncio.shield(echoes.first))
+        await bounded(echo.made)
         assert friendsock.is_friend(echo.transport) is friends
         data = payload(300 * 1024, seed=3)
         transport.write(data)
