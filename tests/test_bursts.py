@@ -454,6 +454,10 @@ async def test_wait_closed_with_one_protocol_for_two_connections(friends):
     try:
         for reader, _ in ends:
             assert await bounded(reader.readexactly(2)) == b"hi"
+        # wait_closed() waits from before close() (uvloop's, called after,
+        # returns at once).
+        await asyncio.sleep(0)
+        assert not closed.done()
         server.close()
         ends[0][1].close()
         assert await bounded(ends[0][0].read()) == b""
