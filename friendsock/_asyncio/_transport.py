@@ -22,7 +22,7 @@ import asyncio
 import contextvars
 import socket
 import warnings
-from asyncio import format_helpers
+from asyncio import format_helpers, sslproto
 from asyncio.log import logger  # what a loop's own transport says, said where it says it
 from asyncio.constants import _SendfileMode
 from asyncio.transports import _FlowControlMixin
@@ -338,6 +338,11 @@ class FriendTransport(_FlowControlMixin):
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:  # type: ignore[override]
         self._protocol = protocol
         self._buffered = fills_buffers(self._state, protocol)
+        if isinstance(protocol, sslproto.SSLProtocol):
+            # Its TLS transport says it rides a friend link once lost too,
+            # as this end does (3.10's is lost at the peer's close_notify;
+            # a lost layer no longer asks the transport under it).
+            protocol._extra.setdefault(FRIEND_END_INFO, self)  # type: ignore[attr-defined]
 
     def get_protocol(self) -> asyncio.BaseProtocol:  # type: ignore[override]
         return self._protocol
