@@ -266,6 +266,42 @@ async def test_abort_clients_drops_what_each_connection_buffered(how, friends):
         assert len(client.data) < len(b"x") + written  # (the echo, then part of the rest)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager task factories are new in Python 3.12")
+async def test_an_eager_task_factory_starts_each_handler_in_connection_made(friends):
+    """3.12's eager task factory runs start_server's handler at once, inside
+    the transport's connection_made(): its greeting goes first, and the
+    exchange and the close go as over TCP, on both paths."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        pytest.skip("uvloop 0.23's create_task() does not work with asyncio's eager task factory")
+    steps = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # (Its protocol keeps the task create_task() returned: not yet, eagerly.)
+        steps.append(("started", writer.transport.get_protocol()._task))  # type: ignore[attr-defined]
+        writer.write(b"hello\n")
+        writer.write(await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+    try:
+        server = await friendsock.start_server(handle, LOCALHOST, 0, friends=friends)
+        try:
+            reader, writer = await bounded(friendsock.open_connection(LOCALHOST, port_of(server), friends=friends))
+            assert friendsock.is_friend(writer) is friends
+            writer.write(b"ping\n")
+            assert await bounded(reader.read()) == b"hello\nping\n"
+            assert steps == [("started", None)]
+            writer.close()
+            await bounded(writer.wait_closed())
+        finally:
+            server.close()
+            await bounded(server.wait_closed())
+    finally:
+        loop.set_task_factory(None)
+
+
 async def test_several_listening_sockets(friends):
     echoes = Echoes()
     server = await friendsock.create_server(echoes, [LOCALHOST, "::1"], 0, friends=friends)
