@@ -124,9 +124,11 @@ class FriendServer(asyncio.AbstractServer):
         self._ssl_shutdown_timeout = tls.ssl_shutdown_timeout if tls else None
         self._exclusive = exclusive  # sockets we bound ourselves, no SO_REUSEPORT
         self._active_count = 0
-        # The connections' transports, as 3.13's asyncio.Server keeps them
-        # (weakly: a transport dropped unclosed still warns) for
-        # close_clients() and abort_clients().
+        # The transports of the connections that are not friends, as 3.13's
+        # asyncio.Server keeps them (weakly: a transport dropped unclosed
+        # still warns), for close_clients() and abort_clients(). Friend
+        # ends are found through their links (_friend_ends): no entry per
+        # idle link.
         self._clients: "weakref.WeakSet[asyncio.BaseTransport]" = weakref.WeakSet()
         self._waiters: Optional[List[asyncio.Future]] = []
         self._serving = False
@@ -139,8 +141,8 @@ class FriendServer(asyncio.AbstractServer):
         return f"<{self.__class__.__name__} sockets={self.sockets!r}>"
 
     # -- connection bookkeeping (called by transports) ---------------------
-    # Friend ends and 3.13's transports pass themselves; older ones and
-    # uvloop's (see _accept_native) do not.
+    # 3.13's transports pass themselves; older ones, uvloop's (see
+    # _accept_native) and friend ends do not.
     def _attach(self, transport: Any = None) -> None:
         if self._sockets is None:
             # As asyncio's and uvloop's servers (an assert there): a
@@ -425,12 +427,17 @@ class FriendServer(asyncio.AbstractServer):
     if _CLOSES_CLIENTS:
         # On every loop: uvloop's own Server has neither (uvloop 0.23).
         def close_clients(self) -> None:
-            for transport in self._clients.copy():
+            for transport in self._connections():
                 transport.close()
 
         def abort_clients(self) -> None:
-            for transport in self._clients.copy():
-                transport.abort()  # type: ignore[attr-defined]
+            for transport in self._connections():
+                transport.abort()
+
+        def _connections(self) -> List[asyncio.Transport]:
+            friend_ends = [end for end in self._state._ends_here()
+                           if isinstance(end, FriendTransport) and end._server is self]
+            return [*friend_ends, *self._clients.copy()]  # type: ignore[list-item]
 
     def _forget_listeners(self) -> None:
         taken, self._taken = self._taken, None

@@ -177,7 +177,7 @@ class FriendTransport(_FlowControlMixin):
         self._context = contextvars.copy_context()
         self._resume_context: Optional[contextvars.Context] = None  # see _call_flow_control
         if server is not None:
-            server._attach(self)
+            server._attach()
 
     def start(self, reading: bool = True) -> None:
         """Hook into the link and tell the protocol (its connection_made);
@@ -716,7 +716,7 @@ class FriendTransport(_FlowControlMixin):
             server = self._server
             if server is not None:
                 self._server = None
-                server._detach(self)
+                server._detach()
 
     def _unhook(self) -> None:
         """Done with the link. A transport dropped from then on goes at
