@@ -239,13 +239,47 @@ def no_transport_left_open():
     try:
         yield
     finally:
-        left = [t for t in _tracked if not t.is_closing()]
+        left = [t for t in _tracked if not t.is_closing() and not lost_under_tls(t)]
         _tracked = None
         for transport in left:
             with contextlib.suppress(RuntimeError):  # its loop already closed
                 transport.abort()
     if left:
         pytest.fail(f"transports left open: {left!r}")
+
+
+# -- what 3.10's asyncio TLS layer does differently ----------------------------
+
+# 3.11 made asyncio's TLS layer uvloop's: before, a layer whose connection is
+# lost under it (the peer closed) tells its protocol connection_lost()
+# without eof_received(), and leaves its transport saying it is open
+# (is_closing() False, "unclosed transport" when collected).
+OLD_ASYNCIO_TLS = sys.version_info < (3, 11)
+
+
+def old_tls_layer() -> bool:
+    """Whether the running loop's TLS is 3.10's asyncio layer (uvloop has
+    its own on every version)."""
+    return OLD_ASYNCIO_TLS and isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
+
+
+def tls_ended(*events: str) -> List[str]:
+    """A TLS protocol's ``events`` up to its end, with ``eof`` before
+    ``lost`` where the layer tells it (not 3.10's asyncio)."""
+    return [*events, *([] if old_tls_layer() else ["eof"]), "lost"]
+
+
+def shutdown_timeout(seconds: float) -> dict:
+    """``ssl_shutdown_timeout=seconds`` where the loop takes it (3.10's
+    asyncio has no TLS shutdown timeout)."""
+    return {} if old_tls_layer() else {"ssl_shutdown_timeout": seconds}
+
+
+def lost_under_tls(transport: asyncio.BaseTransport) -> bool:
+    """A 3.10 asyncio TLS transport whose connection is gone: closed, though
+    it does not say so."""
+    return OLD_ASYNCIO_TLS and isinstance(transport, asyncio.sslproto._SSLProtocolTransport) \
+        and transport._ssl_protocol._transport is None  # type: ignore[attr-defined]
 
 
 # States of /proc/net/tcp.
@@ -269,8 +303,28 @@ def tcp_connections(port: int, state: Optional[str] = None) -> set:
 
 
 async def bounded(awaitable, timeout: float = 10):
-    """Await with an upper bound, so a bug shows as a failure, not a hang."""
-    return await asyncio.wait_for(awaitable, timeout)
+    """Await with an upper bound, so a bug shows as a failure, not a hang.
+
+    In the calling task, as ``asyncio.wait_for`` from 3.12 on: 3.10's and
+    3.11's ran the awaitable in a task of its own, loop turns later, and
+    what a test saw happen meanwhile would differ by version."""
+    task = asyncio.current_task()
+    assert task is not None
+    expired = []
+
+    def expire() -> None:
+        expired.append(True)
+        task.cancel()
+
+    handle = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if expired:
+            raise asyncio.TimeoutError(f"not done in {timeout} s") from None
+        raise
+    finally:
+        handle.cancel()
 
 
 class Echo(asyncio.Protocol):
@@ -278,11 +332,14 @@ class Echo(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: Optional[asyncio.Transport] = None
-        self.lost = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.made = loop.create_future()  # (after a TLS handshake, the server's comes last)
+        self.lost = loop.create_future()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         track(transport)
+        self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self.transport.write(data)
@@ -394,6 +451,24 @@ def run_inner_pytest(pytester: pytest.Pytester, *args: str, timeout: float,
 
 
 LOOP_RUNNERS = {"asyncio": asyncio.run, "uvloop": uvloop.run}  # each loop's asyncio.run
+
+
+def run_on(loop_factory: Callable[[], asyncio.AbstractEventLoop], main: Awaitable[Any]) -> Any:
+    """``asyncio.Runner(loop_factory=...).run(main)`` on every Python
+    (Runner is 3.11+; on 3.10 its steps: run, then shut the async
+    generators and the executor down, and close)."""
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(main)
+    loop = loop_factory()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()
 
 
 def descriptors_open() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import socket
 
 import pytest
@@ -55,10 +56,15 @@ async def test_connection_keywords_get_the_loops_verdict(friends, kwargs):
 async def test_a_given_listening_socket_ignores_unset_tls_timeouts(friends):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = await friendsock.create_server(
-        asyncio.Protocol, sock=sock, ssl_handshake_timeout=None, ssl_shutdown_timeout=None,
-        friends=friends,
-    )
+    # The keywords the loop's own create_server takes (3.10's asyncio has
+    # no ssl_shutdown_timeout, uvloop has it on every version): those only.
+    takes = inspect.signature(asyncio.get_running_loop().create_server).parameters
+    if "ssl_shutdown_timeout" not in takes:
+        with pytest.raises(TypeError, match="ssl_shutdown_timeout"):
+            await friendsock.create_server(asyncio.Protocol, sock=sock, ssl_shutdown_timeout=None,
+                                           friends=friends)
+    timeouts = {name: None for name in ("ssl_handshake_timeout", "ssl_shutdown_timeout") if name in takes}
+    server = await friendsock.create_server(asyncio.Protocol, sock=sock, **timeouts, friends=friends)
     try:
         assert server.sockets[0].getsockname() == sock.getsockname()
     finally:

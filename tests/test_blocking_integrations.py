@@ -25,6 +25,7 @@ import uvloop
 from aiohttp import web
 
 import friendsock
+from support import run_on
 from test_blocking import TIMEOUT, ServerLoop, patched, run_thread  # noqa: F401 (a fixture)
 
 
@@ -197,8 +198,7 @@ def test_threading_http_server_with_httpx_and_asyncio(patched, http_server, loop
 
     before = _links()
     factory = (lambda: friendsock.new_event_loop(base)) if patched else base
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(asyncio.wait_for(main(), TIMEOUT * 2))
+    run_on(factory, asyncio.wait_for(main(), TIMEOUT * 2))
     assert _links() - before == (2 if patched else 0)
 
 
@@ -219,8 +219,7 @@ def test_threading_http_server_with_aiohttp_client(patched, http_server, loop_ki
 
     before = _links()
     factory = (lambda: friendsock.new_event_loop(base)) if patched else base
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(asyncio.wait_for(main(), TIMEOUT * 2))
+    run_on(factory, asyncio.wait_for(main(), TIMEOUT * 2))
     assert _links() - before == (1 if patched else 0)
 
 
@@ -267,8 +266,7 @@ def test_httpx_drops_a_pooled_connection_its_threading_server_closed(patched, lo
     before = _links()
     factory = (lambda: friendsock.new_event_loop(base)) if patched else base
     try:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(asyncio.wait_for(main(), TIMEOUT * 2))
+        run_on(factory, asyncio.wait_for(main(), TIMEOUT * 2))
     finally:
         server.shutdown()
         server.server_close()

@@ -20,6 +20,7 @@ import select
 import socket
 import ssl
 import struct
+import sys
 import warnings
 from typing import Any, Iterator, Tuple
 
@@ -277,22 +278,48 @@ def test_a_write_cut_short_then_a_reset_fails_for_good(patched, tls_pair):  # no
         assert not isinstance(caught.value, ssl.SSLWantWriteError)
 
 
-@pytest.mark.skipif(ssl.OPENSSL_VERSION_INFO < (3,), reason="OpenSSL 3's report of a reset under TLS")
-def test_a_reset_under_tls_is_the_streams_end_cut_short(patched, tls_pair):  # noqa: F811
-    """The peer closes over bytes it did not read (a reset, no close_notify):
-    as the ssl module reports it over OpenSSL 3, a read gives b"" (its
-    suppress_ragged_eofs; SSLEOFError without it) and a write SSLEOFError
-    (urllib3 tells a proxy's TLS failure by it)."""
-    client, server = tls_pair
+# How the ssl module reports a reset under TLS over OpenSSL 3: before 3.13
+# as the stream's end cut short (SSLEOFError; b"" from a read with
+# suppress_ragged_eofs), from 3.13 on (gh-115627) as the socket's error.
+RESET_IS_TLS_EOF = sys.version_info < (3, 13)
+openssl_3 = pytest.mark.skipif(ssl.OPENSSL_VERSION_INFO < (3,), reason="OpenSSL 3's report of a reset under TLS")
+
+
+def _reset_under_tls(client: ssl.SSLSocket, server: ssl.SSLSocket) -> None:
+    """The server closes over bytes it did not read (a reset, no close_notify)."""
     client.sendall(b"read")
     assert receive_exactly(server, 4) == b"read"
     client.sendall(b"never read")
     assert select.select([server], [], [], TIMEOUT)[0] == [server]
     server.close()
+
+
+@openssl_3
+def test_a_reset_under_tls_reads_as_the_ssl_module_reports_it(patched, tls_pair):  # noqa: F811
+    """A read: b"" before 3.13; from 3.13 on ConnectionResetError, then
+    b"" (the socket shows the reset once). A write after it: SSLEOFError
+    (urllib3 tells a proxy's TLS failure by it)."""
+    client, server = tls_pair
+    _reset_under_tls(client, server)
+    if not RESET_IS_TLS_EOF:
+        with pytest.raises(ConnectionResetError):
+            client.recv(100)
     assert client.recv(100) == b""
     with pytest.raises(ssl.SSLEOFError) as caught:
         client.send(b"more")
     assert caught.value.args[0] == ssl.SSL_ERROR_EOF
+
+
+@openssl_3
+def test_a_reset_under_tls_writes_as_the_ssl_module_reports_it(patched, tls_pair):  # noqa: F811
+    """Writes: SSLEOFError before 3.13; from 3.13 on the socket's errors,
+    ConnectionResetError, then BrokenPipeError."""
+    client, server = tls_pair
+    _reset_under_tls(client, server)
+    for expected in [ssl.SSLEOFError] * 2 if RESET_IS_TLS_EOF else [ConnectionResetError, BrokenPipeError]:
+        with pytest.raises(expected):
+            client.send(b"more")
+    assert client.recv(100) == b""
 
 
 def test_select_sees_each_tls_record_till_the_close(patched, tls_pair):  # noqa: F811

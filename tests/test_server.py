@@ -9,7 +9,9 @@ handed a socket with ``sock=`` (confirmed pairing).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import sys
 
 import pytest
 
@@ -184,6 +186,120 @@ async def test_close_leaves_connections_and_wait_closed_waits_for_them(how, frie
     finally:
         closed.cancel()
         server.close()
+
+
+# Python 3.13's asyncio.Server.close_clients() and abort_clients().
+closes_clients = pytest.mark.skipif(sys.version_info < (3, 13),
+                                    reason="Server.close_clients()/abort_clients() are new in Python 3.13")
+
+
+@contextlib.asynccontextmanager
+async def server_that_closes_clients(how: str, friends: bool):
+    """(server, its Echoes, its wait_closed() task): a server with
+    close_clients(), the loop's own on asyncio's real TCP path, a
+    friendsock server otherwise (uvloop's own Server has none, so on
+    uvloop the real TCP path is its client opting out)."""
+    own = not friends and isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop)
+    echoes = Echoes()
+    server, _ = await make_server(how, not own, echoes)
+    closed = asyncio.ensure_future(server.wait_closed())
+    try:
+        yield server, echoes, closed
+    finally:
+        closed.cancel()
+        server.close()
+
+
+async def clients_of(server, friends: bool, echoes: Echoes, count: int):
+    """``count`` connections to ``server`` on the path under test, each
+    echoed once (its server end made): (transport, Recorder) each."""
+    connections = []
+    for _ in range(count):
+        transport, client = await bounded(
+            friendsock.create_connection(Recorder, LOCALHOST, port_of(server), friends=friends))
+        connections.append((transport, client))
+        assert friendsock.is_friend(transport) is friends
+        transport.write(b"x")
+        assert await bounded(client.wait_bytes(1)) == b"x"
+    assert len(echoes.protocols) == count
+    return connections
+
+
+@closes_clients
+async def test_close_clients_closes_each_connection_after_its_bytes(how, friends):
+    async with server_that_closes_clients(how, friends) as (server, echoes, closed):
+        connections = await clients_of(server, friends, echoes, 2)
+        server.close()
+        assert not closed.done()
+        for served in echoes.protocols:
+            served.transport.write(b" and goodbye")
+        server.close_clients()
+        for _, client in connections:
+            assert await bounded(client.lost) is None
+            assert client.data == b"x and goodbye"
+            assert client.events == ["made", "data", "eof", "lost"]
+        await echoes.all_lost()
+        await bounded(closed)
+
+
+@closes_clients
+async def test_abort_clients_drops_what_each_connection_buffered(how, friends):
+    async with server_that_closes_clients(how, friends) as (server, echoes, closed):
+        [(transport, client)] = await clients_of(server, friends, echoes, 1)
+        transport.pause_reading()
+        served = echoes.protocols[0].transport
+        written = 0
+        for _ in range(64):  # until the transport holds what the connection can not
+            served.write(bytes(1024 * 1024))
+            written += 1024 * 1024
+            if served.get_write_buffer_size():
+                break
+        assert served.get_write_buffer_size()
+        server.close()
+        assert not closed.done()
+        server.abort_clients()
+        assert served.is_closing()
+        assert await bounded(echoes.protocols[0].lost) is None
+        await bounded(closed)
+        transport.resume_reading()
+        await bounded(client.lost)
+        assert len(client.data) < len(b"x") + written  # (the echo, then part of the rest)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager task factories are new in Python 3.12")
+async def test_an_eager_task_factory_starts_each_handler_in_connection_made(friends):
+    """3.12's eager task factory runs start_server's handler at once, inside
+    the transport's connection_made(): its greeting goes first, and the
+    exchange and the close go as over TCP, on both paths."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        pytest.skip("uvloop 0.23's create_task() does not work with asyncio's eager task factory")
+    steps = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # (Its protocol keeps the task create_task() returned: not yet, eagerly.)
+        steps.append(("started", writer.transport.get_protocol()._task))  # type: ignore[attr-defined]
+        writer.write(b"hello\n")
+        writer.write(await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+    try:
+        server = await friendsock.start_server(handle, LOCALHOST, 0, friends=friends)
+        try:
+            reader, writer = await bounded(friendsock.open_connection(LOCALHOST, port_of(server), friends=friends))
+            assert friendsock.is_friend(writer) is friends
+            writer.write(b"ping\n")
+            assert await bounded(reader.read()) == b"hello\nping\n"
+            assert steps == [("started", None)]
+            writer.close()
+            await bounded(writer.wait_closed())
+        finally:
+            server.close()
+            await bounded(server.wait_closed())
+    finally:
+        loop.set_task_factory(None)
 
 
 async def test_several_listening_sockets(friends):

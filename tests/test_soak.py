@@ -217,6 +217,10 @@ async def test_connect_close_cycles_leave_nothing_behind():
         gc.collect()
         tracemalloc.start()
         try:
+            # From 3.12 on the last gather's finished tasks stay referenced
+            # until the next one's: each measure holds one such batch.
+            await cycles(port, 50, 50)
+            gc.collect()
             start, _ = tracemalloc.get_traced_memory()
             await cycles(port, 10_000, 50)
             gc.collect()
@@ -226,7 +230,7 @@ async def test_connect_close_cycles_leave_nothing_behind():
         after = friendsock.stats()
     finally:
         server.close()
-    assert after.links_made - before.links_made == 11_000
+    assert after.links_made - before.links_made == 11_050
     assert after.links_alive == before.links_alive
     assert after.pending == registry.pending_count() == 0
     # 10,000 connections: even 4 bytes kept per connection would be 40 kB.

@@ -102,7 +102,16 @@ def _destination(host: Any, port: Any, sock: Any) -> Any:
     return fallback_address(host, port)
 
 
-_signatures: Dict[type, inspect.Signature] = {}
+_signatures: Dict[Tuple[type, str], inspect.Signature] = {}
+
+
+def _bind(loop: asyncio.AbstractEventLoop, method: str, *args: Any, **kwargs: Any) -> None:
+    """TypeError, as the loop's own ``method`` raises it, for a keyword it
+    does not take (3.10's create_server has no ssl_shutdown_timeout)."""
+    signature = _signatures.get((type(loop), method))
+    if signature is None:
+        signature = _signatures[type(loop), method] = inspect.signature(native(loop, method))
+    signature.bind(*args, **kwargs)
 
 
 def _check_connection_arguments(
@@ -112,10 +121,7 @@ def _check_connection_arguments(
     and refuses the rest with the loop's errors (TypeError for a keyword this
     loop does not know, ValueError for TLS options without ``ssl`` ...).
     Returns the connection's TLS, if any."""
-    signature = _signatures.get(type(loop))
-    if signature is None:
-        signature = _signatures[type(loop)] = inspect.signature(native(loop, "create_connection"))
-    signature.bind(protocol_factory, host, port, **kwargs)
+    _bind(loop, "create_connection", protocol_factory, host, port, **kwargs)
     return TLSOptions.for_client(kwargs.get("ssl"), host, kwargs.get("server_hostname"),
                                  kwargs.get("ssl_handshake_timeout"), kwargs.get("ssl_shutdown_timeout"))
 
@@ -156,6 +162,7 @@ async def create_server_on(
         # (A Unix socket's server is no TCP listener; a datagram socket gets
         # the loop's own error.)
         return await native(loop, "create_server")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
+    _bind(loop, "create_server", protocol_factory, host, port, **kwargs)
     start_serving = kwargs.pop("start_serving", True)
     backlog = kwargs.pop("backlog", 100)
     sock = kwargs.pop("sock", None)

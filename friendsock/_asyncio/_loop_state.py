@@ -45,8 +45,10 @@ class LoopState:
     __slots__ = ("drains", "pid", "_loop", "_remote", "_lock", "servers",
                  "polls_after_callbacks", "one_context_per_transport",
                  "refuses_writes_once_lost", "default_write_limits", "lists_server_sockets",
-                 "checks_state_before_type", "takes_any_buffer", "extends_a_bytearray", "stops_reading_at_eof", "warns_of_lost_writes",
-                 "joins_writelines", "buffered_by_duck_type", "buffer_size_hint", "__weakref__")
+                 "checks_state_before_type", "takes_any_buffer", "extends_a_bytearray",
+                 "stops_reading_at_eof", "warns_of_lost_writes", "joins_writelines",
+                 "writelines_fails_once_closed", "buffered_by_duck_type", "buffer_size_hint",
+                 "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -100,6 +102,11 @@ class LoopState:
         # their own: WriteTransport's writes the joined bytes (so a str
         # among them is a TypeError before any state is looked at).
         self.joins_writelines = not is_uvloop and "writelines" not in _SelectorSocketTransport.__dict__
+        # The writelines() of 3.12 and 3.13.0 (CPython gh-136234) looks at
+        # no lost connection: once close() was called it raises TypeError,
+        # once the connection is lost AttributeError, where write() drops.
+        self.writelines_fails_once_closed = not is_uvloop and not self.joins_writelines and \
+            "_conn_lost" not in _SelectorSocketTransport.writelines.__code__.co_names
         # Which protocols a transport fills through get_buffer() and
         # buffer_updated(): asyncio's, a BufferedProtocol; uvloop's, also any
         # protocol with a get_buffer() that is no asyncio.Protocol (uvloop's

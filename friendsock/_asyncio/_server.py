@@ -13,6 +13,7 @@ import contextvars
 import errno
 import socket
 import sys
+import weakref
 from asyncio import selector_events, trsock
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -41,6 +42,8 @@ _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 # 3.12.1 made asyncio.Server.wait_closed() wait for the connections even
 # after close(); uvloop's Server does not.
 _WAIT_CLOSED_WAITS_FOR_CONNECTIONS = sys.version_info >= (3, 12, 1)
+# 3.13 added Server.close_clients() and abort_clients().
+_CLOSES_CLIENTS = sys.version_info >= (3, 13)
 
 
 _MISSING = object()
@@ -121,6 +124,12 @@ class FriendServer(asyncio.AbstractServer):
         self._ssl_shutdown_timeout = tls.ssl_shutdown_timeout if tls else None
         self._exclusive = exclusive  # sockets we bound ourselves, no SO_REUSEPORT
         self._active_count = 0
+        # The transports of the connections that are not friends, as 3.13's
+        # asyncio.Server keeps them (weakly: a transport dropped unclosed
+        # still warns), for close_clients() and abort_clients(). Friend
+        # ends are found through their links (_friend_ends): no entry per
+        # idle link.
+        self._clients: "weakref.WeakSet[asyncio.BaseTransport]" = weakref.WeakSet()
         self._waiters: Optional[List[asyncio.Future]] = []
         self._serving = False
         self._serving_forever_fut: Optional[asyncio.Future] = None
@@ -132,7 +141,8 @@ class FriendServer(asyncio.AbstractServer):
         return f"<{self.__class__.__name__} sockets={self.sockets!r}>"
 
     # -- connection bookkeeping (called by transports) ---------------------
-    # Newer Pythons' transports pass themselves; 3.11's and uvloop's do not.
+    # 3.13's transports pass themselves; older ones, uvloop's (see
+    # _accept_native) and friend ends do not.
     def _attach(self, transport: Any = None) -> None:
         if self._sockets is None:
             # As asyncio's and uvloop's servers (an assert there): a
@@ -140,8 +150,12 @@ class FriendServer(asyncio.AbstractServer):
             # after it gets none, and is closed.
             raise AssertionError("the server is closed")
         self._active_count += 1
+        if _CLOSES_CLIENTS and transport is not None:
+            self._clients.add(transport)
 
     def _detach(self, transport: Any = None) -> None:
+        if _CLOSES_CLIENTS and transport is not None:
+            self._clients.discard(transport)
         self._active_count -= 1
         if self._active_count == 0 and self._sockets is None:
             self._wakeup()
@@ -352,11 +366,14 @@ class FriendServer(asyncio.AbstractServer):
                     handshaking = True
                     ssl = {"ssl": tls.sslcontext, **tls.timeouts()}
                 try:
-                    await self._loop.connect_accepted_socket(lambda: protocol, conn, **ssl)
+                    transport, _ = await self._loop.connect_accepted_socket(lambda: protocol, conn, **ssl)
                 except BaseException:
                     if counter is not None and self in counter.servers:
                         counter.uncount(self)
                     raise
+                if _CLOSES_CLIENTS and counter is not None:
+                    # (Left here once lost: closing it again does nothing.)
+                    self._clients.add(transport)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
@@ -406,6 +423,21 @@ class FriendServer(asyncio.AbstractServer):
             self._serving_forever_fut = None
         if self._active_count == 0:
             self._wakeup()
+
+    if _CLOSES_CLIENTS:
+        # On every loop: uvloop's own Server has neither (uvloop 0.23).
+        def close_clients(self) -> None:
+            for transport in self._connections():
+                transport.close()
+
+        def abort_clients(self) -> None:
+            for transport in self._connections():
+                transport.abort()
+
+        def _connections(self) -> List[asyncio.Transport]:
+            friend_ends = [end for end in self._state._ends_here()
+                           if isinstance(end, FriendTransport) and end._server is self]
+            return [*friend_ends, *self._clients.copy()]  # type: ignore[list-item]
 
     def _forget_listeners(self) -> None:
         taken, self._taken = self._taken, None

@@ -118,13 +118,52 @@ def _layer_class(loop: asyncio.AbstractEventLoop) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def _uvloop_tls() -> Optional[Tuple[type, type]]:
-    """uvloop's loop class and its SSLProtocol; None without uvloop."""
+    """uvloop's loop class and its SSLProtocol (with an instance dict, for
+    :func:`_hand_over_first`); None without uvloop."""
     try:
         from uvloop import Loop
         from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - no uvloop, or one without it
         return None
-    return Loop, SSLProtocol
+
+    class FriendLinkSSLProtocol(SSLProtocol):  # type: ignore[misc, valid-type]
+        __slots__ = ("__dict__",)
+
+    return Loop, FriendLinkSSLProtocol
+
+
+def _hand_over_first(loop: asyncio.AbstractEventLoop, layer: Any, transport: asyncio.BaseTransport,
+                     waiter: "asyncio.Future[None]") -> None:
+    """uvloop's TLS hands the new transport to the caller of start_tls()
+    before the protocol's first data_received(): the bytes that came with
+    the end of the handshake wait a loop turn, after the waiter's wake-up.
+    Over a socket one read ends there; a friend end delivers a whole burst
+    in one callback, and the records after that read would reach the
+    protocol at once. So once the handshake is done, the end under the
+    layer stops reading until the next loop turn."""
+    if not _is_uvloops(layer):
+        return
+    own = layer.buffer_updated  # (uvloop's takes no data_received())
+
+    def buffer_updated(nbytes: int) -> None:
+        own(nbytes)
+        if waiter.done():
+            _unhook(layer)
+            if not transport.is_closing():
+                transport.pause_reading()  # type: ignore[attr-defined]
+                loop.call_soon(_read_on, transport)
+
+    layer.buffer_updated = buffer_updated
+    waiter.add_done_callback(lambda _: _unhook(layer))  # (a failed handshake too)
+
+
+def _unhook(layer: Any) -> None:
+    vars(layer).pop("buffer_updated", None)
+
+
+def _read_on(transport: asyncio.BaseTransport) -> None:
+    if not transport.is_closing():
+        transport.resume_reading()  # type: ignore[attr-defined]
 
 
 def _is_uvloops(layer: Any) -> bool:
@@ -261,6 +300,7 @@ def begin_tls_end(
         layer = _layer_class(loop)(loop, app_protocol, tls.sslcontext, waiter, tls.server_side,
                                    tls.server_hostname, **tls.timeouts())
         app_transport = _app_transport(layer, transport)
+        _hand_over_first(loop, layer, transport, waiter)
     except BaseException:
         # Nothing ran on this end yet: it goes away as an abort, so its
         # friend sees it go and the link is released.
@@ -345,6 +385,7 @@ async def start_tls(
     conmade_cb = loop.call_soon(ssl_protocol.connection_made, transport)
     resume_cb = loop.call_soon(transport.resume_reading)  # type: ignore[attr-defined]
     app_transport = _app_transport(ssl_protocol, transport)  # type: ignore[arg-type]
+    _hand_over_first(loop, ssl_protocol, transport, waiter)
     try:
         await waiter
     except BaseException:

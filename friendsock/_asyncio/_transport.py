@@ -24,7 +24,7 @@ import errno
 import os
 import socket
 import warnings
-from asyncio import format_helpers
+from asyncio import format_helpers, sslproto
 from asyncio.log import logger  # what a loop's own transport says, said where it says it
 from asyncio.constants import _SendfileMode
 from asyncio.transports import _FlowControlMixin
@@ -80,6 +80,16 @@ def fills_buffers(state: LoopState, protocol: Any) -> bool:
             and hasattr(protocol, "get_buffer"))
 
 
+def _fail_as_writelines_once_closed(list_of_data: Any, close_called: bool) -> None:
+    """What the stdlib transport's writelines() raises once closed, on the
+    Pythons whose writelines() does not look for that (see LoopState)."""
+    for data in list_of_data:
+        memoryview(data)  # (a str: TypeError, first)
+    if close_called:
+        raise TypeError("'NoneType' object is not callable")
+    raise AttributeError("'NoneType' object has no attribute '_add_writer'")
+
+
 def _no_drain() -> None:
     """A closed transport's drain: nothing to deliver."""
 
@@ -106,6 +116,7 @@ class FriendTransport(_FlowControlMixin):
         "_buffered",
         "_server",
         "_closing",
+        "_close_called",
         "_closed",
         "_eof",
         "_eof_delivered",
@@ -152,6 +163,7 @@ class FriendTransport(_FlowControlMixin):
         self._protocol = protocol
         self._server = server
         self._closing = False  # close() or abort() was called
+        self._close_called = False
         self._closed = False  # connection_lost() ran
         self._eof = False  # write_eof() was called
         self._eof_delivered = False
@@ -340,6 +352,7 @@ class FriendTransport(_FlowControlMixin):
         return self._closing
 
     def close(self) -> None:
+        self._close_called = True
         if self._closing:
             return
         self._closing = True
@@ -354,6 +367,11 @@ class FriendTransport(_FlowControlMixin):
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:  # type: ignore[override]
         self._protocol = protocol
         self._buffered = fills_buffers(self._state, protocol)
+        if isinstance(protocol, sslproto.SSLProtocol):
+            # Its TLS transport says it rides a friend link once lost too,
+            # as this end does (3.10's is lost at the peer's close_notify;
+            # a lost layer no longer asks the transport under it).
+            protocol._extra.setdefault(FRIEND_END_INFO, self)  # type: ignore[attr-defined]
 
     def get_protocol(self) -> asyncio.BaseProtocol:  # type: ignore[override]
         return self._protocol
@@ -565,6 +583,8 @@ class FriendTransport(_FlowControlMixin):
         # looked at; a lost connection counts the call as one write.
         if self._eof:
             raise RuntimeError("Cannot call writelines() after write_eof()")
+        if self._state.writelines_fails_once_closed and (self._close_called or self._closed) and list_of_data:
+            _fail_as_writelines_once_closed(list_of_data, self._close_called)
         if self._conn_lost:
             self._conn_lost += 1
             return

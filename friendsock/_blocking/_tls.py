@@ -18,6 +18,7 @@ import errno
 import os
 import socket
 import ssl
+import sys
 from typing import Any, Callable, Optional, TypeVar
 
 from ._socket import FriendBlockingSocket, OriginalSocket, named_as
@@ -25,10 +26,11 @@ from ._socket import FriendBlockingSocket, OriginalSocket, named_as
 _T = TypeVar("_T")
 _RECORD_HEADER = 5  # content type, version, length (two bytes)
 # A reset under a TLS socket: what its reads and writes raise. Over
-# OpenSSL 3 the ssl module reports it as the stream's end cut short
-# (SSLEOFError, which a read with suppress_ragged_eofs turns into b"");
-# before, as the socket's error.
-_RESET_IS_TLS_EOF = ssl.OPENSSL_VERSION_INFO >= (3,)
+# OpenSSL 3 the ssl module of Pythons before 3.13 reports it as the
+# stream's end cut short (SSLEOFError, which a read with
+# suppress_ragged_eofs turns into b""); 3.13's (gh-115627), and any over
+# OpenSSL 1.1, as the socket's error.
+_RESET_IS_TLS_EOF = ssl.OPENSSL_VERSION_INFO >= (3,) and sys.version_info < (3, 13)
 
 
 def _transport_error(exc: OSError) -> OSError:
