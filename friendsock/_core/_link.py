@@ -17,7 +17,7 @@ import enum
 import errno
 import threading
 import time
-from typing import Any, Callable, Optional, Protocol, Tuple, Type
+from typing import Any, Callable, Optional, Protocol, Tuple, Type, Union
 
 from ._alive import LiveLinks
 from ._channel import CHANNEL_EOF, CHANNEL_OPEN, CHANNEL_RESET, CHANNEL_TCP, Channel, Hook, LockedChannel
@@ -42,14 +42,25 @@ class Tap(Protocol):
 
 
 class Fin(enum.Enum):
-    """Where an end's real-socket FIN stands (see :meth:`LinkEnd.fin_to_show`)."""
+    """Where an end's real-socket FIN stands (see :meth:`LinkEnd.fin_to_show`),
+    but for an :class:`OwedFin`."""
 
     NOT_DUE = "not due"  # still writing, or nobody to show it to
-    OWED = "owed"  # done writing; waits for the friend's descriptor to be asked for
     SHOWN = "shown"  # its real socket sent it
 
 
-FIN_NOT_DUE, FIN_OWED, FIN_SHOWN = Fin.NOT_DUE, Fin.OWED, Fin.SHOWN
+FIN_NOT_DUE, FIN_SHOWN = Fin.NOT_DUE, Fin.SHOWN
+
+
+class OwedFin:
+    """An end done writing whose FIN waits for the friend's descriptor to be
+    asked for (:meth:`LinkEnd.reveal`), to go from ``sock`` then. Made only
+    then, so an idle end carries one slot for its FIN, not two."""
+
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
 
 
 class _FirstPushCheck:
@@ -95,7 +106,7 @@ class LinkEnd:
     """One end of a link: what it writes (``outgoing``) and reads (``incoming``)."""
 
     __slots__ = ("link", "outgoing", "incoming", "closed", "describe", "owner", "abortive",
-                 "over_tcp", "fd_hidden", "fin", "fin_socket", "error_taken")
+                 "over_tcp", "fd_hidden", "fin", "error_taken")
 
     def __init__(self, link: "Link", outgoing: Channel, incoming: Channel) -> None:
         self.link = link
@@ -120,11 +131,8 @@ class LinkEnd:
         # Its real socket is friendsock's own, and its descriptor was never
         # asked for: nobody can poll it (see fin_to_show).
         self.fd_hidden = False
-        # Our real socket's FIN (the end done writing), and while it is
-        # OWED, the socket to send it from once the friend's descriptor is
-        # asked for (reveal).
-        self.fin = FIN_NOT_DUE
-        self.fin_socket: Any = None
+        # Our real socket's FIN (the end done writing).
+        self.fin: Union[Fin, OwedFin] = FIN_NOT_DUE
         # The friend's reset was reported (see take_error).
         self.error_taken = False
 
@@ -155,9 +163,9 @@ class LinkEnd:
         if friend is None or friend.closed:
             return False
         if friend.fd_hidden or friend.outgoing.notify_writable is None:
-            self.fin, self.fin_socket = FIN_OWED, sock
+            self.fin = OwedFin(sock)
             return False
-        self.fin, self.fin_socket = FIN_SHOWN, None
+        self.fin = FIN_SHOWN
         return True
 
     def reveal(self) -> Any:
@@ -175,10 +183,11 @@ class LinkEnd:
         friend = self.link.friend_of(self)
         if friend is None:
             return None
-        if friend.fin is not FIN_OWED:
+        owed = friend.fin
+        if type(owed) is not OwedFin:
             return None
-        sock, friend.fin, friend.fin_socket = friend.fin_socket, FIN_SHOWN, None
-        return sock
+        friend.fin = FIN_SHOWN
+        return owed.sock
 
     # -- what this end's socket calls get ---------------------------------
     def take_error(self) -> Optional[LinkBrokenError]:
@@ -486,7 +495,7 @@ class Link:
                 data, eof = end.outgoing.hand_over()
                 if eof:
                     shown = end.fin is FIN_SHOWN
-                    end.fin, end.fin_socket = FIN_SHOWN, None
+                    end.fin = FIN_SHOWN
                     eof = not shown
                 send(end, data, eof)
             client.closed = server.closed = True  # a close() from now on is the socket's
