@@ -107,6 +107,22 @@ def _shutdown_write(sock: Any) -> None:
         pass
 
 
+def shut_write(end: LinkEnd, show_own_fin: Callable[[], None],
+               shutdown_on_tcp: Callable[[int], None]) -> None:
+    """``shutdown(SHUT_WR)`` of a friend end's socket: EOF to the friend
+    after what was written (the link's errno as an ``OSError``), then the
+    real socket's FIN by the link's rule (``show_own_fin``); or, the link
+    gone on over TCP, the real socket's own shutdown."""
+    try:
+        on_link = end.shutdown_write()
+    except LinkBrokenError as exc:
+        raise exc.as_os_error() from None
+    if on_link:
+        show_own_fin()
+    else:
+        shutdown_on_tcp(socket.SHUT_WR)
+
+
 def check_how(how: Any) -> None:
     """``shutdown(how)``'s argument checked as the real call checks it."""
     how = operator.index(how)  # (TypeError for what is no int)
@@ -241,14 +257,10 @@ class FriendSocket:
         sock = self._real()
         check_how(how)
         if how != socket.SHUT_RD:
-            try:
-                on_link = self._end.shutdown_write()
-            except LinkBrokenError as exc:
-                raise exc.as_os_error() from None
-            if on_link:
-                show_fin(self._end, sock)
-            else:  # the connection went on over TCP: the socket's own
-                sock.shutdown(socket.SHUT_WR)
+            end = self._end
+            # (Looked up only if it goes on over TCP: a socketless end's
+            # stand-in has no shutdown.)
+            shut_write(end, lambda: show_fin(end, sock), lambda how: sock.shutdown(how))
         if how != socket.SHUT_WR and _real_fileno(sock) >= 0:  # (a socketless end has none)
             sock.shutdown(socket.SHUT_RD)
 
@@ -615,14 +627,7 @@ class PairedSocketCalls:
         # too early for its hand-over to carry this shutdown: the socket
         # makes it then.
         if how != socket.SHUT_RD:
-            try:
-                on_link = self._end.shutdown_write()
-            except LinkBrokenError as exc:
-                raise exc.as_os_error() from None
-            if on_link:
-                show_own_fin()
-            else:
-                shutdown_on_tcp(socket.SHUT_WR)
+            shut_write(self._end, show_own_fin, shutdown_on_tcp)
         if how != socket.SHUT_WR:
             self._read_shut = True
             if self._end.incoming.state is CHANNEL_TCP:  # (a second one is harmless)
