@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import sys
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import pytest
 
 from ._asyncio._api import create_server, start_server
+from ._blocking._capable import drop_connect_guard
 from ._everywhere import install_everywhere
 from ._core._stats import FriendStats
 from ._core._switch import is_enabled, set_enabled
@@ -164,9 +164,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     # After pytest-socket's own teardown: the next test's fixtures pair too,
     # and the guard its allow_hosts set on the patched class for this test
     # guards no other (sockets patched by the option or by the tests).
-    blocking = sys.modules.get("friendsock._blocking._socket")  # (not imported: never patched)
-    if blocking is not None:
-        blocking.drop_connect_guard()
+    drop_connect_guard()
     _patch_sockets_again(item.config)
 
 

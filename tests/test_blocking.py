@@ -31,7 +31,8 @@ import uvloop
 
 import friendsock
 from friendsock._blocking._readiness import Parker, wake
-from friendsock._blocking._socket import FriendBlockingSocket, OriginalSocket
+from friendsock._blocking._descriptor import OriginalSocket
+from friendsock._blocking._paired import FriendBlockingSocket
 from support import cyclic_garbage_of_ours, patient_confirm, resource_warnings_raised, run_inner_pytest  # noqa: F401 (a fixture)
 
 pytest_plugins = ["pytester"]
@@ -1339,16 +1340,16 @@ def test_a_client_is_paired_once_the_accept_returns(patched, monkeypatch):
     while its connect() has not returned yet on its own thread: a third
     thread polling it (fileno()) sees the link, never the TCP descriptor,
     which carries nothing."""
-    from friendsock._blocking import _socket as blocking_socket
+    from friendsock._blocking import _connect as blocking_connect
 
     gate = threading.Event()
-    finish = blocking_socket._finish_connect
+    finish = blocking_connect._finish_connect
 
     def held(*args: Any) -> bool:  # the connect, held between its syscall and its end
         gate.wait(TIMEOUT)
         return finish(*args)
 
-    monkeypatch.setattr(blocking_socket, "_finish_connect", held)
+    monkeypatch.setattr(blocking_connect, "_finish_connect", held)
     with socket.create_server((LOCALHOST, 0)) as listener, socket.socket() as client:
         client.settimeout(TIMEOUT)
         join = run_thread(lambda: client.connect(listener.getsockname()))

@@ -12,6 +12,7 @@ import socket
 import sys
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Union
 
+from .._blocking._listen import take_listener
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._handshake import fallback_address, is_tcp_socket, why_not_friends
@@ -193,9 +194,8 @@ async def create_server_on(
         # A blocking listener of the patched class goes on accepting here,
         # through friendsock: the connects already in its backlog (a client
         # quicker than the server's thread) stay friends, claimed by this
-        # server's accept, instead of being reset as by a listener handed on.
-        blocking = sys.modules.get("friendsock._blocking._socket")  # (not imported: none paired)
-        taken = blocking.take_listener(sock) if blocking is not None else None
+        # server's accept, instead of being reset as by a listener passed on.
+        taken = take_listener(sock)
     for s in sockets:
         s.setblocking(False)
     server = FriendServer(loop, sockets, protocol_factory, backlog, exclusive, tls, taken=taken)

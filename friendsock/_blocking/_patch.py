@@ -2,7 +2,7 @@
 
 Process-wide, in the manner of gevent's ``monkey.patch_socket()``: the
 ``socket`` module's ``socket`` class is replaced by a subclass of itself
-(:class:`~friendsock._blocking._socket.FriendCapableSocket`).
+(:class:`~friendsock._blocking._capable.FriendCapableSocket`).
 ``socket.create_connection``, ``socket.create_server``, ``socket.socketpair``
 and the stdlib's own ``accept()`` look the class up in the module when
 called, so they (and what is built on them: ``http.client``, ``urllib``,
@@ -23,11 +23,23 @@ from types import ModuleType
 from typing import Any, Optional
 
 from .._imports import when_imported
-from . import _socket as _blocking_socket
-from ._socket import FriendBlockingSocket, FriendCapableSocket, OriginalSocket, go_on_over_tcp
+from . import _at_fork  # noqa: F401 (a fork moves links between blocking sockets to TCP)
+from . import _capable
+from ._capable import FriendCapableSocket, steps
+from ._connect import connect_friend
+from ._descriptor import OriginalSocket
+from ._listen import claim, start_pairing, stop_pairing
+from ._paired import FriendBlockingSocket, go_on_over_tcp
 from ._tls import FriendSSLSocket, patch_ssl, unpatch_ssl
 
 _lock = threading.Lock()
+
+# The patched class pairs through these (they come after it: see PairingSteps).
+steps.connect = connect_friend
+steps.register_listener = start_pairing
+steps.forget_listener = stop_pairing
+steps.claim = claim
+
 _saved: Optional[Any] = None  # what socket.socket was before patch_socket()
 
 
@@ -99,12 +111,12 @@ def patch_socket() -> None:
     anything else is the real socket, unchanged. Idempotent."""
     global _saved
     with _lock:
-        if _blocking_socket.patched:
+        if _capable.patched:
             return
         _saved = socket.socket
         socket.socket = FriendCapableSocket  # type: ignore[misc]
         patch_ssl()
-        _blocking_socket.patched = True
+        _capable.patched = True
     # Kept after unpatch_socket(): the sockets made meanwhile stay this class.
     when_imported("multiprocessing.reduction", _teach_multiprocessing)
     when_imported("OpenSSL.SSL", _teach_pyopenssl)
@@ -119,9 +131,9 @@ def unpatch_socket() -> None:
     ``wrap_socket`` is the stdlib's again)."""
     global _saved
     with _lock:
-        if not _blocking_socket.patched:
+        if not _capable.patched:
             return
-        _blocking_socket.patched = False
+        _capable.patched = False
         unpatch_ssl()
         if socket.socket is FriendCapableSocket:  # not replaced since by someone else
             socket.socket = _saved  # type: ignore[misc,assignment]
@@ -134,14 +146,14 @@ def patch_again_if_put_back() -> None:
     test) is patched again; not where they left a guard of their own on
     the class's ``connect``."""
     with _lock:
-        if _blocking_socket.patched and socket.socket is _saved and \
+        if _capable.patched and socket.socket is _saved and \
                 OriginalSocket.connect is _socket.socket.connect:  # type: ignore[attr-defined]
             socket.socket = FriendCapableSocket  # type: ignore[misc]
 
 
 def is_socket_patched() -> bool:
     """Whether :func:`patch_socket` is in force."""
-    return _blocking_socket.patched
+    return _capable.patched
 
 
 def is_friend_socket(obj: Any) -> bool:

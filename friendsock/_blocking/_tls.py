@@ -21,7 +21,9 @@ import ssl
 import sys
 from typing import Any, Callable, Optional, TypeVar
 
-from ._socket import FriendBlockingSocket, OriginalSocket, named_as
+from ._capable import named_as
+from ._descriptor import OriginalSocket
+from ._paired import FriendBlockingSocket
 
 _T = TypeVar("_T")
 _RECORD_HEADER = 5  # content type, version, length (two bytes)

@@ -43,8 +43,10 @@ def is_tcp_socket(sock: Any) -> bool:
 
 
 # The modules of the socket classes whose I/O a friend end may take over:
-# the stdlib's and the one patch_socket() puts in its place.
-_PLAIN_SOCKET_MODULES = frozenset({"socket", "friendsock._blocking._socket"})
+# the stdlib's, and the ones patch_socket() puts in its place (the class
+# itself, and what a socket of it becomes as it pairs and goes back to TCP).
+_PLAIN_SOCKET_MODULES = frozenset({"socket", "friendsock._blocking._capable",
+                                   "friendsock._blocking._paired"})
 
 
 def is_plain_socket(sock: socket.socket) -> bool:

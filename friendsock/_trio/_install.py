@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextvars
 import socket
-import sys
 import threading
 import weakref
 from types import ModuleType
@@ -30,6 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import trio
 
+from .._blocking._listen import listener_passed_on, take_listener
+from .._blocking._paired import as_plain_socket
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
@@ -146,15 +147,12 @@ def _socket_exit(self: Any, *exc_info: Any) -> None:
 
 
 def _from_stdlib_socket(sock: socket.socket) -> Any:
-    blocking = sys.modules.get("friendsock._blocking._socket")  # (not imported: none paired)
-    taken: Optional[Entry] = None
-    if blocking is not None:
-        blocking.as_plain_socket(sock, "trio.socket.from_stdlib_socket()")
-        # A blocking listener of the patched class goes on accepting here,
-        # through friendsock: the connects already in its backlog (a client
-        # quicker than the server's thread) stay friends, claimed by trio's
-        # accept, instead of being reset as by a listener handed on.
-        taken = blocking.take_listener(sock)
+    as_plain_socket(sock, "trio.socket.from_stdlib_socket()")
+    # A blocking listener of the patched class goes on accepting here,
+    # through friendsock: the connects already in its backlog (a client
+    # quicker than the server's thread) stay friends, claimed by trio's
+    # accept, instead of being reset as by a listener passed on.
+    taken: Optional[Entry] = take_listener(sock)
     entry = None
     try:
         trio_sock = _pairing._trio_from_stdlib_socket(sock)
@@ -163,7 +161,7 @@ def _from_stdlib_socket(sock: socket.socket) -> Any:
                                    (taken is not None and taken.exclusive))
     finally:
         if taken is not None and not (entry is not None and registry.move_listener(taken, entry)):
-            blocking.listener_handed_on(taken)  # type: ignore[union-attr]
+            listener_passed_on(taken)
     return trio_sock
 
 

@@ -1,0 +1,292 @@
+"""The class ``socket.socket`` is while :func:`patch_socket` is in force.
+
+:class:`FriendCapableSocket` is what ``socket.socket`` (and so
+``socket.create_connection``, ``socket.create_server``, ``socketserver``,
+``http.client``, urllib3 ...) makes while patched. It is the real socket,
+unchanged, except at three moments:
+
+- ``connect()`` of a blocking (or timeout) TCP socket to a friendsock
+  listener of this process registers the connect first, as every friendsock
+  client does, and pairs (``_connect``);
+- ``listen()`` of a blocking (or timeout) TCP socket registers it as a
+  friendsock listener (until it is closed, or passed on to an event loop,
+  which makes it non-blocking); its ``accept()`` claims friend clients
+  (``_listen``);
+- a socket that paired becomes a ``FriendBlockingSocket`` (``_paired``: the
+  same object, still a ``socket.socket``) whose data calls go through the
+  link.
+
+This module owns the class, what keeps ``isinstance(x, socket.socket)``
+true while patched, and how a test's mock or guard on the class is seen.
+The pairing steps are the modules above it: :data:`steps` is how the class
+reaches them.
+"""
+
+from __future__ import annotations
+
+import errno
+import operator
+import os
+import socket
+import sys
+from typing import Any, Callable, Optional, Set, Tuple
+
+from .. import _handshake
+from .._core._switch import is_enabled
+from .._handshake import Entry, make_room
+from .._socket_errors import not_through_descriptor
+from ._descriptor import OriginalSocket, _ss
+from ._readiness import readiness_owners
+
+_INET = (socket.AF_INET, socket.AF_INET6)
+_ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
+
+# Whether connect() and listen() pair: set by patch_socket(). Sockets made
+# while patched stay FriendCapableSockets after unpatch_socket(), plain again.
+patched = False
+
+
+class PairingSteps:
+    """What the patched class does at its moments of pairing. Set by
+    ``_patch`` from the connecting and listening modules, which sit above
+    this one: they make paired sockets, whose class is a subclass of this
+    module's."""
+
+    #: Pair a connect to ``address`` (True: connected; False: connect natively).
+    connect: Callable[["FriendCapableSocket", Any], bool]
+    #: The socket listens: its accept() pairs from now on.
+    register_listener: Callable[["FriendCapableSocket"], None]
+    #: The socket stops pairing: closed, or ``passed_on`` to code that accepts natively.
+    forget_listener: Callable[..., None]
+    #: Pair the accepted socket (from ``address``, by the listener's ``entry``
+    #: within its ``timeout``) if a friendsock client of this process made it.
+    claim: Callable[["FriendCapableSocket", Any, Entry, Optional[float]], None]
+
+
+steps = PairingSteps()
+
+
+class _SocketMeta(type):
+    """``isinstance(x, socket.socket)`` still holds, while patched, for every
+    socket: those made before and ``ssl.SSLSocket``s, whose class is the
+    stdlib's."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if cls is FriendCapableSocket:
+            return isinstance(obj, OriginalSocket)
+        return type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        if cls is FriendCapableSocket:
+            return issubclass(sub, OriginalSocket)
+        return type.__subclasscheck__(cls, sub)
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        # pytest-socket's allow_hosts guards a test's connects by setting
+        # socket.socket.connect (this class, while patched), and puts back
+        # only the class it saved: its guard is asked first here, and
+        # dropped after the test (drop_connect_guard).
+        if name == "connect" and cls is FriendCapableSocket and \
+                getattr(value, "__module__", None) == "pytest_socket":
+            value = _asking_first(value)
+        type.__setattr__(cls, name, value)
+        if cls is FriendCapableSocket and name in _PAIRED_IO:
+            _note_replaced(name)
+
+    def __delattr__(cls, name: str) -> None:
+        type.__delattr__(cls, name)
+        if cls is FriendCapableSocket and name in _PAIRED_IO:
+            _note_replaced(name)
+
+
+# The I/O calls a paired socket's class overrides. A test that mocks one
+# on socket.socket (mock.patch("socket.socket.recv", side_effect=...))
+# means the mock for every socket; while one is mocked, connects do not
+# pair, and the mock sees their bytes, as over TCP. Not any replacement:
+# a wrapper that goes on to the original (blockbuster's, in anyio's and
+# aiohttp's suites, around every test) changes no byte, and pairing goes
+# on under it.
+_PAIRED_IO = frozenset({"recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg",
+                        "recvmsg_into", "send", "sendall", "sendto", "sendmsg", "sendfile",
+                        "shutdown"})
+_replaced_io: Set[str] = set()
+
+
+def _note_replaced(name: str) -> None:
+    if _is_mock(FriendCapableSocket.__dict__.get(name)):
+        _replaced_io.add(name)
+    else:  # put back (inherited again, or set back), or not a mock
+        _replaced_io.discard(name)
+
+
+def _is_mock(value: Any) -> bool:
+    """A unittest.mock object, or a function mock.patch(autospec=True) made."""
+    mock = sys.modules.get("unittest.mock")
+    if mock is None or value is None:
+        return False
+    return isinstance(value, mock.NonCallableMock) or \
+        isinstance(getattr(value, "mock", None), mock.NonCallableMock)
+
+
+def named_as(text: str, name: str, friend: bool = False) -> str:
+    """A socket's repr (``<module.Class fd=...>``) under the stdlib class
+    ``name`` it stands in for, a paired one's marked at the end: a warning
+    filter on "unclosed <socket.socket fd=" (the finalizer's ResourceWarning
+    says the repr) matches as without friendsock."""
+    text = f"<{name}{text[text.index(' '):]}"
+    return f"{text[:-1]} [friend]>" if friend else text
+
+
+class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignore[misc,valid-type]
+    """``socket.socket`` while patched (see the module doc). No
+    ``__slots__``: a paired one becomes a :class:`FriendBlockingSocket`,
+    which needs the same layout."""
+
+    def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
+                 fileno: Optional[int] = None) -> None:
+        if fileno is not None and readiness_owners:
+            friend = _friend_of_readiness(fileno)
+            if friend is not None:
+                friend._share_with(self, fileno)
+                return
+        OriginalSocket.__init__(self, family, type, proto, fileno)
+
+    def __repr__(self) -> str:
+        return named_as(OriginalSocket.__repr__(self), "socket.socket")  # type: ignore[call-arg]
+
+    # -- connecting -------------------------------------------------------
+    def connect(self, address: Any) -> None:
+        if not patched or not _may_pair(self) or not steps.connect(self, address):
+            _ss.connect(self, address)
+
+    def connect_ex(self, address: Any) -> int:
+        if not patched or not _may_pair(self):
+            return _ss.connect_ex(self, address)
+        try:
+            if steps.connect(self, address):
+                return 0
+        except TimeoutError:
+            return errno.EAGAIN  # as the C connect_ex reports its timeout
+        except OSError as exc:
+            if exc.errno is None:
+                raise
+            return exc.errno
+        return _ss.connect_ex(self, address)
+
+    # -- listening ----------------------------------------------------------
+    def listen(self, *backlog: int) -> None:
+        _ss.listen(self, *backlog)
+        if patched and _ENTRY not in self.__dict__ and _may_pair(self):
+            steps.register_listener(self)
+
+    def accept(self) -> Tuple[socket.socket, Any]:
+        entry: Optional[Entry] = self.__dict__.get(_ENTRY)
+        if entry is not None:
+            entry.proven = True  # what it accepts from now on, it claims
+        fd, address = self._accept()  # type: ignore[attr-defined]
+        entry = self.__dict__.get(_ENTRY)
+        if entry is not None:
+            make_room(entry)  # connects held back by a full accept queue may go on
+        sock = _new_capable(self.family, self.type, self.proto, fd)
+        # As the stdlib's accept(): blocking unless a default timeout is set.
+        if socket.getdefaulttimeout() is None and self.gettimeout():
+            sock.setblocking(True)
+        if entry is not None:
+            steps.claim(sock, address, entry, self.gettimeout())
+        return sock, address
+
+    # An event loop taking the socket over makes it non-blocking: passed on,
+    # its new owner's accept pairs from then on, or nobody's does.
+    def setblocking(self, flag: bool) -> None:
+        _ss.setblocking(self, flag)
+        if not flag and _ENTRY in self.__dict__:
+            steps.forget_listener(self, passed_on=True)
+
+    def settimeout(self, value: Optional[float]) -> None:
+        _ss.settimeout(self, value)
+        if value == 0 and _ENTRY in self.__dict__:
+            steps.forget_listener(self, passed_on=True)
+
+    def detach(self) -> int:
+        if _ENTRY in self.__dict__:
+            steps.forget_listener(self, passed_on=True)
+        return OriginalSocket.detach(self)
+
+    def _real_close(self, _ss: Any = _ss) -> None:
+        if _ENTRY in self.__dict__:
+            steps.forget_listener(self)
+        _ss.close(self)
+
+
+_OWN_CONNECT = FriendCapableSocket.__dict__["connect"]
+
+
+def _asking_first(guard: Callable[..., None]) -> Callable[..., None]:
+    """``connect`` under a guard that refuses some addresses (raising) and
+    connects the others natively: asked with a UDP socket of the same
+    family, whose connect sends nothing, what it lets through connects (and
+    pairs) as without it; what it refuses is refused as it refuses it."""
+    def connect(self: FriendCapableSocket, address: Any) -> None:
+        if not patched or not _may_pair(self):
+            guard(self, address)
+            return
+        probe = _ss(self.family, socket.SOCK_DGRAM)
+        try:
+            guard(probe, address)
+        except OSError:
+            pass  # let through: the probe's own connect failed (no route)
+        except BaseException:
+            self.close()  # as the guard closes the socket it refuses
+            raise
+        finally:
+            probe.close()
+        _OWN_CONNECT(self, address)
+
+    connect._friendsock_guard = guard  # type: ignore[attr-defined]
+    return connect
+
+
+def drop_connect_guard() -> None:
+    """The patched class's own ``connect`` again, if a guard set for a test
+    is still on it (see ``_SocketMeta.__setattr__``)."""
+    current = FriendCapableSocket.__dict__.get("connect")
+    if current is not _OWN_CONNECT and getattr(current, "_friendsock_guard", None) is not None:
+        type.__setattr__(FriendCapableSocket, "connect", _OWN_CONNECT)
+
+
+def _new_capable(family: int, type: int, proto: int, fd: int) -> FriendCapableSocket:
+    sock = FriendCapableSocket.__new__(FriendCapableSocket)
+    OriginalSocket.__init__(sock, family, type, proto, fd)
+    return sock
+
+
+def _friend_of_readiness(fileno: Any) -> Optional[Any]:
+    """The open friend socket whose readiness descriptor ``fileno`` is (or
+    a duplicate of it is): a socket made of it is that friend socket's
+    connection. None: no readiness descriptor; one of no friend socket
+    (a connect's, for its claim) is refused, clearly."""
+    try:
+        inode = os.fstat(operator.index(fileno)).st_ino
+    except (OSError, TypeError, ValueError):
+        return None  # the socket constructor reports it
+    owner = readiness_owners.get(inode)
+    if owner is None:
+        return None
+    friend = owner()
+    if friend is None or friend._friend_closed:
+        raise not_through_descriptor("a socket made from this descriptor")
+    return friend
+
+
+def _may_pair(sock: socket.socket) -> bool:
+    """A blocking (or timeout) TCP socket of the patched class itself, with
+    pairing switched on. A subclass (one its user defined while patched)
+    keeps its class and its own methods doing the I/O: it is TCP."""
+    return type(sock) is FriendCapableSocket and sock.family in _INET and \
+        _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and sock.gettimeout() != 0.0 and \
+        is_enabled() and not _replaced_io and sock not in _handshake.adoptable_connecting
+
+
+def patchable_class() -> Callable[..., socket.socket]:
+    """The class ``socket.socket`` becomes while patched."""
+    return FriendCapableSocket

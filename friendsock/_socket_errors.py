@@ -1,0 +1,41 @@
+"""The errors a friend socket's calls raise where the kernel refuses the
+call, each made in one place: the errno Linux's socket calls give, with
+its text (``os.strerror``), for blocking sockets, trio sockets and
+socketless ends alike."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+
+def _error(number: int) -> OSError:
+    return OSError(number, os.strerror(number))
+
+
+def bad_descriptor() -> OSError:
+    """A call on a closed socket (EBADF)."""
+    return _error(errno.EBADF)
+
+
+def invalid_argument() -> OSError:
+    """A call a connected stream socket refuses: ``listen()``, ``accept()``,
+    ``bind()``, a bad ``shutdown()`` (EINVAL)."""
+    return _error(errno.EINVAL)
+
+
+def already_connected() -> OSError:
+    """``connect()`` of a connected socket (EISCONN)."""
+    return _error(errno.EISCONN)
+
+
+def would_block() -> BlockingIOError:
+    """A non-blocking call that would wait (EAGAIN)."""
+    return BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+
+
+def not_through_descriptor(what: str) -> OSError:
+    """``what`` needs the connection's bytes to go through the socket's
+    descriptor, which a friend link's do not (EOPNOTSUPP)."""
+    return OSError(errno.EOPNOTSUPP, f"{what} is not supported on a friend socket: its bytes "
+                                     f"do not go through its descriptor")
