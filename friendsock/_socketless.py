@@ -23,6 +23,7 @@ from ._core._switch import is_socketless
 from ._handshake import ClientEnd, Entry, Pending
 from ._core._tap import tap_for
 from ._friend_socket import copy_buffer_sizes
+from ._socket_errors import bad_descriptor, invalid_argument
 
 # Ports a socketless client end gets: the kernel's default ephemeral range
 # (net.ipv4.ip_local_port_range).
@@ -89,7 +90,7 @@ class SocketlessSocket:
 
     def _check_open(self) -> None:
         if self.end is not None and self.end.closed:
-            raise OSError(errno.EBADF, "Bad file descriptor")
+            raise bad_descriptor()
 
     def getsockopt(self, level: int, option: int, buflen: Optional[int] = None) -> Any:
         key = (level, option)
@@ -150,7 +151,7 @@ class SocketlessSocket:
         pass  # no descriptor to pass on
 
     def bind(self, address: Any) -> None:
-        raise OSError(errno.EINVAL, "Invalid argument")  # as a connected socket's
+        raise invalid_argument()  # as a connected socket's
 
     def dup(self) -> socket.socket:
         raise OSError(errno.EOPNOTSUPP, "a socketless link has no descriptor to duplicate")

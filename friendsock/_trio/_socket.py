@@ -12,7 +12,6 @@ options, as for every friend end.
 
 from __future__ import annotations
 
-import errno
 import operator
 import socket
 import weakref
@@ -27,6 +26,7 @@ from .._friend_socket import (FriendSocket, PairedSocketCalls, is_watched, no_ur
                               recvmsg_views, scatter, sendmsg_data, show_fin, to_keep, unwatch_options,
                               watch_options)
 from .._handshake import SocketRelease
+from .._socket_errors import already_connected, bad_descriptor, invalid_argument, not_through_descriptor
 from ._end import TrioEnd, stream_error
 from ._run import RunState
 
@@ -40,11 +40,6 @@ del _probe
 _checkpoint = trio.lowlevel.checkpoint
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
-
-
-def _unsupported(what: str) -> OSError:
-    return OSError(errno.EOPNOTSUPP, f"{what} is not supported on a friend socket: its bytes "
-                                     f"do not go through the descriptor")
 
 
 def _as_bytes(data: Any, limit: int) -> bytes:
@@ -71,7 +66,7 @@ def _no_descriptor() -> ValueError:
 
 def _no_flags(flags: int) -> None:
     if flags:
-        raise _unsupported(f"flags={flags!r}")
+        raise not_through_descriptor(f"flags={flags!r}")
 
 
 # A trio socket's descriptor is non-blocking: there the kernel's MSG_WAITALL
@@ -98,7 +93,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         raise TypeError("friend sockets are made by connect() and accept(), not directly")
 
     def _closed_error(self) -> BaseException:
-        return OSError(errno.EBADF, "Bad file descriptor")
+        return bad_descriptor()
 
     def _broken(self, exc: LinkBrokenError) -> BaseException:
         return exc.as_os_error()
@@ -120,32 +115,32 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         return self._sock.fileno()
 
     def dup(self) -> Any:
-        raise _unsupported("dup()")
+        raise not_through_descriptor("dup()")
 
     def detach(self) -> int:
-        raise _unsupported("detach()")
+        raise not_through_descriptor("detach()")
 
     def share(self, *args: Any) -> bytes:  # pragma: no cover - Windows only
         """Windows only; on a friend socket ``OSError(EOPNOTSUPP)``."""
-        raise _unsupported("share()")
+        raise not_through_descriptor("share()")
 
     def listen(self, *args: Any) -> None:
         self._check_open()
-        raise OSError(errno.EINVAL, "Invalid argument")
+        raise invalid_argument()
 
     async def accept(self) -> Any:
         await _checkpoint()
         self._check_open()
-        raise OSError(errno.EINVAL, "Invalid argument")
+        raise invalid_argument()
 
     async def connect(self, address: Any) -> None:
         await _checkpoint()
         self._check_open()
-        raise OSError(errno.EISCONN, "Transport endpoint is already connected")
+        raise already_connected()
 
     def _check_open(self) -> None:
         if self._closed:
-            raise OSError(errno.EBADF, "Bad file descriptor")
+            raise bad_descriptor()
 
     # -- receiving ----------------------------------------------------------
     async def recv(self, bufsize: int, flags: int = 0) -> bytes:
