@@ -11,7 +11,7 @@ from __future__ import annotations
 import select
 import socket
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple, cast
 
 from .._core._link import Link, LinkEnd
 from .._handshake import SocketRelease

@@ -285,7 +285,7 @@ class PairedIO(_Socket):
         except LinkBrokenError as exc:
             raise exc.as_os_error() from None
         out = self._out
-        if sent and out.queued >= out.sndbuf + out.rcvbuf and self._signals.ready is not None:
+        if sent and out.room() <= 0 and self._signals.ready is not None:
             self._sync_writable()
         return sent
 
@@ -320,13 +320,13 @@ class PairedIO(_Socket):
         """The common case: all of ``data`` (bytes) fits; queued by reference."""
         out = self._out
         if self._friend_closed or out.state is not CHANNEL_OPEN or out.reader_closed or \
-                out.queued + len(data) > out.sndbuf + out.rcvbuf:
+                len(data) > out.room():
             return False
         try:
             out.push(data)
         except FriendError:  # the friend went away meanwhile: the slow way says how
             return False
-        if out.queued >= out.sndbuf + out.rcvbuf and self._signals.ready is not None:
+        if out.room() <= 0 and self._signals.ready is not None:
             self._sync_writable()
         return True
 
@@ -370,7 +370,7 @@ class PairedIO(_Socket):
         out = self._out
         while offset < total:
             self._check_open()
-            room = out.sndbuf + out.rcvbuf - out.queued
+            room = out.room()
             if room <= 0 and out.state is CHANNEL_OPEN and not out.reader_closed:
                 deadline = self._wait_writable(timeout, deadline)
                 continue

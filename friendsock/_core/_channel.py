@@ -135,9 +135,14 @@ class Channel:
     def capacity(self) -> int:
         return self.sndbuf + self.rcvbuf
 
+    def room(self) -> int:
+        """What the writer may still queue before its own buffer grows:
+        ``sndbuf + friend rcvbuf - queued`` (negative once it has)."""
+        return self.sndbuf + self.rcvbuf - self.queued
+
     def write_buffer_size(self) -> int:
         """Bytes beyond ``sndbuf + friend rcvbuf``: the writer's own buffer."""
-        over = self.queued - self.sndbuf - self.rcvbuf
+        over = -self.room()
         return over if over > 0 else 0
 
     # -- writer side ------------------------------------------------------
@@ -368,7 +373,7 @@ class Channel:
 
     def _discard_unread(self) -> bool:
         had_unread = self.queued > 0
-        self.closed_with_backlog = self.queued > self.sndbuf + self.rcvbuf
+        self.closed_with_backlog = self.room() < 0
         self.reader_closed = True
         self._queue = _NO_QUEUE  # type: ignore[assignment]
         self._head_offset = 0

@@ -255,7 +255,7 @@ class LinkEnd:
             raise LinkBrokenError(errno.EPIPE)
         if not data:  # checked as any send is, and sends nothing
             return 0
-        room = out.sndbuf + out.rcvbuf - out.queued
+        room = out.room()
         if room <= 0 and not out.reader_closed:
             return 0
         if len(data) > room > 0:
@@ -306,7 +306,7 @@ class LinkEnd:
         (SO_LINGER {1, 0}) always resets.
         """
         if self.abortive:
-            self.reset(keep=self.outgoing.rcvbuf)
+            self.went_away()
             return
         link = self.link
         if link._lock is None:  # _claim_close(), inlined for one-thread links
@@ -332,12 +332,18 @@ class LinkEnd:
         self.drop_own_buffer()
         self.close()
 
+    def went_away(self) -> bool:
+        """The end went away at once, as a process that dies (its loop or
+        run closed, an abortive close): the friend gets what already sits
+        in its receive buffer, then the reset. False when the end was
+        already closed."""
+        return self.reset(keep=self.outgoing.rcvbuf)
+
     def reset(self, keep: int = 0) -> bool:
         """Close with a reset whatever is unread: the friend gets at most
         ``keep`` more bytes, then the error. ``keep=0``: a listener closed
-        with this connection still in its backlog; the friend's ``rcvbuf``:
-        the end went away at once (its loop closed), as a process that dies.
-        Returns False when the end was already closed."""
+        with this connection still in its backlog (see also
+        :meth:`went_away`). Returns False when the end was already closed."""
         if not self.link._claim_close(self):
             return False
         self.outgoing.reset(keep=keep)

@@ -163,7 +163,7 @@ class TrioEnd:
             return
         self._closed = True
         self._unhook()
-        self._end.reset(keep=self._out.rcvbuf)
+        self._end.went_away()
 
     def _warn_unclosed(self, warn: Any = warnings.warn) -> None:
         """Collected open: warn, and close as a socket collected unclosed
@@ -185,8 +185,7 @@ class TrioEnd:
             try:
                 state.token.run_sync_soon(end.abort)
             except trio.RunFinishedError:
-                keep = self._out.rcvbuf
-                close_when_safe(lambda: end.reset(keep=keep))
+                close_when_safe(end.went_away)
 
     # -- waking ------------------------------------------------------------
     def _wake_reader(self) -> None:
@@ -279,7 +278,7 @@ class TrioEnd:
             while view:
                 view = view[await self.send(view):]  # type: ignore[attr-defined]
             return
-        if (out.queued <= out.sndbuf + out.rcvbuf and not out.reader_closed) or \
+        if (out.room() >= 0 and not out.reader_closed) or \
                 not await self._wait_for_room(0, raise_broken=True):
             await _cancel_shielded_checkpoint()
 

@@ -207,8 +207,8 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
         out = self._out
         buffer = data
         if type(data) is not bytes:
-            data = _as_bytes(buffer, out.sndbuf + out.rcvbuf - out.queued)
-        if out.queued + len(data) <= out.sndbuf + out.rcvbuf and not self._closed and data and \
+            data = _as_bytes(buffer, out.room())
+        if len(data) <= out.room() and not self._closed and data and \
                 out.state is CHANNEL_OPEN and not out.reader_closed:
             out.push(data)  # the common case: it fits (a buffer: what of it fits)
             await _cancel_shielded_checkpoint()
@@ -219,7 +219,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
             if self._closed:
                 raise self._closed_error()
             if data is not buffer:  # a buffer: what fits now (a byte, to learn there is no room)
-                data = _as_bytes(buffer, max(out.sndbuf + out.rcvbuf - out.queued, 1))
+                data = _as_bytes(buffer, max(out.room(), 1))
             try:
                 sent = end.send_some(data)
             except LinkBrokenError as exc:
