@@ -31,7 +31,8 @@ import trio
 
 import friendsock
 from friendsock._core import _pcap
-from friendsock._core._channel import Channel, LockedChannel
+from friendsock._core._channel import Channel
+from friendsock._core._locked_channel import LockedChannel
 from support import Recorder, chunked, connected_pair, port_of
 from test_threads import EchoUntilEof, Factory, ThreadRecorder, close_server, make_server, other  # noqa: F401
 from trio_support import nothing_left_behind, receive_until_eof, stream_pair  # noqa: F401

@@ -25,7 +25,8 @@ import uvloop
 
 import friendsock
 from friendsock._asyncio import _loop_state, _wakeups
-from friendsock._core._channel import ChannelState, LockedChannel
+from friendsock._core._channel import ChannelState
+from friendsock._core._locked_channel import LockedChannel
 from friendsock._core._registry import registry
 from support import (  # noqa: F401 (a fixture)
     LOCALHOST,

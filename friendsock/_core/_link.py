@@ -20,7 +20,8 @@ import time
 from typing import Any, Callable, Optional, Protocol, Tuple, Type, Union
 
 from ._alive import LiveLinks
-from ._channel import CHANNEL_EOF, CHANNEL_OPEN, CHANNEL_RESET, CHANNEL_TCP, Channel, Hook, LockedChannel
+from ._channel import CHANNEL_EOF, CHANNEL_OPEN, CHANNEL_RESET, CHANNEL_TCP, Channel, Hook
+from ._locked_channel import LockedChannel
 from ._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
 from ._fork import Part, on_fork
 from ._stats import Shard, counters

@@ -25,7 +25,8 @@ import time
 from typing import Any, Deque, List, Optional, Protocol, Tuple
 
 from ._errors import PeerResetError
-from ._channel import Channel, ChannelState, LockedChannel
+from ._channel import Channel, ChannelState
+from ._locked_channel import LockedChannel
 from ._pcap import CLIENT, SERVER, Buffer, TcpFlow
 from ._stats import Shard
 
