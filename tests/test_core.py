@@ -160,7 +160,7 @@ def test_close_without_unread_bytes_sends_eof_after_the_data():
     assert channel.pull(1000) == b"x" * 100
 
 
-def test_hand_over_takes_an_end_closed_with_eof_and_refuses_a_reset():
+def test_going_on_over_tcp_takes_an_end_closed_with_eof_and_refuses_a_reset():
     """Going on over TCP: each end's queued bytes and EOF go to its socket,
     a closed end's too; a direction reset (a close over unread bytes)
     cannot be carried over."""
@@ -169,7 +169,7 @@ def test_hand_over_takes_an_end_closed_with_eof_and_refuses_a_reset():
     link.client.outgoing.push(b"request")
     link.client.close()
     sent = []
-    assert link.hand_over(lambda end, data, eof: sent.append((end, data, eof)), limit=1000)
+    assert link.go_on_over_tcp(lambda end, data, eof: sent.append((end, data, eof)), limit=1000)
     assert sent == [(link.client, b"request", True), (link.server, b"", False)]
     assert link.server.incoming.state is ChannelState.TCP
     assert link.server.outgoing.state is ChannelState.TCP
@@ -178,7 +178,7 @@ def test_hand_over_takes_an_end_closed_with_eof_and_refuses_a_reset():
     reset.establish()
     reset.server.outgoing.push(b"unread by the client")
     reset.client.close()
-    assert not reset.hand_over(lambda *args: sent.append(args), limit=1000)
+    assert not reset.go_on_over_tcp(lambda *args: sent.append(args), limit=1000)
     assert len(sent) == 2
 
 
@@ -207,7 +207,7 @@ class _LockWatched:
     (lambda end: end.send_some(b"written after"), -1),
     (lambda end: end.shutdown_write(), False),
 ])
-def test_a_write_racing_a_hand_over_goes_to_the_socket_after_what_was_queued(call, answer):
+def test_a_write_racing_the_move_to_tcp_goes_to_the_socket_after_what_was_queued(call, answer):
     """A write or shutdown on another thread while the link goes on over
     TCP: it is told to use its socket (-1, False) only once the hand-over
     has put the queued bytes there, so nothing overtakes them, and the
@@ -234,7 +234,7 @@ def test_a_write_racing_a_hand_over_goes_to_the_socket_after_what_was_queued(cal
             assert moved_on.wait(10)
             order.append(data)
 
-    assert link.hand_over(send, limit=1000)
+    assert link.go_on_over_tcp(send, limit=1000)
     assert done.wait(10)
     assert order == [b"queued before", "the writer's own"]
     assert answers == [answer]

@@ -195,16 +195,17 @@ async def adopt_paired_socket(
     ``accepted``) for a blocking socket that paired already (connected or
     accepted while ``patch_socket()`` was on): its end of the link goes on
     in a friend transport, as the loop's own transport takes a connected
-    socket over. None: not such a socket, or one that cannot be handed over
-    (the loop's own call then goes on, with its errors)."""
-    give_end_away = getattr(type(sock), "give_end_away", None)
-    if give_end_away is None:
+    socket over. None: not such a socket, or one whose end cannot be
+    detached for a loop (the loop's own call then goes on, with its
+    errors)."""
+    detach_for_loop = getattr(type(sock), "detach_for_loop", None)
+    if detach_for_loop is None:
         return None
     try:
         tls = _server_tls(kwargs) if accepted else _client_tls(kwargs)
     except (TypeError, ValueError):
         return None  # the loop's own call says what is wrong
-    given = give_end_away(sock)
+    given = detach_for_loop(sock)
     if given is None:
         return None
     end, real, sockname, peername = given

@@ -119,7 +119,7 @@ def _layer_class(loop: asyncio.AbstractEventLoop) -> Any:
 @functools.lru_cache(maxsize=None)
 def _uvloop_tls() -> Optional[Tuple[type, type]]:
     """uvloop's loop class and its SSLProtocol (with an instance dict, for
-    :func:`_hand_over_first`); None without uvloop."""
+    :func:`_hold_reading_past_handshake`); None without uvloop."""
     try:
         from uvloop import Loop
         from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]
@@ -132,7 +132,7 @@ def _uvloop_tls() -> Optional[Tuple[type, type]]:
     return Loop, FriendLinkSSLProtocol
 
 
-def _hand_over_first(loop: asyncio.AbstractEventLoop, layer: Any, transport: asyncio.BaseTransport,
+def _hold_reading_past_handshake(loop: asyncio.AbstractEventLoop, layer: Any, transport: asyncio.BaseTransport,
                      waiter: "asyncio.Future[None]") -> None:
     """uvloop's TLS hands the new transport to the caller of start_tls()
     before the protocol's first data_received(): the bytes that came with
@@ -300,7 +300,7 @@ def begin_tls_end(
         layer = _layer_class(loop)(loop, app_protocol, tls.sslcontext, waiter, tls.server_side,
                                    tls.server_hostname, **tls.timeouts())
         app_transport = _app_transport(layer, transport)
-        _hand_over_first(loop, layer, transport, waiter)
+        _hold_reading_past_handshake(loop, layer, transport, waiter)
     except BaseException:
         # Nothing ran on this end yet: it goes away as an abort, so its
         # friend sees it go and the link is released.
@@ -385,7 +385,7 @@ async def start_tls(
     conmade_cb = loop.call_soon(ssl_protocol.connection_made, transport)
     resume_cb = loop.call_soon(transport.resume_reading)  # type: ignore[attr-defined]
     app_transport = _app_transport(ssl_protocol, transport)  # type: ignore[arg-type]
-    _hand_over_first(loop, ssl_protocol, transport, waiter)
+    _hold_reading_past_handshake(loop, ssl_protocol, transport, waiter)
     try:
         await waiter
     except BaseException:

@@ -14,7 +14,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from .._core._stats import Shard, counters
 
-# Rounds of callbacks handed over by other threads that one wake-up runs.
+# Rounds of callbacks posted by other threads that one wake-up runs.
 _DRAIN_ROUNDS = 16
 # What one turn of the loop may deliver, however many links are ready:
 # drains, and bytes read (what asyncio reads of one socket in one turn).
@@ -267,7 +267,7 @@ class RemoteDrainQueue:
         self._pump()
 
     def _pump(self) -> None:
-        """Run what was handed over meanwhile (a friend on another thread
+        """Run what was posted meanwhile (a friend on another thread
         may answer while this loop still runs the batch: it finds the queue
         armed and writes nothing), for a bounded number of rounds; then the
         loop gets its turn, the queue still armed."""

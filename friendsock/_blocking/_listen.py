@@ -92,12 +92,12 @@ def claim(sock: FriendCapableSocket, address: Any, entry: Entry,
         if pending.state is PendingState.HELD and not _hold_for_client(sock, pending, timeout):
             return
         with _ends.lock:
-            # Handed over meanwhile (a fork, the client's hand-over): sock
+            # Moved to TCP meanwhile (a fork, the client's move to TCP): sock
             # is its connection, and the link nobody's to adopt.
-            handed_over = pending.link.server.incoming.state is CHANNEL_TCP
-            if not handed_over:
+            moved_to_tcp = pending.link.server.incoming.state is CHANNEL_TCP
+            if not moved_to_tcp:
                 adopt_accepted(descriptor, pending)  # type: ignore[arg-type]
-        if not handed_over:
+        if not moved_to_tcp:
             become_friend(sock, pending.link.server, sockname, address, descriptor)
     finally:
         _ends.connecting.pop(pending.link.server, None)

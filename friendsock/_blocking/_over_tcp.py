@@ -59,7 +59,7 @@ def _send_on_tcp(sock: socket.socket, data: bytes, eof: bool) -> None:
 
 def link_over_tcp(link: Link, ends: Mapping[LinkEnd, Sequence[SocketOnLink]],
                   unaccepted: bool = False) -> bool:
-    """``link`` goes on over TCP (:meth:`Link.hand_over`) if its ends are
+    """``link`` goes on over TCP (:meth:`Link.go_on_over_tcp`) if its ends are
     blocking sockets' (``ends``; its server end not accepted yet, with
     ``unaccepted``), one of them closed already or not, and their sockets
     become their real ones. Under ``_ends.lock``. False: a friend link it
@@ -96,7 +96,7 @@ def link_over_tcp(link: Link, ends: Mapping[LinkEnd, Sequence[SocketOnLink]],
             _send_on_tcp(real, data, eof)
             switch()
 
-    if not link.hand_over(send, OVER_TCP_LIMIT, first=next(iter(others), None)):
+    if not link.go_on_over_tcp(send, OVER_TCP_LIMIT, first=next(iter(others), None)):
         return False
     for same in sockets.values():
         for sock in same:  # type: ignore[union-attr]

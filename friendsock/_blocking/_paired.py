@@ -9,7 +9,7 @@ for every friend end. ``fileno()`` is a readiness descriptor that
 
 A socket object changes class twice here, in place (its user holds it):
 a ``FriendCapableSocket`` that pairs becomes a :class:`FriendBlockingSocket`,
-and one whose link goes on over TCP becomes a :class:`HandedOverSocket`,
+and one whose link goes on over TCP becomes a :class:`OverTcpSocket`,
 its real socket again.
 """
 
@@ -45,7 +45,7 @@ def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peerna
                   descriptor: Descriptor) -> bool:
     """Turn ``sock`` (connected or accepted, the link established) into the
     friend socket of ``end``; False, ``sock`` left as it is, when a fork
-    handed the link over to TCP meanwhile (``sock`` is its connection)."""
+    moved the link to TCP meanwhile (``sock`` is its connection)."""
     with _ends.lock:
         if end.incoming.state is CHANNEL_TCP:
             return False
@@ -76,7 +76,7 @@ def _make_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peernam
     friend._options = FriendSocket(descriptor, end, capacity_changed)  # type: ignore[arg-type]
     # Its real descriptor is never handed out (fileno() is the readiness
     # descriptor's): the friend's FIN waits for an event loop's transport
-    # that takes the end over (give_end_away) to show it. (Hidden before it
+    # that takes the end over (detach_for_loop) to show it. (Hidden before it
     # is hooked in: a friend done writing on its thread meanwhile owes it.)
     end.fd_hidden = True
     # The hooks hold the signals only: a friend socket its user drops is
@@ -116,7 +116,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
     Its life, one object throughout (its user holds it): made a
     ``FriendCapableSocket``; this class once its connect or accept pairs
     (:func:`become_friend` sets ``__class__``: never made directly); closed
-    here, or :class:`HandedOverSocket` once its link goes on over TCP
+    here, or :class:`OverTcpSocket` once its link goes on over TCP
     (``_now_tcp``), a plain socket from then on."""
 
     _descriptor: Descriptor
@@ -158,7 +158,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
             ready = self._signals.ready
             if ready is not None:  # another thread made it meanwhile
                 return ready.fd
-            if self._in.state is CHANNEL_TCP:  # handed over meanwhile
+            if self._in.state is CHANNEL_TCP:  # moved to TCP meanwhile
                 return _ss.fileno(self)  # type: ignore[no-any-return]
             try:
                 ready = Readiness(self)
@@ -305,8 +305,8 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         if not self._friend_closed:
             self._close_friend()
 
-    def give_end_away(self) -> Optional[Tuple[LinkEnd, socket.socket, Any, Any]]:
-        """Hand this socket's end of the link to an event loop's transport
+    def detach_for_loop(self) -> Optional[Tuple[LinkEnd, socket.socket, Any, Any]]:
+        """Detach this socket's end of the link for an event loop's transport
         (``create_connection(sock=)`` of an installed loop: uvloop's own
         would do its I/O on the readiness descriptor): ``(end, real socket,
         sockname, peername)``, this socket closed as far as its user is
@@ -335,7 +335,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         releases the TCP descriptor once both ends are done. Of a socket
         duplicated (dup()), only the last one's close does."""
         self._friend_closed = True
-        if self._in.state is CHANNEL_TCP:  # handed over as this close began
+        if self._in.state is CHANNEL_TCP:  # moved to TCP as this close began
             _ss.close(self)
             return
         handles = self.__dict__.get("_handles")
@@ -353,7 +353,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         """The link went on over TCP: from now on this is its real socket.
         One somebody polls keeps its ``fileno()``: that number becomes its
         connection's descriptor."""
-        self.__class__ = HandedOverSocket
+        self.__class__ = OverTcpSocket
         signals = self._signals
         ready, signals.ready = signals.ready, None
         if ready is not None:
@@ -372,7 +372,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         self._descriptor.close_kept()
 
 
-class HandedOverSocket(FriendCapableSocket):
+class OverTcpSocket(FriendCapableSocket):
     """A friend socket whose link went on over TCP (a fork, ``detach()``):
     the real socket, made this class in place by ``_now_tcp`` (its last
     class; :func:`as_plain_socket` makes it the patched class itself). A
@@ -383,7 +383,7 @@ class HandedOverSocket(FriendCapableSocket):
 for _name in ("_check_open", "_wait_deadline", "_drained", "_readable", "_flags_timeout",
               "_sync_writable", "_send_some", "_wait_writable", "_push_whole", "_send_all",
               "_shutdown_end", "_shutdown_on_tcp", "_show_fin", "_close_friend", "_watched"):
-    setattr(HandedOverSocket, _name, getattr(FriendBlockingSocket, _name))
+    setattr(OverTcpSocket, _name, getattr(FriendBlockingSocket, _name))
 
 
 def ends_of_sockets() -> Dict[LinkEnd, List[FriendBlockingSocket]]:
@@ -407,7 +407,7 @@ def _socket_over_tcp(sock: FriendBlockingSocket) -> bool:
     ends = ends_of_sockets()
     if link_over_tcp(link, ends):
         return True
-    if sock._end is not link.client or not link.can_hand_over(OVER_TCP_LIMIT) or \
+    if sock._end is not link.client or not link.can_go_on_over_tcp(OVER_TCP_LIMIT) or \
             not registry.withdraw_unclaimed(flow_key(sock._sockname, sock._peername), link):
         return False
     if link_over_tcp(link, ends, unaccepted=True):
@@ -426,7 +426,7 @@ def _unclaimed_over_tcp(sock: FriendBlockingSocket) -> bool:
     friend link (claimed already, a proven listener, or more written than
     the connection takes at once)."""
     link = sock._end.link
-    if sock._end is not link.client or not link.can_hand_over(OVER_TCP_LIMIT) or \
+    if sock._end is not link.client or not link.can_go_on_over_tcp(OVER_TCP_LIMIT) or \
             not registry.withdraw_unclaimed(flow_key(sock._sockname, sock._peername), link,
                                             unless_proven=True):
         return False
@@ -439,12 +439,12 @@ def _unclaimed_over_tcp(sock: FriendBlockingSocket) -> bool:
 def go_on_over_tcp(sock: FriendBlockingSocket, what: str) -> None:
     """``sock``'s connection goes on over TCP now: ``what`` is to do its own
     I/O on the descriptor (C code: pyOpenSSL's ``SSL.Connection``, or
-    ``detach()``). OSError (EOPNOTSUPP) when the link cannot be handed over
+    ``detach()``). OSError (EOPNOTSUPP) when the link cannot be moved to TCP
     (its friend is an asyncio transport, say): better than I/O that waits
     forever."""
     with _ends.lock:
         if type(sock) is not FriendBlockingSocket or sock._friend_closed:
-            return  # handed over already (a fork), or closed: the descriptor's own
+            return  # moved to TCP already (a fork), or closed: the descriptor's own
         if not _socket_over_tcp(sock):
             raise not_through_descriptor(what)
 
@@ -456,7 +456,7 @@ def as_plain_socket(sock: socket.socket, what: str) -> None:
     see :func:`go_on_over_tcp`), and the socket is of that class again."""
     if type(sock) is FriendBlockingSocket:
         go_on_over_tcp(sock, what)
-    if type(sock) is HandedOverSocket:
+    if type(sock) is OverTcpSocket:
         sock.__class__ = FriendCapableSocket
 
 

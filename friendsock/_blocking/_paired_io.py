@@ -150,7 +150,7 @@ class PairedIO(_Socket):
                 if not peek and not channel.queued and self._signals.ready is not None:
                     self._drained()
                 return data
-            # Taken by a duplicate's reader, or handed over to TCP (a fork),
+            # Taken by a duplicate's reader, or moved to TCP (a fork),
             # since we looked.
             seen = self._readable(self._flags_timeout(flags, _SUPPORTED_RECV_FLAGS) if flags
                                   else self.gettimeout())

@@ -10,8 +10,8 @@ urllib3/requests, ``socketserver``, ``http.server``) make friend-capable
 sockets without being patched themselves. ``ssl.SSLContext.wrap_socket``
 is patched too: a friend socket's TLS runs over its link
 (:mod:`friendsock._blocking._tls`); pyOpenSSL's ``SSL.Connection``, which
-does its I/O on the descriptor, gets a friend socket's connection handed
-over to TCP first.
+does its I/O on the descriptor, gets a friend socket's connection moved
+to TCP first.
 """
 
 from __future__ import annotations

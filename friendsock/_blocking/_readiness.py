@@ -42,7 +42,7 @@ _FILL = bytes(4096)  # enough to make a minimal AF_UNIX send buffer unwritable
 _TOKEN = b"r"
 # How far the connection's shutdown shows on a readiness descriptor.
 _OPEN, _READ_DONE, _HUNG_UP = 0, 1, 2
-# How long a hand-over waits for the threads asleep on a readiness
+# How long a move to TCP waits for the threads asleep on a readiness
 # descriptor to wake and let go of it (a woken select() needs no GIL:
 # microseconds, unless its CPU is busy).
 _SLEEPERS_LET_GO_MS = 500

@@ -33,7 +33,7 @@ class ChannelState(enum.Enum):
     OPEN = "open"  # the writer may write
     EOF = "eof"  # the writer shut down; the reader gets EOF after the bytes
     RESET = "reset"  # the reader gets a reset after the bytes kept
-    TCP = "tcp"  # the connection went on over TCP (Link.hand_over): ends use their sockets
+    TCP = "tcp"  # the connection went on over TCP (Link.go_on_over_tcp): ends use their sockets
 
     # Members are singletons compared by identity: hashed by identity too, in
     # C (Enum's own __hash__ is a Python call, and every move looks one up).
@@ -195,7 +195,7 @@ class Channel:
     def shutdown(self) -> bool:
         """EOF after the bytes already queued (once: a direction shut, or
         reset, stays so). False, nothing changed, when the connection went
-        on over TCP (:meth:`hand_over`, on another thread): the EOF is the
+        on over TCP (:meth:`go_on_over_tcp`, on another thread): the EOF is the
         writer's socket's to send."""
         state = self.state
         if state is CHANNEL_TCP:
@@ -385,8 +385,8 @@ class Channel:
         """A buffer size changed: wake a writer whose threshold now holds."""
         self._consumed(0)
 
-    def hand_over(self) -> Tuple[bytes, bool]:
-        """The connection goes on over TCP (:meth:`Link.hand_over`, which
+    def take_for_tcp(self) -> Tuple[bytes, bool]:
+        """The connection goes on over TCP (:meth:`Link.go_on_over_tcp`, which
         holds the lock): the bytes still queued, which the writer's socket
         sends before anything else, and whether its EOF follows them."""
         data = Channel.peek(self, self.queued)
@@ -398,8 +398,8 @@ class Channel:
         self._move(CHANNEL_TCP)
         return data, eof
 
-    def after_hand_over(self) -> None:
-        """Returns once a hand-over (:meth:`Link.hand_over`) has put what was
+    def after_over_tcp(self) -> None:
+        """Returns once a move to TCP (:meth:`Link.go_on_over_tcp`) has put what was
         queued on the socket: the writer's own sends come after it."""
 
     # -- internals --------------------------------------------------------

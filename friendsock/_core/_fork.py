@@ -38,7 +38,7 @@ class Part(enum.IntEnum):
     FINALIZING = 5
     # Blocking sockets' readiness descriptors and the parkers' wake-ups.
     READINESS = 6
-    # Links between blocking sockets: handed over to TCP before the fork
+    # Links between blocking sockets: moved to TCP before the fork
     # (its lock held through it), their stale ends cut off in the child.
     BLOCKING = 7
     # Capture files: a child writes nothing into its parent's.

@@ -125,8 +125,8 @@ class LinkEnd:
         # SO_LINGER {1, 0} set on its socket: its close is a reset.
         self.abortive = False
         # Set by an adapter whose end can go on over its real socket when
-        # the link is handed over (Link.hand_over): gives that socket and
-        # the switch to it (see friendsock._blocking's _hand_over); None:
+        # the link moves to TCP (Link.go_on_over_tcp): gives that socket and
+        # the switch to it (see friendsock._blocking._over_tcp); None:
         # it cannot.
         self.over_tcp: Optional[Callable[[], Optional[Tuple[Any, Callable[[], None]]]]] = None
         # Its real socket is friendsock's own, and its descriptor was never
@@ -248,7 +248,7 @@ class LinkEnd:
         :meth:`send_refused`)."""
         out = self.outgoing
         if out.state is CHANNEL_TCP:
-            out.after_hand_over()
+            out.after_over_tcp()
             return -1
         if out.state is CHANNEL_RESET or self.incoming.state is CHANNEL_RESET:
             raise self.send_error()
@@ -280,14 +280,14 @@ class LinkEnd:
     def shutdown_write(self) -> bool:
         """``shutdown(SHUT_WR)``: EOF after what was written. After the
         friend's reset the socket is closed, and shutdown fails ENOTCONN.
-        False when the connection went on over TCP (:meth:`Link.hand_over`,
+        False when the connection went on over TCP (:meth:`Link.go_on_over_tcp`,
         maybe while this call began): the shutdown is the socket's own, to
-        make now that the hand-over has sent what was queued."""
+        make now that the move to TCP has sent what was queued."""
         if self.incoming.state is CHANNEL_RESET:
             raise LinkBrokenError(errno.ENOTCONN)
         out = self.outgoing
         if out.state is CHANNEL_OPEN or out.state is CHANNEL_TCP:
-            # (Under the channel's lock: a hand-over under way has sent
+            # (Under the channel's lock: a move to TCP under way has sent
             # what was queued by the time this returns.)
             return out.shutdown()
         return True
@@ -353,8 +353,8 @@ class LinkEnd:
         return True
 
 
-def _may_hand_over(client: LinkEnd, server: LinkEnd, limit: int) -> bool:
-    """:meth:`Link.hand_over`'s conditions: an end open, or closed with its
+def _may_go_on_over_tcp(client: LinkEnd, server: LinkEnd, limit: int) -> bool:
+    """:meth:`Link.go_on_over_tcp`'s conditions: an end open, or closed with its
     EOF sent (a close over unread bytes reset the friend's direction; one
     still under way, on another thread, has not sent its EOF yet); no
     direction reset, none holding more than ``limit`` bytes."""
@@ -453,14 +453,14 @@ class Link:
         """``end``'s friend: the link's other end (None once it is done)."""
         return self.server if end is self.client else self.client
 
-    def can_hand_over(self, limit: int) -> bool:
-        """Whether :meth:`hand_over` would go ahead now (it checks again,
+    def can_go_on_over_tcp(self, limit: int) -> bool:
+        """Whether :meth:`go_on_over_tcp` would go ahead now (it checks again,
         under the locks)."""
         client, server = self.client, self.server
         return client is not None and server is not None and \
-            _may_hand_over(client, server, limit)
+            _may_go_on_over_tcp(client, server, limit)
 
-    def hand_over(self, send: Callable[[LinkEnd, bytes, bool], None], limit: int,
+    def go_on_over_tcp(self, send: Callable[[LinkEnd, bytes, bool], None], limit: int,
                   first: Optional[LinkEnd] = None) -> bool:
         """Go on over TCP: the real connection under the link, which carried
         no payload, carries everything from now on (the process forks, and
@@ -477,9 +477,9 @@ class Link:
         left, which then closes as the kernel's would have. (An EOF whose
         FIN the socket sent already, :meth:`LinkEnd.fin_to_show`, is not
         sent again; bytes cannot follow it, so a direction with any left
-        is not handed over.)
+        is not moved to TCP.)
 
-        ``first``: the end handed over first, before its reader can find
+        ``first``: the end moved first, before its reader can find
         TCP (an end whose ``send`` also switches it to its socket, and whose
         reader does not take the locks to look).
 
@@ -496,10 +496,10 @@ class Link:
         for lock in locks:
             lock.acquire()
         try:
-            if not _may_hand_over(client, server, limit):
+            if not _may_go_on_over_tcp(client, server, limit):
                 return False
             for end in (ends if first is not server else (server, client)):
-                data, eof = end.outgoing.hand_over()
+                data, eof = end.outgoing.take_for_tcp()
                 if eof:
                     shown = end.fin is FIN_SHOWN
                     end.fin = FIN_SHOWN
@@ -520,7 +520,7 @@ class Link:
         return True
 
     def forked_away(self) -> None:
-        """In a forked child, a link not handed over (:meth:`hand_over`): its
+        """In a forked child, a link not moved to TCP (:meth:`go_on_over_tcp`): its
         other end is the parent's, its copy here nobody's. Both directions
         are reset, so this child's ends fail at once instead of waiting
         forever; nothing is notified (whoever waits on them is the

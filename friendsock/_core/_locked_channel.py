@@ -76,8 +76,8 @@ class LockedChannel(Channel):
         with self._lock:
             Channel.truncate(self, keep)
 
-    def after_hand_over(self) -> None:
-        with self._lock:  # held by the hand-over while it sends
+    def after_over_tcp(self) -> None:
+        with self._lock:  # held by a move to TCP while it sends
             pass
 
     def reset(self, keep: int) -> None:
@@ -115,7 +115,7 @@ class LockedChannel(Channel):
 
     def pull(self, limit: int, join_limit: Optional[int] = None) -> bytes:
         """As :meth:`Channel.pull`; b"" when the bytes the reader saw were
-        handed over to TCP before it took them (it looks again: TCP)."""
+        moved to TCP before it took them (it looks again: TCP)."""
         lock = self._lock
         lock.acquire()
         try:

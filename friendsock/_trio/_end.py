@@ -122,7 +122,7 @@ class TrioEnd:
             return wake_reader, wake_writer
         run_sync_soon = self._state.token.run_sync_soon
 
-        def hand_over(wake: Callable[[], None]) -> Callable[[], None]:
+        def posted_to_run(wake: Callable[[], None]) -> Callable[[], None]:
             def remote() -> None:
                 try:
                     run_sync_soon(wake)
@@ -133,7 +133,7 @@ class TrioEnd:
 
             return remote
 
-        return hand_over(wake_reader), hand_over(wake_writer)
+        return posted_to_run(wake_reader), posted_to_run(wake_writer)
 
     def _unhook(self) -> None:
         self._end.describe = None
@@ -159,7 +159,7 @@ class TrioEnd:
         """Our run ended with this end open (called on whatever thread found
         out). The friend sees what a process that dies leaves behind: a
         reset, after the bytes already in its receive buffer."""
-        if self._closed or self._end.closed:  # (closed by a hand-over to TCP: nothing to reset)
+        if self._closed or self._end.closed:  # (closed by a move to TCP: nothing to reset)
             return
         self._closed = True
         self._unhook()
@@ -218,7 +218,7 @@ class TrioEnd:
         channel = self._in
         if channel.queued and not self._closed:  # the common case, first
             data = channel.peek(max_bytes) if peek else channel.pull(max_bytes, _MAX_JOIN)
-            if data:  # (b"": handed over to TCP meanwhile, see below)
+            if data:  # (b"": moved to TCP meanwhile, see below)
                 await _cancel_shielded_checkpoint()
                 return data
         parked = False
@@ -249,7 +249,7 @@ class TrioEnd:
                 error = self._end.take_error()
                 if error is not None:
                     raise self._broken(error)
-            if seen is SEEN_TCP:  # handed over (LinkEnd.over_tcp): trio's own socket by now
+            if seen is SEEN_TCP:  # moved to TCP (LinkEnd.over_tcp): trio's own socket by now
                 return await self.recv(max_bytes, _PEEK if peek else 0)  # type: ignore[attr-defined,no-any-return]
             data = b""  # EOF
             break
@@ -273,7 +273,7 @@ class TrioEnd:
         except ChannelShutdownError:
             if out.state is not CHANNEL_TCP:
                 raise
-            # Handed over meanwhile (LinkEnd.over_tcp): trio's own socket by now.
+            # Moved to TCP meanwhile (LinkEnd.over_tcp): trio's own socket by now.
             view = memoryview(data)
             while view:
                 view = view[await self.send(view):]  # type: ignore[attr-defined]

@@ -224,7 +224,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
                 sent = end.send_some(data)
             except LinkBrokenError as exc:
                 raise exc.as_os_error() from None
-            if sent < 0:  # handed over meanwhile
+            if sent < 0:  # moved to TCP meanwhile
                 return await TrioSocketType.send(self, buffer)  # type: ignore[attr-defined,no-any-return]
             if sent or not data:
                 break
@@ -328,7 +328,7 @@ def _over_tcp(friend: FriendTrioSocket) -> Callable[[], Optional[Tuple[socket.so
         if friend is None or friend._closed:
             return None
 
-        def switch() -> None:  # on the hand-over's thread, under the link's locks
+        def switch() -> None:  # on the move's thread, under the link's locks
             friend.__class__ = TrioSocketType
             unwatch_options(friend._sock)
             friend._end.describe = None
