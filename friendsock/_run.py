@@ -131,7 +131,7 @@ def run_program(program: Program, ready: Callable[[], None]) -> None:
     if program.kind == "code":
         _set_path0("")
         argv0 = "-c"
-        main.__loader__ = importlib.machinery.BuiltinImporter  # type: ignore[assignment]
+        main.__loader__ = importlib.machinery.BuiltinImporter
         code = _hidden_frames(lambda: compile(program.name, "<string>", "exec", dont_inherit=True))
     elif program.kind == "module":
         _set_path0(os.getcwd())
@@ -201,9 +201,9 @@ def _script(main: types.ModuleType, path: str) -> Tuple[types.CodeType, str]:
     _set_path0(os.path.dirname(os.path.realpath(absolute)))
     main.__dict__.update(__file__=absolute, __cached__=None, __package__=None, __spec__=None)
     if source[:4] == importlib.util.MAGIC_NUMBER:  # a .pyc file
-        main.__loader__ = importlib.machinery.SourcelessFileLoader("__main__", absolute)  # type: ignore[assignment]
+        main.__loader__ = importlib.machinery.SourcelessFileLoader("__main__", absolute)
         return marshal.loads(source[16:]), path
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", absolute)  # type: ignore[assignment]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", absolute)
     return _hidden_frames(lambda: compile(source, absolute, "exec", dont_inherit=True)), path
 
 

@@ -74,7 +74,7 @@ async def sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, add
     if not in_loop_own_connect() and isinstance(address, tuple) and len(address) >= 2:
         pending = register_adoptable_connect(sock, address, owner=loop)
     if pending is None:
-        return await connect(sock, address)  # type: ignore[no-any-return]
+        return await connect(sock, address)
     adoptable_connecting.add(sock)
     try:
         if isinstance(loop, asyncio.BaseEventLoop):
@@ -301,7 +301,7 @@ async def connect_accepted_socket(
             elif await _adopt_accepted_end(loop, sock, pending):
                 return await start_server_end(loop, pending, sock, sockname, address,
                                               protocol_factory, tls)
-    return await native(loop, "connect_accepted_socket")(  # type: ignore[no-any-return]
+    return await native(loop, "connect_accepted_socket")(
         protocol_factory, sock, **kwargs)
 
 

@@ -74,7 +74,7 @@ async def create_connection_on(
         if sock is None or is_tcp_socket(sock):  # (a Unix socket's is no TCP connection)
             counters.fallback(reason, _destination(host, port, sock))
         with loop_own_connects():  # its inner sock_connect is not to adopt
-            return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
+            return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)
     tls = None
     if kwargs:
         tls = _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
@@ -162,7 +162,7 @@ async def create_server_on(
             (given is not None and not is_tcp_socket(given)):
         # (A Unix socket's server is no TCP listener; a datagram socket gets
         # the loop's own error.)
-        return await native(loop, "create_server")(protocol_factory, host, port, **kwargs)  # type: ignore[no-any-return]
+        return await native(loop, "create_server")(protocol_factory, host, port, **kwargs)
     _bind(loop, "create_server", protocol_factory, host, port, **kwargs)
     start_serving = kwargs.pop("start_serving", True)
     backlog = kwargs.pop("backlog", 100)

@@ -99,14 +99,14 @@ def _bound(attribute: Any, loop: Any) -> Callable[..., Any]:
     """``attribute``, found in a class's ``__dict__``, as ``loop.<name>``
     would give it: bound if a descriptor, as it is if not (a mock)."""
     get = getattr(type(attribute), "__get__", None)
-    return attribute if get is None else get(attribute, loop, type(loop))  # type: ignore[no-any-return]
+    return attribute if get is None else get(attribute, loop, type(loop))
 
 
 def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
     """The loop's own method ``name``, whatever friendsock patched."""
     saved = getattr(loop, "__dict__", {}).get(_INSTANCE_SAVED)
     if saved is not None and saved.get(name, _MISSING) is not _MISSING:
-        return saved[name]  # type: ignore[no-any-return]
+        return saved[name]
     current = _class_wrapper_context.get()
     if current is not None and current[0] is loop:
         patch = _class_patches.get(current[1])
@@ -118,7 +118,7 @@ def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
             return _bound(patch.original(name), loop)
         if name in klass.__dict__:
             return _bound(klass.__dict__[name], loop)
-    return getattr(loop, name)  # type: ignore[no-any-return]
+    return getattr(loop, name)
 
 
 def is_class_patched(klass: type) -> bool:

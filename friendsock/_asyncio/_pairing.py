@@ -198,7 +198,7 @@ def _native_connection(
 ) -> Awaitable[Tuple[asyncio.Transport, asyncio.BaseProtocol]]:
     """The connection on ``sock`` over the loop's own transport (TLS too)."""
     keywords = {} if tls is None else tls.connect_keywords()
-    return native(loop, "create_connection")(protocol_factory, sock=sock, **keywords)  # type: ignore[no-any-return]
+    return native(loop, "create_connection")(protocol_factory, sock=sock, **keywords)
 
 
 async def start_client_end(

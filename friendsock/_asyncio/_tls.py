@@ -126,7 +126,7 @@ def _uvloop_tls() -> Optional[Tuple[type, type]]:
     except ImportError:  # pragma: no cover - no uvloop, or one without it
         return None
 
-    class FriendLinkSSLProtocol(SSLProtocol):  # type: ignore[misc, valid-type]
+    class FriendLinkSSLProtocol(SSLProtocol):
         __slots__ = ("__dict__",)
 
     return Loop, FriendLinkSSLProtocol
@@ -176,8 +176,8 @@ def _app_transport(layer: Any, transport: FriendTransport) -> asyncio.Transport:
     uvloop's makes it when asked, to run its protocol's callbacks in the
     underlying transport's context, as over its own sockets."""
     if _is_uvloops(layer):
-        return layer._get_app_transport(transport._context)  # type: ignore[no-any-return]
-    return layer._app_transport  # type: ignore[no-any-return]
+        return layer._get_app_transport(transport._context)
+    return layer._app_transport
 
 
 # asyncio's and uvloop's TLS layers read up to 256 KiB at a time into a new
@@ -349,7 +349,7 @@ async def start_tls(
     if isinstance(loop, asyncio.BaseEventLoop) or not on_friend_link:
         # The stdlib loop takes friend transports as they are; anything not
         # on a friend link is the loop's own business, errors included.
-        return await native(loop, "start_tls")(  # type: ignore[no-any-return]
+        return await native(loop, "start_tls")(
             transport,
             protocol,
             sslcontext,

@@ -152,7 +152,7 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
         OriginalSocket.__init__(self, family, type, proto, fileno)
 
     def __repr__(self) -> str:
-        return named_as(OriginalSocket.__repr__(self), "socket.socket")  # type: ignore[call-arg]
+        return named_as(OriginalSocket.__repr__(self), "socket.socket")
 
     # -- connecting -------------------------------------------------------
     def connect(self, address: Any) -> None:
@@ -183,7 +183,7 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
         entry: Optional[Entry] = self.__dict__.get(_ENTRY)
         if entry is not None:
             entry.proven = True  # what it accepts from now on, it claims
-        fd, address = self._accept()  # type: ignore[attr-defined]
+        fd, address = self._accept()
         entry = self.__dict__.get(_ENTRY)
         if entry is not None:
             make_room(entry)  # connects held back by a full accept queue may go on

@@ -73,7 +73,7 @@ def take_listener(sock: socket.socket) -> Optional[Entry]:
     (:func:`listener_passed_on`). None for any other socket."""
     if type(sock) is not FriendCapableSocket:
         return None
-    return sock.__dict__.pop(_ENTRY, None)  # type: ignore[no-any-return]
+    return sock.__dict__.pop(_ENTRY, None)
 
 
 def claim(sock: FriendCapableSocket, address: Any, entry: Entry,

@@ -57,7 +57,7 @@ def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peerna
 def _make_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peername: Any,
                  descriptor: Descriptor) -> None:
     sock.__class__ = FriendBlockingSocket
-    friend: FriendBlockingSocket = sock  # type: ignore[assignment]
+    friend: FriendBlockingSocket = sock
     _ends.friend_sockets.add(friend)
     signals = Signals(end.incoming)
     friend.__dict__.update(
@@ -159,13 +159,13 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
             if ready is not None:  # another thread made it meanwhile
                 return ready.fd
             if self._in.state is CHANNEL_TCP:  # moved to TCP meanwhile
-                return _ss.fileno(self)  # type: ignore[no-any-return]
+                return _ss.fileno(self)
             try:
                 ready = Readiness(self)
             except OSError as exc:
                 if exc.errno not in (errno.EMFILE, errno.ENFILE) or not _socket_over_tcp(self):
                     raise
-                return _ss.fileno(self)  # type: ignore[no-any-return]
+                return _ss.fileno(self)
             self._signals.ready = ready
             self._drained()  # readable now if there is something to read
             self._sync_writable()
@@ -188,7 +188,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         its bytes are this one's link, and the connection closes with the
         last of them."""
         self._check_open()
-        twin: FriendBlockingSocket = FriendCapableSocket.__new__(FriendCapableSocket)  # type: ignore[assignment]
+        twin: FriendBlockingSocket = FriendCapableSocket.__new__(FriendCapableSocket)
         self._share_with(twin)
         return twin
 
@@ -202,9 +202,9 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         self._check_open()
         # For what stays a descriptor's (addresses, options).
         fd = _socket.dup(_ss.fileno(self))
-        OriginalSocket.__init__(twin, self.family, self.type, self.proto, fd)  # type: ignore[misc]
+        OriginalSocket.__init__(twin, self.family, self.type, self.proto, fd)
         twin.__class__ = FriendBlockingSocket
-        _ends.friend_sockets.add(twin)  # type: ignore[arg-type]
+        _ends.friend_sockets.add(twin)
         handles = self.__dict__.get("_handles")
         if handles is None:
             handles = self._handles = _Handles()
@@ -230,7 +230,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         if fd is not None:
             if not self._friend_closed:
                 self._close_friend()
-            return fd  # type: ignore[no-any-return]
+            return fd
         if not self._friend_closed:
             go_on_over_tcp(self, "detach()")
         return OriginalSocket.detach(self)
@@ -265,20 +265,20 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
 
     def sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
         # os.sendfile() would write to the readiness descriptor: send() instead.
-        return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
+        return self._sendfile_use_send(file, offset, count)
 
     def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
         # The stdlib's os.sendfile() path, which code may call itself (CPython's
         # own tests do): its checks, its giving up on what os.sendfile()
         # cannot read, and its result; the bytes go through send() too.
-        self._check_sendfile_params(file, offset, count)  # type: ignore[attr-defined]
+        self._check_sendfile_params(file, offset, count)
         try:
             size = os.fstat(file.fileno()).st_size
         except (AttributeError, io.UnsupportedOperation, OSError) as exc:
             raise socket._GiveupOnSendfile(exc)  # type: ignore[attr-defined]  # not a regular file
         if not size:
             return 0
-        return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
+        return self._sendfile_use_send(file, offset, count)
 
 
     # -- shutting down and closing ------------------------------------------------

@@ -157,7 +157,7 @@ class PairedIO(_Socket):
         if seen is SEEN_EOF:
             return b""
         if seen is SEEN_TCP:
-            return _ss.recv(self, bufsize, flags)  # type: ignore[no-any-return]
+            return _ss.recv(self, bufsize, flags)
         self._read_reset()
         return b""
 
@@ -172,7 +172,7 @@ class PairedIO(_Socket):
             if seen is SEEN_DATA:
                 return channel.peek(bufsize)
             if seen is SEEN_TCP:
-                return _ss.recv(self, bufsize, flags)  # type: ignore[no-any-return]
+                return _ss.recv(self, bufsize, flags)
             if seen is SEEN_RESET:
                 self._read_reset()
             return b""
@@ -228,7 +228,7 @@ class PairedIO(_Socket):
         if seen is SEEN_EOF:
             return 0
         if seen is SEEN_TCP:
-            return _ss.recv_into(self, view)  # type: ignore[no-any-return]
+            return _ss.recv_into(self, view)
         self._read_reset()
         return 0
 
@@ -344,7 +344,7 @@ class PairedIO(_Socket):
             self._check_open()
             sent = self._send_some(data)
             if sent < 0:
-                return _ss.send(self, data, flags)  # type: ignore[no-any-return]
+                return _ss.send(self, data, flags)
             if sent or not data:
                 return sent
             deadline = self._wait_writable(timeout, deadline)

@@ -96,7 +96,7 @@ def _teach_unix_loops(module: ModuleType) -> None:
         if type(sock) is FriendBlockingSocket:
             raise module.exceptions.SendfileNotAvailableError(
                 "os.sendfile() does not reach a friend socket's connection")
-        return await native(self, sock, file, offset, count)  # type: ignore[no-any-return]
+        return await native(self, sock, file, offset, count)
 
     _sock_sendfile_native._friendsock_native = native  # type: ignore[attr-defined]
     loop_class._sock_sendfile_native = _sock_sendfile_native  # type: ignore[union-attr]
@@ -147,7 +147,7 @@ def patch_again_if_put_back() -> None:
     the class's ``connect``."""
     with _lock:
         if _capable.patched and socket.socket is _saved and \
-                OriginalSocket.connect is _socket.socket.connect:  # type: ignore[attr-defined]
+                OriginalSocket.connect is _socket.socket.connect:
             socket.socket = FriendCapableSocket  # type: ignore[misc]
 
 

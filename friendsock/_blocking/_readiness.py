@@ -242,7 +242,7 @@ _per_thread = threading.local()
 def parker() -> Parker:
     """The calling thread's parker."""
     try:
-        return _per_thread.parker  # type: ignore[no-any-return]
+        return _per_thread.parker
     except AttributeError:
         made = _per_thread.parker = Parker()
         return made

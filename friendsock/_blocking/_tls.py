@@ -223,7 +223,7 @@ def _still_connected(sock: FriendBlockingSocket) -> bool:
     if data:
         reason = "Closed before TLS handshake with data in recv buffer."
         error = ssl.SSLError(errno.ENOTCONN, reason)
-        error.reason = reason  # type: ignore[misc]
+        error.reason = reason
         error.library = None  # type: ignore[assignment]
         raise error
     return False
@@ -260,16 +260,16 @@ class FriendSSLSocket(ssl.SSLSocket):
         try:
             self = cls.__new__(cls, family=sock.family, type=sock.type,  # type: ignore[call-arg]
                                proto=sock.proto, fileno=fd)
-            OriginalSocket.__init__(self, sock.family, sock.type, sock.proto, fd)  # type: ignore[misc]
+            OriginalSocket.__init__(self, sock.family, sock.type, sock.proto, fd)
         except BaseException:
             os.close(fd)
             raise
         # As the stdlib's detaches the socket it wraps: closing that one
         # afterwards leaves the connection to the TLS socket.
-        raw: FriendBlockingSocket = sock.dup()  # type: ignore[assignment]
+        raw: FriendBlockingSocket = sock.dup()
         sock._close_friend()
         sock = self._raw = raw
-        sock._under_tls = True  # type: ignore[attr-defined]
+        sock._under_tls = True
         _socket.socket.settimeout(self, sock.gettimeout())  # its ``timeout`` attribute
         self._plain_leftover = b""
         self._context = context
@@ -293,7 +293,7 @@ class FriendSSLSocket(ssl.SSLSocket):
         except BaseException:
             self.close()
             raise
-        return self  # type: ignore[no-any-return]
+        return self
 
     def __repr__(self) -> str:
         return named_as(super().__repr__(), "ssl.SSLSocket", friend=not self._closed)
@@ -336,7 +336,7 @@ class FriendSSLSocket(ssl.SSLSocket):
         self._sslobj = None
         self._raw.shutdown(how)
 
-    def _real_close(self) -> None:  # type: ignore[override]
+    def _real_close(self) -> None:
         self._sslobj = None
         try:
             self._raw.close()
@@ -358,7 +358,7 @@ class FriendSSLSocket(ssl.SSLSocket):
 
     def recv_into(self, buffer: Any, nbytes: Optional[int] = None, flags: int = 0) -> int:
         if self._sslobj is not None:
-            return super().recv_into(buffer, nbytes, flags)  # type: ignore[arg-type]
+            return super().recv_into(buffer, nbytes, flags)
         self._checkClosed()
         if self._plain_leftover and not flags:
             view = memoryview(buffer).cast("B")
@@ -380,7 +380,7 @@ class FriendSSLSocket(ssl.SSLSocket):
         return self._raw.sendall(data, flags)
 
     def sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
-        return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined,no-any-return]
+        return self._sendfile_use_send(file, offset, count)  # type: ignore[attr-defined]
 
 
 _native_wrap_socket = ssl.SSLContext.wrap_socket

@@ -155,7 +155,7 @@ class Counters:
     def shard(self) -> Shard:
         """The calling thread's shard."""
         try:
-            return self._local.shard  # type: ignore[no-any-return]
+            return self._local.shard
         except AttributeError:
             shard = self._local.shard = Shard()
             with self._lock:

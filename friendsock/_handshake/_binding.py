@@ -62,7 +62,7 @@ def first_host(local_infos: Optional[list], af: int) -> Optional[str]:
     """The IP :func:`bind_local` tries first for the family ``af``, if any."""
     for laf, _, _, _, laddr in local_infos or ():
         if laf == af:
-            return laddr[0]  # type: ignore[no-any-return]
+            return laddr[0]
     return None
 
 

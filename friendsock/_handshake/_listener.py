@@ -121,7 +121,7 @@ class ListenerHandle:
             info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
         except (OSError, ReferenceError):
             return 0, _ACCEPT_QUEUE_ANY
-        return _ACCEPT_QUEUE.unpack_from(info, _ACCEPT_QUEUE_OFFSET)  # type: ignore[return-value]
+        return _ACCEPT_QUEUE.unpack_from(info, _ACCEPT_QUEUE_OFFSET)
 
     def is_closed(self) -> bool:
         try:
@@ -240,7 +240,7 @@ _COLLECTED_LISTENER = _CollectedListener()
 
 def _listener_collected(entry: ListenerEntry) -> None:
     """A finalizer's: no lock taken (see collected_listeners)."""
-    entry.handle.sock = _COLLECTED_LISTENER  # type: ignore[assignment]
+    entry.handle.sock = _COLLECTED_LISTENER
     collected_listeners.append(entry)
 
 

@@ -66,7 +66,7 @@ def _detached(sock: socket.socket) -> socket.socket:
     if fd < 0:
         return sock
     # (The C type's plain ints: the stdlib's properties make enums of them.)
-    return STDLIB_SOCKET(_RAW_FAMILY(sock), _RAW_TYPE(sock), sock.proto, fd)  # type: ignore[no-any-return]
+    return STDLIB_SOCKET(_RAW_FAMILY(sock), _RAW_TYPE(sock), sock.proto, fd)
 
 
 _RAW_FAMILY, _RAW_TYPE = _socket.socket.family.__get__, _socket.socket.type.__get__

@@ -81,7 +81,7 @@ class TrioEnd:
     # -- the link --------------------------------------------------------
     def _hook_in(self) -> None:
         """Hook into the link (on the run's thread)."""
-        self._state.streams[id(self)] = weakref.ref(self)  # type: ignore[arg-type]
+        self._state.streams[id(self)] = weakref.ref(self)
         ref = weakref.ref(self)
         # For friendsock.links(): trio has no paused reading; a writer
         # parked waiting for room is paused writing.
@@ -250,7 +250,7 @@ class TrioEnd:
                 if error is not None:
                     raise self._broken(error)
             if seen is SEEN_TCP:  # moved to TCP (LinkEnd.over_tcp): trio's own socket by now
-                return await self.recv(max_bytes, _PEEK if peek else 0)  # type: ignore[attr-defined,no-any-return]
+                return await self.recv(max_bytes, _PEEK if peek else 0)  # type: ignore[attr-defined]
             data = b""  # EOF
             break
         if not parked:

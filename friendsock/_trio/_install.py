@@ -143,7 +143,7 @@ def _socket_exit(self: Any, *exc_info: Any) -> None:
     # real socket underneath, and the link's end would stay open.
     if type(self) is FriendTrioSocket:
         return self.__exit__(*exc_info)
-    return _native(_SocketType, "__exit__")(self, *exc_info)  # type: ignore[no-any-return]
+    return _native(_SocketType, "__exit__")(self, *exc_info)
 
 
 def _from_stdlib_socket(sock: socket.socket) -> Any:
@@ -184,7 +184,7 @@ def _patch_anyio(anyio: ModuleType) -> None:
             # anyio's package finds its names lazily (a module __getattr__):
             # what to put back is "nothing", what to call is what it finds.
             _saved[(anyio, "create_tcp_listener")] = vars(anyio).get("create_tcp_listener", _MISSING)
-            _anyio_create_tcp_listener_native = anyio.create_tcp_listener  # type: ignore[attr-defined]
+            _anyio_create_tcp_listener_native = anyio.create_tcp_listener
             anyio.create_tcp_listener = _anyio_create_tcp_listener  # type: ignore[attr-defined]
 
 

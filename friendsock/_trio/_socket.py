@@ -82,7 +82,7 @@ _NO_CHANGE_TO_SEND = (int(socket.MSG_DONTWAIT) | int(getattr(socket, "MSG_NOSIGN
                       | int(getattr(socket, "MSG_MORE", 0)))
 
 
-class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ignore[misc,valid-type]
+class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
     """A ``trio.socket`` socket (made by trio, connected or accepted) whose
     bytes move through a friend link. Not made directly: see
     :func:`become_friend`."""
@@ -225,7 +225,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):  # type: ign
             except LinkBrokenError as exc:
                 raise exc.as_os_error() from None
             if sent < 0:  # moved to TCP meanwhile
-                return await TrioSocketType.send(self, buffer)  # type: ignore[attr-defined,no-any-return]
+                return await TrioSocketType.send(self, buffer)  # type: ignore[attr-defined]
             if sent or not data:
                 break
             parked = await self._wait_for_room(-1, raise_broken=True) or parked
