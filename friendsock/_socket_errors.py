@@ -1,12 +1,15 @@
-"""The errors a friend socket's calls raise where the kernel refuses the
-call, each made in one place: the errno Linux's socket calls give, with
-its text (``os.strerror``), for blocking sockets, trio sockets and
-socketless ends alike."""
+"""The errors a friend socket's calls raise where the kernel or the socket
+module refuses the call, each made in one place: the errno Linux's socket
+calls give, with its text (``os.strerror``), and the checks of the
+arguments the socket module makes first, for blocking sockets, trio
+sockets and socketless ends alike."""
 
 from __future__ import annotations
 
 import errno
+import operator
 import os
+from typing import Any
 
 
 def _error(number: int) -> OSError:
@@ -39,3 +42,20 @@ def not_through_descriptor(what: str) -> OSError:
     descriptor, which a friend link's do not (EOPNOTSUPP)."""
     return OSError(errno.EOPNOTSUPP, f"{what} is not supported on a friend socket: its bytes "
                                      f"do not go through its descriptor")
+
+
+def recv_into_view(buffer: Any, nbytes: Any) -> memoryview:
+    """The bytes of ``buffer`` a ``recv_into(buffer, nbytes)`` fills (all of
+    it for ``nbytes`` 0), checked as the socket module checks them."""
+    view = memoryview(buffer)
+    if view.readonly:
+        raise TypeError("recv_into() argument 'buffer' must be read-write bytes-like object")
+    view = view.cast("B")
+    nbytes = operator.index(nbytes)
+    if nbytes < 0:
+        raise ValueError("negative buffersize in recv_into")
+    if nbytes:
+        if nbytes > len(view):
+            raise ValueError("buffer too small for requested bytes")
+        view = view[:nbytes]
+    return view

@@ -20,7 +20,7 @@ from .._core._channel import (CHANNEL_OPEN, SEEN_DATA, SEEN_EOF, SEEN_NOTHING, S
 from .._core._errors import FriendError, LinkBrokenError
 from .._core._link import LinkEnd
 from .._friend_socket import no_urgent_data, recvmsg_size, recvmsg_views, scatter, sendmsg_data
-from .._socket_errors import bad_descriptor, not_through_descriptor, would_block
+from .._socket_errors import bad_descriptor, not_through_descriptor, recv_into_view, would_block
 from ._descriptor import _ss
 from ._readiness import Signals, leave, parker, sleep
 
@@ -198,17 +198,7 @@ class PairedIO(_Socket):
         return b"".join(parts)
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        view = memoryview(buffer)
-        if view.readonly:
-            raise TypeError("recv_into() argument 'buffer' must be read-write bytes-like object")
-        view = view.cast("B")
-        nbytes = operator.index(nbytes)
-        if nbytes < 0:
-            raise ValueError("negative buffersize in recv_into")
-        if nbytes:
-            if nbytes > len(view):
-                raise ValueError("buffer too small for requested bytes")
-            view = view[:nbytes]
+        view = recv_into_view(buffer, nbytes)
         if flags:
             data = self.recv(len(view), flags)
             view[:len(data)] = data

@@ -26,7 +26,8 @@ from .._friend_socket import (FriendSocket, PairedSocketCalls, is_watched, no_ur
                               recvmsg_views, scatter, sendmsg_data, show_fin, to_keep, unwatch_options,
                               watch_options)
 from .._handshake import SocketRelease
-from .._socket_errors import already_connected, bad_descriptor, invalid_argument, not_through_descriptor
+from .._socket_errors import (already_connected, bad_descriptor, invalid_argument, not_through_descriptor,
+                              recv_into_view)
 from ._end import TrioEnd, stream_error
 from ._run import RunState
 
@@ -162,13 +163,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
         return await self._receive(bufsize, peek=bool(flags & _PEEK))
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        view = memoryview(buffer).cast("B")
-        if nbytes < 0:
-            raise ValueError("negative buffersize in recv_into")
-        if nbytes:
-            if nbytes > len(view):
-                raise ValueError("buffer too small for requested bytes")
-            view = view[:nbytes]
+        view = recv_into_view(buffer, nbytes)
         data = await self.recv(len(view), flags)
         view[:len(data)] = data
         return len(data)
