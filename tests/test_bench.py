@@ -24,7 +24,9 @@ import pytest
 from rich.console import Console
 
 import friendsock
-from friendsock._bench import _cli, _report, _runner, _workloads
+from friendsock._bench import (
+    _cli, _loop_runner, _plan, _report, _results, _runner, _transports, _workloads,
+)
 from friendsock._bench._cli import main, parse_size
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -295,7 +297,7 @@ def test_a_clean_run_says_so_and_exits_0(capsys):
 
 
 def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(_runner, "WATCHDOG_GRACE", 0.3)
+    monkeypatch.setattr(_loop_runner, "WATCHDOG_GRACE", 0.3)
     # Enough for a healthy cell on a loaded machine; a stuck one is given up on then.
     monkeypatch.setattr(_runner, "MEASURE_SLACK", 2.0)
     measure = _workloads.RRWorkload.measure
@@ -448,16 +450,16 @@ def test_memory_floor_alone(tmp_path, capsys):
 def test_cells_below_tcp_are_flagged():
     """Every cell where friends did worse than TCP on its loop is listed
     (higher is better in rr, lower in memory tables), and marked in the table."""
-    config = _runner.Config(tests=["rr", "memory"], transports=["tcp", "friends"],
-                            loops=["asyncio", "uvloop"], mode=_runner.QUICK, seconds=1.0,
-                            rounds=1, memory_rounds=1, sizes=[64], idle=[100])
-    run = _runner.Run(config, _runner.plan(config))
+    config = _plan.Config(tests=["rr", "memory"], transports=["tcp", "friends"],
+                          loops=["asyncio", "uvloop"], mode=_plan.QUICK, seconds=1.0,
+                          rounds=1, memory_rounds=1, sizes=[64], idle=[100])
+    run = _results.Run(config, _plan.plan(config))
     figures = {("rr", "asyncio"): (100.0, 300.0), ("rr", "uvloop"): (200.0, 150.0),
                ("memory-heap", "asyncio"): (10.0, 5.0), ("memory-heap", "uvloop"): (10.0, 20.0)}
     for (key, loop), (tcp, friends) in figures.items():
         param = 64 if key == "rr" else 100
-        run.cells[(key, param, loop, "tcp")] = _runner.Cell(values=[tcp])
-        run.cells[(key, param, loop, "friends")] = _runner.Cell(values=[friends], friend_verified=True)
+        run.cells[(key, param, loop, "tcp")] = _results.Cell(values=[tcp])
+        run.cells[(key, param, loop, "friends")] = _results.Cell(values=[friends], friend_verified=True)
     found = {(f["test"], f["loop"]) for f in _report.below_tcp(run)}
     assert found == {("rr", "uvloop"), ("memory-heap", "uvloop")}
     case = next(c for c in run.cases if c.key == "rr")
@@ -516,7 +518,7 @@ def test_trio_failing_and_stuck_transports_are_reported(tmp_path, monkeypatch):
 
 @needs_trio
 def test_a_hung_trio_step_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setattr(_runner, "WATCHDOG_GRACE", 0.3)
+    monkeypatch.setattr(_loop_runner, "WATCHDOG_GRACE", 0.3)
     # Enough for a healthy cell on a loaded machine; a stuck one is given up on then.
     monkeypatch.setattr(_runner, "MEASURE_SLACK", 2.0)
     measure = _trio_workloads.TrioRRWorkload.measure
@@ -667,10 +669,10 @@ def test_the_quick_default_measures_every_target():
     parser = _cli.build_parser()
     args = parser.parse_args([])
     assert args.tests is None and args.mode is None
-    config = _runner.Config(tests=list(_runner.QUICK.tests), transports=list(_runner.TRANSPORTS),
-                            loops=LOOPS, mode=_runner.QUICK, seconds=0.1, rounds=1,
-                            memory_rounds=1)
-    planned = {(case.key, param) for case in _runner.plan(config) for param in case.params}
+    config = _plan.Config(tests=list(_plan.QUICK.tests), transports=list(_transports.TRANSPORTS),
+                          loops=LOOPS, mode=_plan.QUICK, seconds=0.1, rounds=1,
+                          memory_rounds=1)
+    planned = {(case.key, param) for case in _plan.plan(config) for param in case.params}
     wanted = {(target.case, target.param) for target in _report.TARGETS}
     assert wanted <= planned
     assert {key for key, _ in planned} == {key for key, _ in wanted} | {"stream", "threads-stream"}
@@ -709,16 +711,16 @@ def test_the_picture_reads_at_a_glance():
     figure's title clear of every panel's."""
     import matplotlib.pyplot as plt
 
-    config = _runner.Config(tests=["rr", "blocking"], transports=list(_runner.TRANSPORTS),
-                            loops=LOOPS, mode=_runner.QUICK, seconds=1.0, rounds=1,
-                            memory_rounds=1, sizes=[64, 1024])
-    run = _runner.Run(config, _runner.plan(config))
+    config = _plan.Config(tests=["rr", "blocking"], transports=list(_transports.TRANSPORTS),
+                          loops=LOOPS, mode=_plan.QUICK, seconds=1.0, rounds=1,
+                          memory_rounds=1, sizes=[64, 1024])
+    run = _results.Run(config, _plan.plan(config))
     for case in run.cases:
         for param in case.params:
             for loop in LOOPS:
-                if _runner.loop_runs(loop, case.key):
-                    for transport in _runner.loop_transports(loop, config.transports, case.key):
-                        run.cells[(case.key, param, loop, transport)] = _runner.Cell(
+                if _transports.loop_runs(loop, case.key):
+                    for transport in _transports.loop_transports(loop, config.transports, case.key):
+                        run.cells[(case.key, param, loop, transport)] = _results.Cell(
                             values=[100.0 if transport == "tcp" else 250.0])
     fig = _report.draw(run)
     try:

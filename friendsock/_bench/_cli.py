@@ -12,7 +12,8 @@ import shlex
 import sys
 from typing import Callable, List, Optional, Sequence, TypeVar
 
-from ._runner import FULL, MODES, QUICK, TESTS, Config, Mode, Runner, default_cases, format_size
+from ._plan import FULL, MODES, QUICK, TESTS, Config, Mode, default_cases, format_size
+from ._runner import Runner
 from ._transports import LOOPS, TRANSPORTS, TRIO_CASES
 
 T = TypeVar("T")

@@ -27,7 +27,9 @@ from rich.text import Text
 
 import friendsock
 
-from ._runner import Case, Cell, Config, Progress, Run, cpu_counts, format_param, rounds_for
+from ._plan import Case, Config, default_cases, format_param, rounds_for
+from ._results import Cell, Run
+from ._runner import Progress
 from ._transports import FRIEND_TRANSPORTS, LOOPLESS_CASES, loop_runs
 
 JSON_FORMAT = "friendsock-bench/1"
@@ -42,6 +44,15 @@ def _version(module: str) -> Optional[str]:
         return version(module)
     except Exception:  # not installed, or no metadata
         return None
+
+
+def cpu_counts() -> Tuple[Optional[int], Optional[int]]:
+    """(CPUs in the machine, CPUs this process may run on)."""
+    try:
+        usable: Optional[int] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = None
+    return os.cpu_count(), usable
 
 
 def collect_header(config: Config, command: str) -> Dict[str, Any]:
@@ -105,8 +116,6 @@ def describe_mode(run: Run) -> str:
 
 
 def _full_params(case: Case) -> Tuple[int, ...]:
-    from ._runner import default_cases
-
     for default in default_cases():
         if default.key == case.key:
             return default.params
