@@ -25,7 +25,7 @@ from rich.console import Console
 
 import friendsock
 from friendsock._bench import (
-    _cli, _loop_runner, _plan, _report, _results, _runner, _transports, _workloads,
+    _cli, _loop_runner, _plan, _report, _results, _rr_workloads, _runner, _transports,
 )
 from friendsock._bench._cli import main, parse_size
 
@@ -261,14 +261,14 @@ def _summary(out):
 
 
 def test_failing_transport_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
-    measure = _workloads.RRWorkload.measure
+    measure = _rr_workloads.RRWorkload.measure
 
     async def failing(self, seconds, warmup):
         if self.transport == "friends":
             raise RuntimeError("boom")
         return await measure(self, seconds, warmup)
 
-    monkeypatch.setattr(_workloads.RRWorkload, "measure", failing)
+    monkeypatch.setattr(_rr_workloads.RRWorkload, "measure", failing)
     argv = [*TINY, "--tests", "rr,crr", "--sizes", "64", "--loops", "asyncio"]
     data = _run_json(tmp_path, argv, status=1)
     rr = data["tests"]["rr"]["results"]["64"]["asyncio"]
@@ -300,7 +300,7 @@ def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, caps
     monkeypatch.setattr(_loop_runner, "WATCHDOG_GRACE", 0.3)
     # Enough for a healthy cell on a loaded machine; a stuck one is given up on then.
     monkeypatch.setattr(_runner, "MEASURE_SLACK", 2.0)
-    measure = _workloads.RRWorkload.measure
+    measure = _rr_workloads.RRWorkload.measure
 
     def spin() -> None:  # a callback that never returns
         while True:
@@ -312,7 +312,7 @@ def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, caps
             await asyncio.sleep(1)
         return await measure(self, seconds, warmup)
 
-    monkeypatch.setattr(_workloads.RRWorkload, "measure", hanging)
+    monkeypatch.setattr(_rr_workloads.RRWorkload, "measure", hanging)
     data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "64,1K",
                                 "--loops", "asyncio"], status=1)
     rr = data["tests"]["rr"]["results"]

@@ -14,12 +14,15 @@ import asyncio
 from typing import Any, Coroutine, Dict, List
 
 from ._blocking_workloads import BlockingFloorWorkload, BlockingWorkload
+from ._crr_workloads import CRRWorkload
 from ._floor import FloorEndpoint
 from ._memory import IdleWorkload
 from ._plan import MULTI_RR_SIZE, MULTI_STREAM_SIZE, Case
+from ._rr_workloads import RRWorkload, StreamsRRWorkload
+from ._stream_workloads import StreamWorkload
 from ._transports import Endpoint, is_trio_loop, loop_factory, tls_contexts
 from ._watchdog import Hung, Watchdog
-from ._workloads import CRRWorkload, RRWorkload, StreamsRRWorkload, StreamWorkload, Workload
+from ._workloads import Workload
 
 # Extra time the watchdog gives a step beyond its own timeout.
 WATCHDOG_GRACE = 5.0
