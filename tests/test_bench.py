@@ -25,7 +25,8 @@ from rich.console import Console
 
 import friendsock
 from friendsock._bench import (
-    _cli, _loop_runner, _plan, _report, _results, _rr_workloads, _runner, _transports,
+    _cli, _loop_runner, _plan, _plot, _results, _rr_workloads, _runner, _tables, _targets,
+    _transports,
 )
 from friendsock._bench._cli import main, parse_size
 
@@ -460,10 +461,10 @@ def test_cells_below_tcp_are_flagged():
         param = 64 if key == "rr" else 100
         run.cells[(key, param, loop, "tcp")] = _results.Cell(values=[tcp])
         run.cells[(key, param, loop, "friends")] = _results.Cell(values=[friends], friend_verified=True)
-    found = {(f["test"], f["loop"]) for f in _report.below_tcp(run)}
+    found = {(f["test"], f["loop"]) for f in _tables.below_tcp(run)}
     assert found == {("rr", "uvloop"), ("memory-heap", "uvloop")}
     case = next(c for c in run.cases if c.key == "rr")
-    table, _ = _report.build_table(run, case)
+    table, _ = _tables.build_table(run, case)
     console = Console(width=200, record=True)
     console.print(table)
     text = console.export_text()
@@ -673,7 +674,7 @@ def test_the_quick_default_measures_every_target():
                           loops=LOOPS, mode=_plan.QUICK, seconds=0.1, rounds=1,
                           memory_rounds=1)
     planned = {(case.key, param) for case in _plan.plan(config) for param in case.params}
-    wanted = {(target.case, target.param) for target in _report.TARGETS}
+    wanted = {(target.case, target.param) for target in _targets.TARGETS}
     assert wanted <= planned
     assert {key for key, _ in planned} == {key for key, _ in wanted} | {"stream", "threads-stream"}
     assert len(planned) == len({key for key, _ in planned})  # one size a table
@@ -722,7 +723,7 @@ def test_the_picture_reads_at_a_glance():
                     for transport in _transports.loop_transports(loop, config.transports, case.key):
                         run.cells[(case.key, param, loop, transport)] = _results.Cell(
                             values=[100.0 if transport == "tcp" else 250.0])
-    fig = _report.draw(run)
+    fig = _plot.draw(run)
     try:
         panels = [ax for ax in fig.axes if ax.get_visible()]
         assert [ax.get_title().split()[0] for ax in panels] == [c.key for c in run.cases]
