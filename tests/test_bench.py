@@ -24,7 +24,10 @@ import pytest
 from rich.console import Console
 
 import friendsock
-from friendsock._bench import _cli, _report, _runner, _workloads
+from friendsock._bench import (
+    _cli, _loop_runner, _plan, _plot, _results, _rr_workloads, _runner, _tables, _targets,
+    _transports,
+)
 from friendsock._bench._cli import main, parse_size
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -259,14 +262,14 @@ def _summary(out):
 
 
 def test_failing_transport_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
-    measure = _workloads.RRWorkload.measure
+    measure = _rr_workloads.RRWorkload.measure
 
     async def failing(self, seconds, warmup):
         if self.transport == "friends":
             raise RuntimeError("boom")
         return await measure(self, seconds, warmup)
 
-    monkeypatch.setattr(_workloads.RRWorkload, "measure", failing)
+    monkeypatch.setattr(_rr_workloads.RRWorkload, "measure", failing)
     argv = [*TINY, "--tests", "rr,crr", "--sizes", "64", "--loops", "asyncio"]
     data = _run_json(tmp_path, argv, status=1)
     rr = data["tests"]["rr"]["results"]["64"]["asyncio"]
@@ -295,10 +298,10 @@ def test_a_clean_run_says_so_and_exits_0(capsys):
 
 
 def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(_runner, "WATCHDOG_GRACE", 0.3)
+    monkeypatch.setattr(_loop_runner, "WATCHDOG_GRACE", 0.3)
     # Enough for a healthy cell on a loaded machine; a stuck one is given up on then.
     monkeypatch.setattr(_runner, "MEASURE_SLACK", 2.0)
-    measure = _workloads.RRWorkload.measure
+    measure = _rr_workloads.RRWorkload.measure
 
     def spin() -> None:  # a callback that never returns
         while True:
@@ -310,7 +313,7 @@ def test_a_hung_loop_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, caps
             await asyncio.sleep(1)
         return await measure(self, seconds, warmup)
 
-    monkeypatch.setattr(_workloads.RRWorkload, "measure", hanging)
+    monkeypatch.setattr(_rr_workloads.RRWorkload, "measure", hanging)
     data = _run_json(tmp_path, [*TINY, "--tests", "rr", "--sizes", "64,1K",
                                 "--loops", "asyncio"], status=1)
     rr = data["tests"]["rr"]["results"]
@@ -448,20 +451,20 @@ def test_memory_floor_alone(tmp_path, capsys):
 def test_cells_below_tcp_are_flagged():
     """Every cell where friends did worse than TCP on its loop is listed
     (higher is better in rr, lower in memory tables), and marked in the table."""
-    config = _runner.Config(tests=["rr", "memory"], transports=["tcp", "friends"],
-                            loops=["asyncio", "uvloop"], mode=_runner.QUICK, seconds=1.0,
-                            rounds=1, memory_rounds=1, sizes=[64], idle=[100])
-    run = _runner.Run(config, _runner.plan(config))
+    config = _plan.Config(tests=["rr", "memory"], transports=["tcp", "friends"],
+                          loops=["asyncio", "uvloop"], mode=_plan.QUICK, seconds=1.0,
+                          rounds=1, memory_rounds=1, sizes=[64], idle=[100])
+    run = _results.Run(config, _plan.plan(config))
     figures = {("rr", "asyncio"): (100.0, 300.0), ("rr", "uvloop"): (200.0, 150.0),
                ("memory-heap", "asyncio"): (10.0, 5.0), ("memory-heap", "uvloop"): (10.0, 20.0)}
     for (key, loop), (tcp, friends) in figures.items():
         param = 64 if key == "rr" else 100
-        run.cells[(key, param, loop, "tcp")] = _runner.Cell(values=[tcp])
-        run.cells[(key, param, loop, "friends")] = _runner.Cell(values=[friends], friend_verified=True)
-    found = {(f["test"], f["loop"]) for f in _report.below_tcp(run)}
+        run.cells[(key, param, loop, "tcp")] = _results.Cell(values=[tcp])
+        run.cells[(key, param, loop, "friends")] = _results.Cell(values=[friends], friend_verified=True)
+    found = {(f["test"], f["loop"]) for f in _tables.below_tcp(run)}
     assert found == {("rr", "uvloop"), ("memory-heap", "uvloop")}
     case = next(c for c in run.cases if c.key == "rr")
-    table, _ = _report.build_table(run, case)
+    table, _ = _tables.build_table(run, case)
     console = Console(width=200, record=True)
     console.print(table)
     text = console.export_text()
@@ -516,7 +519,7 @@ def test_trio_failing_and_stuck_transports_are_reported(tmp_path, monkeypatch):
 
 @needs_trio
 def test_a_hung_trio_step_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setattr(_runner, "WATCHDOG_GRACE", 0.3)
+    monkeypatch.setattr(_loop_runner, "WATCHDOG_GRACE", 0.3)
     # Enough for a healthy cell on a loaded machine; a stuck one is given up on then.
     monkeypatch.setattr(_runner, "MEASURE_SLACK", 2.0)
     measure = _trio_workloads.TrioRRWorkload.measure
@@ -667,11 +670,11 @@ def test_the_quick_default_measures_every_target():
     parser = _cli.build_parser()
     args = parser.parse_args([])
     assert args.tests is None and args.mode is None
-    config = _runner.Config(tests=list(_runner.QUICK.tests), transports=list(_runner.TRANSPORTS),
-                            loops=LOOPS, mode=_runner.QUICK, seconds=0.1, rounds=1,
-                            memory_rounds=1)
-    planned = {(case.key, param) for case in _runner.plan(config) for param in case.params}
-    wanted = {(target.case, target.param) for target in _report.TARGETS}
+    config = _plan.Config(tests=list(_plan.QUICK.tests), transports=list(_transports.TRANSPORTS),
+                          loops=LOOPS, mode=_plan.QUICK, seconds=0.1, rounds=1,
+                          memory_rounds=1)
+    planned = {(case.key, param) for case in _plan.plan(config) for param in case.params}
+    wanted = {(target.case, target.param) for target in _targets.TARGETS}
     assert wanted <= planned
     assert {key for key, _ in planned} == {key for key, _ in wanted} | {"stream", "threads-stream"}
     assert len(planned) == len({key for key, _ in planned})  # one size a table
@@ -709,18 +712,18 @@ def test_the_picture_reads_at_a_glance():
     figure's title clear of every panel's."""
     import matplotlib.pyplot as plt
 
-    config = _runner.Config(tests=["rr", "blocking"], transports=list(_runner.TRANSPORTS),
-                            loops=LOOPS, mode=_runner.QUICK, seconds=1.0, rounds=1,
-                            memory_rounds=1, sizes=[64, 1024])
-    run = _runner.Run(config, _runner.plan(config))
+    config = _plan.Config(tests=["rr", "blocking"], transports=list(_transports.TRANSPORTS),
+                          loops=LOOPS, mode=_plan.QUICK, seconds=1.0, rounds=1,
+                          memory_rounds=1, sizes=[64, 1024])
+    run = _results.Run(config, _plan.plan(config))
     for case in run.cases:
         for param in case.params:
             for loop in LOOPS:
-                if _runner.loop_runs(loop, case.key):
-                    for transport in _runner.loop_transports(loop, config.transports, case.key):
-                        run.cells[(case.key, param, loop, transport)] = _runner.Cell(
+                if _transports.loop_runs(loop, case.key):
+                    for transport in _transports.loop_transports(loop, config.transports, case.key):
+                        run.cells[(case.key, param, loop, transport)] = _results.Cell(
                             values=[100.0 if transport == "tcp" else 250.0])
-    fig = _report.draw(run)
+    fig = _plot.draw(run)
     try:
         panels = [ax for ax in fig.axes if ax.get_visible()]
         assert [ax.get_title().split()[0] for ax in panels] == [c.key for c in run.cases]

@@ -32,8 +32,10 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import friendsock
 
+from ._rr_workloads import Echo
+from ._stream_workloads import Sink
 from ._transports import FRIEND_TRANSPORTS, HOST, Endpoint
-from ._workloads import Echo, Sample, Sink, Workload, links_verdict, moved_verdict, until
+from ._workloads import Sample, Workload, links_verdict, moved_verdict, until
 
 _RECV = 256 * 1024
 _SETTLE_TIMEOUT = 10.0

@@ -12,7 +12,8 @@ import shlex
 import sys
 from typing import Callable, List, Optional, Sequence, TypeVar
 
-from ._runner import FULL, MODES, QUICK, TESTS, Config, Mode, Runner, default_cases, format_size
+from ._plan import FULL, MODES, QUICK, TESTS, Config, Mode, default_cases, format_size
+from ._runner import Runner
 from ._transports import LOOPS, TRANSPORTS, TRIO_CASES
 
 T = TypeVar("T")
@@ -227,7 +228,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         if importlib.util.find_spec("matplotlib") is None:
             return _fail(prog, "--plot needs matplotlib, which is not installed "
                                "(pip install matplotlib)")
-        from ._report import PLOT_SUFFIXES
+        from ._plot import PLOT_SUFFIXES
 
         if not args.plot.lower().endswith(PLOT_SUFFIXES):
             return _fail(prog, f"--plot file must end in {', '.join(PLOT_SUFFIXES)}")
@@ -253,7 +254,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         tls=args.tls,
     )
 
-    from . import _report
+    from . import _plot, _report
 
     console = _report.make_console()
     command = " ".join([prog, shlex.join(argv)]) if argv else prog
@@ -292,7 +293,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
             written = False
     if args.plot is not None:
         try:
-            _report.plot(run, args.plot)
+            _plot.plot(run, args.plot)
             console.print(f"wrote {args.plot}")
         except Exception as exc:  # a plot must not cost the run's results
             print(f"{prog}: error: cannot plot to {args.plot!r}: {exc}", file=sys.stderr)

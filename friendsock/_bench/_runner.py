@@ -1,257 +1,41 @@
-"""What runs, in which order, and the statistics of what came out.
+"""The run's schedule: which rows run on which loop, in which order, and
+what a failure or a hang leaves in a cell.
 
-A *case* is one table (``stream``, ``multi-rr``, ...); a *row* is one
-parameter of a case on one event loop; a *cell* is one transport in a row.
 For each row the runner sets up every transport, then runs the rounds with
 the transports interleaved (and their order rotated each round), so drift in
-the machine's load hits them alike. A cell's figure is the median of its
-rounds.
+the machine's load hits them alike.
 
 Every step runs under a timeout, and under a watchdog thread for a callback
-that never returns (then no timeout can fire): a transport that fails or
-hangs gets ``error: ...`` in its cell and the run goes on.
+that never returns (then no timeout can fire; see ``_loop_runner``): a
+transport that fails or hangs gets ``error: ...`` in its cell and the run
+goes on.
 
 The trio loop runs only some tables (``TRIO_CASES``) and has one more
 transport (``memory``); its runner and workloads live in ``_trio_runner``
-and ``_trio_workloads`` (they import trio, this module asyncio), imported
+and ``_trio_workloads`` (they import trio, ``_loop_runner`` asyncio), imported
 only when the trio loop runs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
 import resource
-import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Coroutine, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from ._blocking_workloads import BlockingFloorWorkload, BlockingWorkload
-from ._floor import FloorEndpoint
-from ._memory import DESCRIPTOR_TRANSPORTS, FD_MARGIN, IdleWorkload, raise_fd_limit
-from ._transports import (
-    LOOPS,
-    TRANSPORTS,
-    Endpoint,
-    is_trio_loop,
-    loop_factory,
-    loop_runs,
-    loop_transports,
-    tls_contexts,
-)
-from ._workloads import (
-    CRRWorkload,
-    LoopThread,
-    RRWorkload,
-    SameLoop,
-    Sample,
-    StreamsRRWorkload,
-    StreamWorkload,
-    Workload,
-)
+from ._loop_runner import make_loop_runner
+from ._memory import DESCRIPTOR_TRANSPORTS, FD_MARGIN, raise_fd_limit
+from ._plan import TESTS, Case, Config, format_param, plan, rounds_for
+from ._results import Cell, Run
+from ._transports import loop_factory, loop_runs, loop_transports
 from ._watchdog import Hung, Watchdog
+from ._workloads import LoopThread, SameLoop, Workload
 
-KiB = 1024
-MiB = 1024 * KiB
-
-TESTS = ("stream", "rr", "crr", "streams-rr", "multi", "threads", "blocking", "memory")
-
-# The per-connection message sizes of the multi test (netperf's "32KB I/O x N"
-# for streams; a small request for request/response).
-MULTI_RR_SIZE = 64
-MULTI_STREAM_SIZE = 32 * KiB
-
-# Extra time the watchdog gives a step beyond its own timeout.
-WATCHDOG_GRACE = 5.0
 # What a round may take beyond its warm-up and measured time (draining,
 # stopping) before it counts as failed.
 MEASURE_SLACK = 10.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One table of the report."""
-
-    key: str  # the table's name in the output and the JSON
-    test: str  # the --tests name that selects it
-    title: str
-    unit: str
-    param: str  # what a row's parameter is: "bytes", "connections", "idle connections"
-    params: Tuple[int, ...]
-    higher_is_better: bool = True
-    sized: bool = False  # --sizes applies
-    tls: bool = False  # every transport runs TLS; only with --tls
-
-
-@dataclasses.dataclass(frozen=True)
-class Mode:
-    name: str
-    seconds: float
-    rounds: int
-    memory_rounds: int
-    # The tests run when --tests is not given.
-    tests: Tuple[str, ...] = TESTS
-    # Tables whose parameter list this mode trims (when none is given).
-    trims: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
-
-
-# Quick runs the headline cells, those the targets judge (and stream at
-# 64 KiB), on every loop: under a minute on 2 cores. The other sizes,
-# multi and memory come with --sizes, --tests or --full.
-QUICK = Mode("quick", seconds=0.08, rounds=3, memory_rounds=1,
-             tests=("stream", "rr", "crr", "streams-rr", "threads", "blocking"),
-             trims=(("stream", (64 * KiB,)), ("rr", (64,)), ("crr", (64,)),
-                    ("streams-rr", (64,))))
-FULL = Mode("full", seconds=1.0, rounds=5, memory_rounds=3)
-MODES = {"quick": QUICK, "full": FULL}
-
-
-def default_cases() -> List[Case]:
-    """Every table, with the full parameter lists."""
-    return [
-        Case("stream", "stream", "TCP_STREAM: one-way throughput by write size",
-             "Mbit/s", "bytes", (64, KiB, 8 * KiB, 64 * KiB, MiB), sized=True),
-        Case("stream-tls", "stream", "TCP_STREAM over TLS: one-way throughput by write size",
-             "Mbit/s", "bytes", (64 * KiB,), sized=True, tls=True),
-        Case("rr", "rr", "TCP_RR: request/response, one outstanding, by size",
-             "trans/s", "bytes", (64, KiB, 8 * KiB, 64 * KiB), sized=True),
-        Case("rr-tls", "rr", "TCP_RR over TLS: request/response, one outstanding, by size",
-             "trans/s", "bytes", (64,), sized=True, tls=True),
-        Case("crr", "crr", "TCP_CRR: connect/request/response/close by size",
-             "trans/s", "bytes", (64, KiB), sized=True),
-        Case("streams-rr", "streams-rr",
-             "request/response through StreamReader/StreamWriter by size",
-             "trans/s", "bytes", (64, KiB, 8 * KiB, 64 * KiB), sized=True),
-        Case("multi-rr", "multi",
-             f"N connections, aggregate request/response ({MULTI_RR_SIZE} B)",
-             "trans/s", "connections", (1, 16, 64, 256)),
-        Case("multi-stream", "multi",
-             f"N connections, aggregate stream ({MULTI_STREAM_SIZE // KiB} KiB writes)",
-             "Mbit/s", "connections", (1, 16, 64, 256)),
-        Case("threads-rr", "threads",
-             "client and server loops in two threads: request/response",
-             "trans/s", "bytes", (64,), sized=True),
-        Case("threads-stream", "threads",
-             "client and server loops in two threads: stream",
-             "Mbit/s", "bytes", (64 * KiB,), sized=True),
-        Case("blocking-rr", "blocking",
-             "a blocking client thread to a server on the event loop: request/response",
-             "trans/s", "bytes", (64,), sized=True),
-        Case("blocking-stream", "blocking",
-             "a blocking client thread to a server on the event loop: stream",
-             "Mbit/s", "bytes", (64 * KiB,), sized=True),
-        Case("blocking-threads-rr", "blocking",
-             "blocking sockets at both ends, in two threads: request/response",
-             "trans/s", "bytes", (64,), sized=True),
-        Case("blocking-threads-stream", "blocking",
-             "blocking sockets at both ends, in two threads: stream",
-             "Mbit/s", "bytes", (64 * KiB,), sized=True),
-        Case("memory-heap", "memory",
-             "Python heap (tracemalloc) per idle connection, both ends",
-             "bytes/conn", "idle connections", (1000, 5000), higher_is_better=False),
-        Case("memory-rss", "memory", "RSS per idle connection, both ends",
-             "bytes/conn", "idle connections", (1000, 5000), higher_is_better=False),
-    ]
-
-
-@dataclasses.dataclass
-class Config:
-    tests: List[str]
-    transports: List[str]
-    loops: List[str]
-    mode: Mode
-    seconds: float
-    rounds: int
-    memory_rounds: int
-    sizes: Optional[List[int]] = None  # None: each case's own
-    conns: Optional[List[int]] = None
-    idle: Optional[List[int]] = None
-    tls: bool = False  # also the TLS tables of the selected tests
-
-    @property
-    def warmup(self) -> float:
-        # Gets the connection's buffers and the allocator going again after
-        # the pause between rounds; the first round had its set-up too.
-        return min(0.1, self.seconds / 8)
-
-
-def plan(config: Config) -> List[Case]:
-    """The selected tables, with the parameters they will run."""
-    cases = []
-    for case in default_cases():
-        if case.test not in config.tests or (case.tls and not config.tls):
-            continue
-        params = dict(config.mode.trims).get(case.key, case.params)
-        if case.sized and config.sizes:
-            params = tuple(config.sizes)
-        elif case.param == "connections" and config.conns:
-            params = tuple(config.conns)
-        elif case.param == "idle connections" and config.idle:
-            params = tuple(config.idle)
-        cases.append(dataclasses.replace(case, params=params))
-    return cases
-
-
-def rounds_for(case: Case, config: Config) -> int:
-    return config.memory_rounds if case.test == "memory" else config.rounds
-
-
-# -- results ---------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Cell:
-    values: List[float] = dataclasses.field(default_factory=list)
-    # None: not the friends transport (or nothing measured); else whether
-    # every round's figure came from friend links.
-    friend_verified: Optional[bool] = None
-    error: Optional[str] = None
-    notes: List[str] = dataclasses.field(default_factory=list)
-
-    def add(self, sample: Sample) -> None:
-        self.values.append(sample.value)
-        if sample.friend_ok is not None:
-            self.friend_verified = sample.friend_ok if self.friend_verified is None \
-                else self.friend_verified and sample.friend_ok
-        if sample.note and sample.note not in self.notes:
-            self.notes.append(sample.note)
-
-    @property
-    def median(self) -> Optional[float]:
-        return statistics.median(self.values) if self.values else None
-
-    @property
-    def min(self) -> Optional[float]:
-        return min(self.values) if self.values else None
-
-    @property
-    def max(self) -> Optional[float]:
-        return max(self.values) if self.values else None
-
-
-CellKey = Tuple[str, int, str, str]  # case key, parameter, loop, transport
-
-
-@dataclasses.dataclass
-class Run:
-    config: Config
-    cases: List[Case]
-    cells: Dict[CellKey, Cell] = dataclasses.field(default_factory=dict)
-    notes: List[str] = dataclasses.field(default_factory=list)
-    elapsed: float = 0.0
-    # Wall time per test (--tests name), both loops together.
-    timings: Dict[str, float] = dataclasses.field(default_factory=dict)
-    interrupted: bool = False
-
-    def cell(self, case: str, param: int, loop: str, transport: str) -> Optional[Cell]:
-        return self.cells.get((case, param, loop, transport))
-
-    def note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
 
 
 class Progress:
@@ -267,139 +51,11 @@ class Progress:
         pass
 
 
-# -- running steps on a loop -----------------------------------------------
-
-
-class LoopRunner:
-    """One event loop, driven one step at a time from this thread."""
-
-    def __init__(self, kind: str, watchdog: Watchdog) -> None:
-        self.kind = kind
-        self.watchdog = watchdog
-        self.loop = loop_factory(kind)()
-        self.loop.set_exception_handler(self.record_exception)
-        self.exceptions: List[Dict[str, Any]] = []
-        self._taken = 0
-        self.broken = False
-
-    def make_workload(self, case: Case, param: int, transport: str, tmpdir: str,
-                      server_side: Any) -> Workload:
-        endpoint: Any
-        if transport == "memory":
-            endpoint = FloorEndpoint()
-        else:
-            endpoint = Endpoint(transport, tmpdir, tls_contexts() if case.tls else None)
-        return make_workload(case, param, endpoint, server_side, self.kind)
-
-    def take_exceptions(self) -> List[Dict[str, Any]]:
-        """What the loops reported since the last call."""
-        new = self.exceptions[self._taken:]
-        self._taken += len(new)
-        return new
-
-    def record_exception(self, loop: Any, context: Dict[str, Any]) -> None:
-        # May be called from the server thread's loop too (list.append is
-        # atomic).
-        self.exceptions.append(context)
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        if self.broken:
-            coro.close()
-            raise Hung("skipped: this event loop hung earlier in the run")
-        watchdog = self.watchdog
-        try:
-            watchdog.arm(timeout + WATCHDOG_GRACE)
-            try:
-                return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
-            finally:
-                watchdog.disarm()
-        except KeyboardInterrupt:
-            if not watchdog.fired:
-                raise
-            watchdog.fired = False
-            self._recover()
-            raise Hung(f"hung: the event loop was blocked for over {timeout + WATCHDOG_GRACE:.0f} s "
-                       "(a callback never returned)") from None
-        except asyncio.TimeoutError as exc:
-            if str(exc):
-                raise
-            raise TimeoutError(f"timed out after {timeout:.0f} s") from None
-
-    def _recover(self) -> None:
-        """Cancel what the hung step left behind; give up the loop if even
-        that hangs."""
-        for task in asyncio.all_tasks(self.loop):
-            task.cancel()
-        try:
-            self.watchdog.arm(WATCHDOG_GRACE)
-            try:
-                self.loop.run_until_complete(asyncio.sleep(0.01))
-            finally:
-                self.watchdog.disarm()
-        except KeyboardInterrupt:
-            if not self.watchdog.fired:
-                raise
-            self.watchdog.fired = False
-            self.broken = True
-
-    def close(self) -> None:
-        loop = self.loop
-        try:
-            if not self.broken:
-                tasks = asyncio.all_tasks(loop)
-                for task in tasks:
-                    task.cancel()
-                if tasks:
-                    self.run(asyncio.gather(*tasks, return_exceptions=True), 10)  # type: ignore[arg-type]
-                self.run(loop.shutdown_asyncgens(), 10)
-        except Exception:  # the loop is going away: nothing left to report to
-            pass
-        finally:
-            loop.close()
-
-
-def make_loop_runner(kind: str, watchdog: Watchdog) -> Any:
-    """A :class:`LoopRunner`, or for trio (and anyio on trio) a
-    ``_trio_runner.TrioRunner`` (same interface); ImportError when trio is
-    missing."""
-    if is_trio_loop(kind):
-        from ._trio_runner import TrioRunner
-
-        return TrioRunner(watchdog, grace=WATCHDOG_GRACE, kind=kind)
-    return LoopRunner(kind, watchdog)
-
-
 def describe_error(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if not isinstance(exc, (Hung, TimeoutError)) and type(exc).__name__ not in text:
         text = f"{type(exc).__name__}: {text}"
     return " ".join(text.split())
-
-
-def make_workload(case: Case, param: int, endpoint: Endpoint, server_side: Any,
-                  loop_kind: str) -> Workload:
-    key = case.key
-    if key in ("stream", "stream-tls", "threads-stream"):
-        return StreamWorkload(endpoint, size=param, server_side=server_side)
-    if key in ("rr", "rr-tls", "threads-rr"):
-        return RRWorkload(endpoint, size=param, server_side=server_side)
-    if key == "crr":
-        return CRRWorkload(endpoint, size=param)
-    if key == "streams-rr":
-        return StreamsRRWorkload(endpoint, size=param)
-    if key == "multi-rr":
-        return RRWorkload(endpoint, size=MULTI_RR_SIZE, conns=param)
-    if key == "multi-stream":
-        return StreamWorkload(endpoint, size=MULTI_STREAM_SIZE, conns=param, per_round=True)
-    if key.startswith("blocking-"):
-        if endpoint.transport == "memory":
-            return BlockingFloorWorkload(endpoint, size=param, stream=key.endswith("-stream"),
-                                         threads=key.startswith("blocking-threads-"))
-        return BlockingWorkload(endpoint, size=param, stream=key.endswith("-stream"),
-                                threads=key.startswith("blocking-threads-"))
-    if key in ("memory-heap", "memory-rss"):
-        return IdleWorkload(endpoint, conns=param, heap=key == "memory-heap", loop_kind=loop_kind)
-    raise ValueError(f"unknown case {key!r}")
 
 
 def _connections(case: Case, param: int) -> int:
@@ -623,26 +279,4 @@ def describe_context(context: Dict[str, Any]) -> str:
     return " ".join(str(message).split())
 
 
-def format_param(case: Case, value: int) -> str:
-    if case.param == "bytes":
-        return format_size(value)
-    return f"{value}"
-
-
-def format_size(size: int) -> str:
-    for unit, scale in (("MiB", MiB), ("KiB", KiB)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale} {unit}"
-    return f"{size} B"
-
-
-def cpu_counts() -> Tuple[Optional[int], Optional[int]]:
-    """(CPUs in the machine, CPUs this process may run on)."""
-    try:
-        usable: Optional[int] = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = None
-    return os.cpu_count(), usable
-
-
-__all__ = ["TRANSPORTS", "TESTS", "LOOPS", "Config", "Runner", "Run", "Case", "Cell"]
+__all__ = ["Runner", "Progress"]

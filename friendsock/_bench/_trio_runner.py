@@ -1,9 +1,10 @@
 """The trio loop's runner: every step (a workload's setup, one round, its
 close) is one ``trio.run`` in this thread, under the step's timeout and the
-run's watchdog, as ``_runner.LoopRunner`` does for asyncio loops.
+run's watchdog, as ``_loop_runner.LoopRunner`` does for asyncio loops.
 
-Imports trio and not asyncio (the house rule); ``_runner`` imports this
-module lazily, only when the trio loop runs (and this one not ``_runner``).
+Imports trio and not asyncio (the house rule); ``_loop_runner`` imports this
+module lazily, only when the trio loop runs (and this one not
+``_loop_runner``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,13 @@
-"""The workloads: netperf's TCP_STREAM, TCP_RR, TCP_CRR, and their N-connection,
-stream-API and cross-thread variants.
+"""What every asyncio workload shares: its life, where its server runs, the
+server side's tally, opening many connections at once, and the verdict on
+whether a figure came from friend links.
+
+The workloads are netperf's TCP_STREAM (``_stream_workloads``), TCP_RR and
+its stream-API form (``_rr_workloads``) and TCP_CRR (``_crr_workloads``);
+the multi test's N connections and the threads test's server thread are the
+same workloads with ``conns`` or a ``LoopThread``. The blocking-socket ones
+are in ``_blocking_workloads``, the idle ones in ``_memory``, trio's in
+``_trio_workloads``.
 
 Every workload has the same life: ``setup()`` once (server and connections),
 ``measure()`` once per round, ``close()`` at the end. The runner interleaves
@@ -16,7 +24,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import threading
-import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import friendsock
@@ -25,15 +32,10 @@ from ._transports import FRIEND_TRANSPORTS, Endpoint
 
 T = TypeVar("T")
 
-# A pump writes at most this much (or one write, if larger) before it lets the
-# loop run: over TCP the kernel takes megabytes before pausing anyone, and
-# hundreds of connections filling theirs in one loop iteration would stretch
-# a round far past its length. Also bounds a transport that never pauses.
-_MAX_BURST = 256 * 1024
 # Connections opened at once (the server's backlog is larger).
 _CONNECT_BATCH = 64
 # How long a workload waits for in-flight bytes or closes to settle.
-_SETTLE_TIMEOUT = 10.0
+SETTLE_TIMEOUT = 10.0
 
 
 @dataclasses.dataclass
@@ -120,7 +122,7 @@ ServerSide = Any  # SameLoop | LoopThread
 # -- helpers ---------------------------------------------------------------
 
 
-async def until(condition: Callable[[], bool], what: str, timeout: float = _SETTLE_TIMEOUT) -> None:
+async def until(condition: Callable[[], bool], what: str, timeout: float = SETTLE_TIMEOUT) -> None:
     """Poll ``condition``: it may depend on another thread's loop."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -233,208 +235,7 @@ class Tally:
         self.lost = 0
 
 
-# -- protocols -------------------------------------------------------------
-
-
-class Sink(asyncio.Protocol):
-    """Receiver of a stream: counts bytes."""
-
-    def __init__(self, tally: Tally) -> None:
-        self.tally = tally
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.tally.ends.append(transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.tally.bytes += len(data)
-
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        self.tally.lost += 1
-
-
-class Pump(asyncio.Protocol):
-    """Sender of a stream: writes while not paused, resumes on resume_writing."""
-
-    def __init__(self, payload: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        self.payload = payload
-        self.loop = loop
-        self.transport: Optional[asyncio.WriteTransport] = None
-        self.sent = 0
-        self.running = False
-        self.paused = False
-        self.scheduled = False
-        self.lost: Optional[BaseException] = None
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        if self.running and not self.scheduled:
-            self._pump()
-
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        self.closed = True
-        self.lost = exc
-
-    def start(self) -> None:
-        if self.closed:
-            raise ConnectionError(f"stream connection lost: {self.lost!r}")
-        self.running = True
-        self._schedule()
-
-    def stop(self) -> None:
-        self.running = False
-
-    def _schedule(self) -> None:
-        if self.running and not self.scheduled:
-            self.scheduled = True
-            self.loop.call_soon(self._pump)
-
-    def _pump(self) -> None:
-        self.scheduled = False
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        write = transport.write
-        payload = self.payload
-        count = 0
-        budget = max(1, _MAX_BURST // len(payload))
-        while self.running and not self.paused and count < budget:
-            write(payload)
-            count += 1
-        self.sent += count * len(payload)
-        if count == budget and not self.paused:
-            self._schedule()  # the rest of the burst, after the loop's turn
-
-
-class Echo(asyncio.Protocol):
-    """Server of request/response: a whole response per whole request."""
-
-    def __init__(self, size: int, response: bytes, tally: Tally) -> None:
-        self.size = size
-        self.response = response
-        self.tally = tally
-        self.got = 0
-        self.transport: Optional[asyncio.WriteTransport] = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.tally.ends.append(transport)
-
-    def data_received(self, data: bytes) -> None:
-        got = self.got + len(data)
-        size = self.size
-        while got >= size:
-            got -= size
-            self.transport.write(self.response)  # type: ignore[union-attr]
-        self.got = got
-
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        self.tally.lost += 1
-
-
-class Requester(asyncio.Protocol):
-    """Client of request/response: one request outstanding at a time."""
-
-    def __init__(self, size: int, request: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        self.size = size
-        self.request = request
-        self.loop = loop
-        self.transport: Optional[asyncio.WriteTransport] = None
-        self.got = 0
-        self.done = 0
-        self.running = False
-        self.idle: Optional[asyncio.Future] = None
-        self.lost: Optional[BaseException] = None
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def start(self) -> None:
-        if self.closed:
-            raise ConnectionError(f"request/response connection lost: {self.lost!r}")
-        self.running = True
-        self.idle = self.loop.create_future()
-        self.transport.write(self.request)  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        self.running = False
-
-    def data_received(self, data: bytes) -> None:
-        self.got += len(data)
-        if self.got >= self.size:
-            self.got -= self.size
-            self.done += 1
-            if self.running:
-                self.transport.write(self.request)  # type: ignore[union-attr]
-            elif self.idle is not None and not self.idle.done():
-                self.idle.set_result(None)
-
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        self.closed = True
-        self.lost = exc
-        if self.idle is not None and not self.idle.done():
-            self.idle.set_exception(ConnectionError(f"connection lost mid-round: {exc!r}"))
-
-
-class CrrServer(asyncio.Protocol):
-    """Answers one request, then closes when the client does."""
-
-    def __init__(self, size: int, response: bytes, tally: Tally) -> None:
-        self.size = size
-        self.response = response
-        self.tally = tally
-        self.got = 0
-        self.transport: Optional[asyncio.WriteTransport] = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        # Only the verdict is kept: holding thousands of ends would skew
-        # the allocator for the rounds after.
-        self.tally.made += 1
-        if friendsock.is_friend(transport):
-            self.tally.friend_ends += 1
-
-    def data_received(self, data: bytes) -> None:
-        before = self.got
-        self.got += len(data)
-        if before < self.size <= self.got:
-            self.transport.write(self.response)  # type: ignore[union-attr]
-
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        self.tally.lost += 1
-
-
-class CrrClient(asyncio.Protocol):
-    def __init__(self, size: int, request: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        self.size = size
-        self.request = request
-        self.got = 0
-        self.answered = loop.create_future()
-        self.lost = loop.create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(self.request)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        self.got += len(data)
-        if self.got >= self.size and not self.answered.done():
-            self.answered.set_result(None)
-
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        if not self.answered.done():
-            self.answered.set_exception(ConnectionError(f"connection lost before the response: {exc!r}"))
-        if not self.lost.done():
-            self.lost.set_result(exc)
-
-
-# -- workloads -------------------------------------------------------------
+# -- the workload's life ---------------------------------------------------
 
 
 class Workload:
@@ -470,7 +271,7 @@ class Workload:
             await self.server_side.run(self.endpoint.close())
 
 
-class _Connected(Workload):
+class ConnectedWorkload(Workload):
     """Workloads over ``conns`` long-lived protocol connections."""
 
     clients: List[Tuple[asyncio.BaseTransport, Any]]
@@ -498,228 +299,9 @@ class _Connected(Workload):
         try:
             if clients:
                 await until(lambda: self.tally.lost >= len(clients), "the connections to close",
-                            timeout=2.0 if abort else _SETTLE_TIMEOUT)
+                            timeout=2.0 if abort else SETTLE_TIMEOUT)
         except TimeoutError:
             if not abort:
                 raise
         finally:
             await super().close(abort)
-
-
-class StreamWorkload(_Connected):
-    """TCP_STREAM: one-way bulk transfer, Mbit/s (aggregate over ``conns``).
-
-    ``per_round``: fresh connections each round, aborted at its end. With
-    many connections the bytes in flight (socket buffers, friend queues) take
-    seconds to drain; an abort drops them at once, and they must not load the
-    next transport's round.
-    """
-
-    def __init__(self, *args: Any, per_round: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.per_round = per_round
-
-    async def setup(self) -> None:
-        self.payload = b"x" * self.size
-        await self.serve(lambda: Sink(self.tally))
-        if not self.per_round:
-            await self._open()
-
-    async def _open(self) -> None:
-        loop = asyncio.get_running_loop()
-        payload = self.payload
-        await self._connect(lambda: Pump(payload, loop))
-
-    async def measure(self, seconds: float, warmup: float) -> Sample:
-        if self.per_round:
-            self.tally.ends.clear()
-            self._lost_before = self.tally.lost
-            await self._open()
-        try:
-            return await self._measure(seconds, warmup)
-        finally:
-            if self.per_round:
-                await self._abort()
-
-    async def _abort(self) -> None:
-        clients, self.clients = self.clients, []
-        for transport, _ in clients:
-            transport.abort()  # type: ignore[attr-defined]
-        await until(lambda: self.tally.lost - self._lost_before >= len(clients),
-                    "the connections to close")
-
-    async def _measure(self, seconds: float, warmup: float) -> Sample:
-        pumps: List[Pump] = [p for _, p in self.clients]
-        tally = self.tally
-        for pump in pumps:
-            pump.start()
-        try:
-            await asyncio.sleep(warmup)
-            moved = friendsock.stats().bytes_moved
-            received, start = tally.bytes, time.perf_counter()
-            await asyncio.sleep(seconds)
-            received, elapsed = tally.bytes - received, time.perf_counter() - start
-        finally:
-            for pump in pumps:
-                pump.stop()
-        if not self.per_round:
-            # Let the receiver catch up, so this round's bytes do not load
-            # the next transport's round.
-            await until(lambda: (tally.bytes >= sum(p.sent for p in pumps)
-                                 or any(p.closed for p in pumps)), "the receiver to catch up")
-        for pump in pumps:
-            if pump.closed:
-                raise ConnectionError(f"stream connection lost: {pump.lost!r}")
-        ok, note = moved_verdict(self.links_ok, self.links_note, moved)
-        return Sample(received * 8 / elapsed / 1e6, ok, note)
-
-
-class RRWorkload(_Connected):
-    """TCP_RR: transactions/s, one request outstanding per connection."""
-
-    async def setup(self) -> None:
-        loop = asyncio.get_running_loop()
-        payload = b"q" * self.size
-        await self.serve(lambda: Echo(self.size, payload, self.tally))
-        await self._connect(lambda: Requester(self.size, payload, loop))
-
-    async def measure(self, seconds: float, warmup: float) -> Sample:
-        requesters: List[Requester] = [p for _, p in self.clients]
-        for requester in requesters:
-            requester.start()
-        try:
-            await asyncio.sleep(warmup)
-            moved = friendsock.stats().bytes_moved
-            done, start = sum(r.done for r in requesters), time.perf_counter()
-            await asyncio.sleep(seconds)
-            done, elapsed = sum(r.done for r in requesters) - done, time.perf_counter() - start
-        finally:
-            for requester in requesters:
-                requester.stop()
-        await asyncio.gather(*(r.idle for r in requesters if r.idle is not None))
-        ok, note = moved_verdict(self.links_ok, self.links_note, moved)
-        return Sample(done / elapsed, ok, note)
-
-
-class CRRWorkload(Workload):
-    """TCP_CRR: connect, request, response, close; transactions/s."""
-
-    async def setup(self) -> None:
-        payload = b"c" * self.size
-        await self.serve(lambda: CrrServer(self.size, payload, self.tally))
-        self.request = payload
-
-    async def measure(self, seconds: float, warmup: float) -> Sample:
-        loop = asyncio.get_running_loop()
-        state = {"running": True, "done": 0, "not_friend": 0, "opened": 0}
-        size, request, endpoint = self.size, self.request, self.endpoint
-        factory: Callable[[], CrrClient] = lambda: CrrClient(size, request, loop)
-
-        async def client() -> None:
-            while state["running"]:
-                transport, protocol = await endpoint.connect(factory)
-                state["opened"] += 1
-                if not friendsock.is_friend(transport):
-                    state["not_friend"] += 1
-                try:
-                    await protocol.answered
-                finally:
-                    transport.close()
-                await protocol.lost
-                state["done"] += 1
-
-        before = friendsock.stats()
-        friend_ends, lost = self.tally.friend_ends, self.tally.lost
-        task = loop.create_task(client())
-        try:
-            await asyncio.sleep(warmup)
-            done, start = state["done"], time.perf_counter()
-            await asyncio.wait({task}, timeout=seconds)
-            done, elapsed = state["done"] - done, time.perf_counter() - start
-        finally:
-            state["running"] = False
-        await task  # the transaction in progress, and its error if any
-        # Server ends close once they see the client's EOF.
-        await until(lambda: self.tally.lost >= lost + state["opened"], "server ends to close")
-        ok: Optional[bool] = None
-        note: Optional[str] = None
-        if self.transport in FRIEND_TRANSPORTS:
-            made = friendsock.stats().links_made - before.links_made
-            server_friends = self.tally.friend_ends - friend_ends
-            ok = (state["not_friend"] == 0 and server_friends == state["opened"]
-                  and made >= state["opened"])
-            if not ok:
-                note = (f"friends fell back to TCP: {state['not_friend']} of {state['opened']} "
-                        f"connections not friends (fallbacks: {fallback_delta(before)})")
-        return Sample(done / elapsed, ok, note)
-
-
-class StreamsRRWorkload(Workload):
-    """TCP_RR through StreamReader/StreamWriter (open_connection/start_server)."""
-
-    async def setup(self) -> None:
-        size = self.size
-        payload = b"s" * size
-        tally = self.tally
-
-        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            tally.ends.append(writer.transport)
-            try:
-                while True:
-                    await reader.readexactly(size)
-                    writer.write(payload)
-                    await writer.drain()
-            except (asyncio.IncompleteReadError, ConnectionError):
-                pass
-            finally:
-                writer.close()
-                tally.lost += 1
-
-        await self.server_side.run(self.endpoint.serve_streams(handler))
-        self._served = True
-        before = friendsock.stats()
-        self.reader, self.writer = await self.endpoint.open()
-        self.request = payload
-        await until(lambda: len(tally.ends) >= 1, "the server to accept")
-        self.links_ok, self.links_note = links_verdict(
-            self.transport, [self.writer, tally.ends[0]], before)
-
-    async def measure(self, seconds: float, warmup: float) -> Sample:
-        reader, writer, request, size = self.reader, self.writer, self.request, self.size
-        state = {"running": True, "done": 0}
-
-        async def client() -> None:
-            while state["running"]:
-                writer.write(request)
-                await writer.drain()
-                await reader.readexactly(size)
-                state["done"] += 1
-
-        task = asyncio.get_running_loop().create_task(client())
-        try:
-            await asyncio.sleep(warmup)
-            moved = friendsock.stats().bytes_moved
-            done, start = state["done"], time.perf_counter()
-            await asyncio.wait({task}, timeout=seconds)
-            done, elapsed = state["done"] - done, time.perf_counter() - start
-        finally:
-            state["running"] = False
-        await task
-        ok, note = moved_verdict(self.links_ok, self.links_note, moved)
-        return Sample(done / elapsed, ok, note)
-
-    async def close(self, abort: bool = False) -> None:
-        writer = getattr(self, "writer", None)
-        if writer is not None:
-            self.writer = None  # type: ignore[assignment]
-            if abort:
-                writer.transport.abort()
-            else:
-                writer.close()
-            try:
-                await until(lambda: self.tally.lost >= 1, "the server handler to finish",
-                            timeout=2.0 if abort else _SETTLE_TIMEOUT)
-                await writer.wait_closed()
-            except (ConnectionError, TimeoutError):
-                pass
-        await super().close(abort)
