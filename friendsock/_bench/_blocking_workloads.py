@@ -327,7 +327,7 @@ class _FloorLoopEnd(asyncio.Transport):
         self._client = client
         self._closing = False
         call_soon_threadsafe, arrive = loop.call_soon_threadsafe, self._arrive
-        client.deliver = lambda data: call_soon_threadsafe(arrive, data)  # type: ignore[assignment,return-value]
+        client.deliver = lambda data: call_soon_threadsafe(arrive, data)  # type: ignore[assignment]
         client.peer_room = _room()
 
     def _arrive(self, data: bytes) -> None:

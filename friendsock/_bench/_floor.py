@@ -158,10 +158,10 @@ class FloorTransport(asyncio.Transport):
         self._lost = True
         self._protocol.connection_lost(None)
 
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:  # type: ignore[override]
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol
 
-    def get_protocol(self) -> asyncio.BaseProtocol:  # type: ignore[override]
+    def get_protocol(self) -> asyncio.BaseProtocol:
         return self._protocol
 
 
