@@ -51,8 +51,8 @@ from .._core._link import Link, LinkEnd
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._friend_socket import (STDLIB_SOCKET, FriendSocket, PairedSocketCalls, no_urgent_data, recvmsg_size,
-                              recvmsg_views, scatter, sendmsg_data, show_fin)
+from .._friend_socket import STDLIB_SOCKET, FriendSocket, show_fin
+from .._paired_calls import PairedSocketCalls, no_urgent_data, recvmsg_size, recvmsg_views, scatter, sendmsg_data
 from .._handshake import (
     ConnectAttempt,
     Entry,
