@@ -1,4 +1,10 @@
-"""The socket-like object a friend end hands out as its ``socket``.
+"""The socket-like objects through which a friend end's real socket is
+reached: the one a transport hands out as its ``socket`` extra info
+(:class:`FriendSocket`, and uvloop's kind), and the real socket under a
+paired socket object that hands it out as it is (a watched socket); with
+what they do to the real socket, shared with every friend end: its buffer
+sizes copied into the link's accounting, its FIN shown by the link's rule,
+``shutdown(SHUT_WR)``.
 
 Options act on the real TCP socket, which stays open while the friends are
 connected. ``SO_SNDBUF``/``SO_RCVBUF`` also feed the link's accounting, with
@@ -12,18 +18,15 @@ import errno
 import operator
 import os
 import socket
-import struct
-import sys
 import types
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 from ._core._errors import LinkBrokenError
-from ._core._channel import CHANNEL_TCP
 from ._core._link import LinkEnd
+from ._kept_options import LINGER, set_restorably, to_keep
 
 _BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
-_LINGER = struct.Struct("ii")  # struct linger
 _C_INT_MAX = 2 ** 31 - 1
 _C_INT_MIN = -2 ** 31
 
@@ -220,7 +223,7 @@ class FriendSocket:
         sock = self._for_calls()
         release = self._end.link.on_done
         # (A connection to keep once the link is done: as it was made.)
-        if not to_keep(release) or not _set_restorably(release, sock, args):
+        if not to_keep(release) or not set_restorably(release, sock, args):
             sock.setsockopt(*args)
         if args[0] == socket.SOL_SOCKET:
             if args[1] in _BUFFER_OPTIONS:
@@ -232,10 +235,10 @@ class FriendSocket:
         """SO_LINGER read back as the kernel keeps it: {1, 0} makes the
         end's close abortive."""
         try:
-            kept = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size)
+            kept = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER.size)
         except OSError:  # a socketless end's, never set
             return
-        onoff, linger = _LINGER.unpack(kept)
+        onoff, linger = LINGER.unpack(kept)
         self._end.abortive = bool(onoff) and linger == 0
 
     def sync_buffer_sizes(self) -> None:
@@ -324,128 +327,6 @@ for _name in ("accept", "bind", "close", "connect", "connect_ex", "detach", "lis
 del _name
 
 
-# Options that a connection kept for another link can be given back as it
-# had them (a plain value each, with no lasting side effect).
-_RESTORABLE = frozenset({
-    (socket.SOL_SOCKET, socket.SO_KEEPALIVE),
-    (socket.IPPROTO_TCP, socket.TCP_NODELAY),
-    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
-    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
-    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
-    # (trio's streams set it on every connection)
-    *([(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)] if hasattr(socket, "TCP_NOTSENT_LOWAT") else []),
-})
-
-
-def to_keep(release: Any) -> bool:
-    """Whether a link's ``on_done`` will keep its connection for a later
-    link: a ``SocketRelease`` none of whose sockets was handed out (see
-    ``SocketRelease.exposed``)."""
-    return getattr(release, "client", None) is not None
-
-
-def _set_restorably(release: Any, sock: socket.socket, args: "tuple[Any, ...]") -> bool:
-    """``setsockopt(*args)`` on a socket whose connection its listener may
-    keep for a later link (``release``: the link's ``SocketRelease``): an
-    option of :data:`_RESTORABLE` is set here (the C call), and given back
-    its value before the connection is kept, as a new connection would have
-    it. False for any other option, which the caller sets: that change
-    (buffer sizes lock, SO_LINGER, ...) ends the connection with the link."""
-    if len(args) != 3 or type(args[2]) not in (int, bool) or args[:2] not in _RESTORABLE:
-        release.exposed()
-        return False
-    level, option = args[0], args[1]
-    before = _socket.socket.getsockopt(sock, level, option)
-    _socket.socket.setsockopt(sock, *args)
-    if args[2] != before:  # (a value the kernel takes as ``before`` is given back as it was)
-        release.restore_before_keeping(sock, level, option, before)
-    return True
-
-
-# What a program may set on a socket before connect() (besides
-# _RESTORABLE's): a connect over a kept connection, which hands its user
-# another socket's descriptor, is made only for a socket whose values of
-# these are a new socket's.
-_SET_BEFORE_CONNECT = tuple(
-    (level, getattr(socket, name), size)
-    for level, name, size in (
-        (socket.SOL_SOCKET, "SO_SNDBUF", 0), (socket.SOL_SOCKET, "SO_RCVBUF", 0),
-        (socket.SOL_SOCKET, "SO_LINGER", _LINGER.size), (socket.SOL_SOCKET, "SO_REUSEADDR", 0),
-        (socket.SOL_SOCKET, "SO_REUSEPORT", 0), (socket.SOL_SOCKET, "SO_OOBINLINE", 0),
-        (socket.SOL_SOCKET, "SO_PRIORITY", 0), (socket.SOL_SOCKET, "SO_RCVLOWAT", 0),
-        (socket.SOL_SOCKET, "SO_MARK", 0), (socket.SOL_SOCKET, "SO_BINDTODEVICE", 16),
-        (socket.IPPROTO_TCP, "TCP_MAXSEG", 0), (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", 0),
-        (socket.IPPROTO_TCP, "TCP_WINDOW_CLAMP", 0), (socket.IPPROTO_TCP, "TCP_CONGESTION", 16),
-        (socket.IPPROTO_TCP, "TCP_FASTOPEN_CONNECT", 0),
-        (socket.IPPROTO_IP, "IP_TOS", 0), (socket.IPPROTO_IP, "IP_TTL", 0),
-        (socket.IPPROTO_IP, "IP_BIND_ADDRESS_NO_PORT", 0),
-        (socket.IPPROTO_IPV6, "IPV6_TCLASS", 0), (socket.IPPROTO_IPV6, "IPV6_UNICAST_HOPS", 0),
-        (socket.IPPROTO_IPV6, "IPV6_V6ONLY", 0),
-    )
-    if hasattr(socket, name)
-)
-# Per family, what a new socket has: ((level, option, size, value), ...) of
-# _SET_BEFORE_CONNECT, and ((level, option, value), ...) of _RESTORABLE.
-_new_socket_options: Dict[int, Tuple[Tuple[Any, ...], Tuple[Any, ...]]] = {}
-
-
-def _option(sock: Any, level: int, option: int, size: int) -> Any:
-    return (_socket.socket.getsockopt(sock, level, option, size) if size
-            else _socket.socket.getsockopt(sock, level, option))
-
-
-def _new_socket_values(family: int) -> Tuple[Tuple[Any, ...], Tuple[Any, ...]]:
-    """What a new TCP socket of ``family`` has of :data:`_SET_BEFORE_CONNECT`
-    and :data:`_RESTORABLE` (read once per family; the options a family has
-    not left out)."""
-    values = _new_socket_options.get(family)
-    if values is None:
-        new = _socket.socket(family, socket.SOCK_STREAM)
-        checked, restorable = [], []
-        try:
-            for level, option, size in _SET_BEFORE_CONNECT:
-                try:
-                    checked.append((level, option, size, _option(new, level, option, size)))
-                except OSError:  # not of this family
-                    pass
-            for level, option in _RESTORABLE:
-                restorable.append((level, option, _option(new, level, option, 0)))
-        finally:
-            new.close()
-        values = _new_socket_options[family] = (tuple(checked), tuple(restorable))
-    return values
-
-
-def set_as_a_new_socket(sock: socket.socket) -> bool:
-    """Whether ``sock`` (not connected yet) has nothing of
-    :data:`_SET_BEFORE_CONNECT` set otherwise than a new socket has it
-    (options of :data:`_RESTORABLE` it may have set: :func:`carry_options`
-    carries them over)."""
-    for level, option, size, value in _new_socket_values(sock.family)[0]:
-        if _option(sock, level, option, size) != value:
-            return False
-    return True
-
-
-def carry_options(sock: socket.socket, kept: socket.socket, release: Any) -> None:
-    """The options of :data:`_RESTORABLE` its user set on ``sock`` (made
-    for a connect that goes over the connection ``kept``) set on ``kept``
-    too, and given back before that connection is kept again."""
-    for level, option, value in _new_socket_values(sock.family)[1]:
-        set_to = _socket.socket.getsockopt(sock, level, option)
-        if set_to != value:
-            _set_restorably(release, kept, (level, option, set_to))
-
-
-def restore_options_set_before_connect(sock: socket.socket, release: Any) -> None:
-    """The options of :data:`_RESTORABLE` its user set on ``sock`` before
-    it connected (its connection one to keep): given back their values of
-    a new socket's before it is kept."""
-    for level, option, value in _new_socket_values(sock.family)[1]:
-        if _socket.socket.getsockopt(sock, level, option) != value:
-            release.restore_before_keeping(sock, level, option, value)
-
-
 # The stdlib's class, as it was when friendsock was imported (patch_socket()
 # may replace the name later).
 STDLIB_SOCKET = socket.socket
@@ -467,7 +348,7 @@ class _WatchedSocket(STDLIB_SOCKET):  # type: ignore[misc,valid-type]
         options = _watchers.get(self)
         release = options._end.link.on_done if options is not None else None
         # (A connection to keep once the link is done: as it was made.)
-        if not to_keep(release) or not _set_restorably(release, self, args):
+        if not to_keep(release) or not set_restorably(release, self, args):
             super().setsockopt(*args)
         if options is not None and args[0] == socket.SOL_SOCKET:
             if args[1] in _BUFFER_OPTIONS:
@@ -512,133 +393,3 @@ def unwatch_options(sock: Any) -> None:
     if type(sock) is _WatchedSocket:
         _watchers.pop(sock, None)
         sock.__class__ = STDLIB_SOCKET  # type: ignore[assignment]
-
-
-# recvmsg()/sendmsg() on a TCP connection: scatter/gather reads and writes;
-# no ancillary data comes (TCP ignores what sendmsg gives). Their arguments,
-# checked as the C calls check them, for every kind of paired socket.
-def recvmsg_size(bufsize: Any, ancbufsize: Any) -> int:
-    bufsize = operator.index(bufsize)
-    if bufsize < 0:
-        raise ValueError("negative buffer size in recvmsg()")
-    _check_ancillary_size(ancbufsize)
-    return bufsize
-
-
-def _check_ancillary_size(ancbufsize: Any) -> None:
-    if operator.index(ancbufsize) < 0:
-        raise ValueError("invalid ancillary data buffer length")  # the C call's words
-
-
-def recvmsg_views(buffers: Any, ancbufsize: Any) -> List[memoryview]:
-    """``recvmsg_into()``'s buffers, as byte views to fill in turn."""
-    views = [memoryview(buffer).cast("B") for buffer in buffers]
-    if any(view.readonly for view in views):
-        raise TypeError("recvmsg_into() argument 1 must be an iterable of single-segment "
-                        "read-write buffers")
-    _check_ancillary_size(ancbufsize)
-    return views
-
-
-def scatter(data: bytes, views: List[memoryview]) -> int:
-    """``data`` into ``views`` in turn; its size."""
-    offset = 0
-    for view in views:
-        piece = data[offset:offset + len(view)]
-        view[:len(piece)] = piece
-        offset += len(piece)
-    return len(data)
-
-
-def sendmsg_data(buffers: Any, ancdata: Any, address: Any) -> bytes:
-    """What ``sendmsg()`` sends: its buffers joined. Its ancillary data and
-    address are checked as the C call does, then ignored, as TCP does on a
-    connected socket."""
-    data = b"".join(memoryview(buffer).cast("B") for buffer in buffers)
-    for item in ancdata:
-        if not isinstance(item, tuple) or len(item) != 3:
-            raise TypeError("sendmsg() ancillary data items must be (level, type, data) tuples")
-        operator.index(item[0]), operator.index(item[1]), memoryview(item[2])
-    if address is not None and not isinstance(address, tuple):
-        raise TypeError(f"sendmsg() address must be a tuple, not {type(address).__name__}")
-    return data
-
-
-def no_urgent_data() -> OSError:
-    """What ``recv(MSG_OOB)`` gets on a paired socket: TCP's answer when no
-    urgent byte waits, and none ever does on a link (a friend's send with
-    MSG_OOB is refused)."""
-    return OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-
-
-class PairedSocketCalls:
-    """The calls a paired socket object (a trio socket, or a blocking
-    socket, whose connection paired) answers from its link end rather than
-    its descriptor: the addresses known at pairing, and the options through
-    its :class:`FriendSocket` (``_options``), so buffer sizes feed the
-    accounting. ``_check_open`` raises what the call on a closed socket
-    raises."""
-
-    _sockname: Any
-    _peername: Any
-    _options: FriendSocket
-    _end: LinkEnd
-    _read_shut: bool
-
-    def _check_open(self) -> None:
-        raise NotImplementedError
-
-    def getsockname(self) -> Any:
-        self._check_open()
-        return self._sockname
-
-    def getpeername(self) -> Any:
-        self._check_open()
-        error = self._end.peername_error()
-        if error is not None:
-            raise error.as_os_error()
-        return self._peername
-
-    def getsockopt(self, *args: Any) -> Any:
-        self._check_open()
-        value = self._options.getsockopt(*args)
-        if args[:2] == (socket.SOL_SOCKET, socket.SO_ERROR):
-            error = self._end.take_error()  # the friend's reset, pending: reported once
-            if error is not None:
-                number = error.errno
-                return number if type(value) is int else number.to_bytes(4, sys.byteorder)[:len(value)]
-        return value
-
-    def setsockopt(self, *args: Any) -> None:
-        self._check_open()
-        self._options.setsockopt(*args)
-
-    def _shutdown_end(self, how: int) -> bool:
-        """``shutdown(how)`` on the link: EOF to the friend for SHUT_WR and
-        SHUT_RDWR (the link's errno as an OSError), EOF for later reads for
-        SHUT_RD and SHUT_RDWR, as on Linux. Returns whether the writing side
-        was shut."""
-        # Bound now: a hand-over meanwhile may give this object its real
-        # socket's class (a trio socket's: trio's own).
-        shutdown_on_tcp, show_own_fin = self._shutdown_on_tcp, self._show_fin
-        self._check_open()
-        check_how(how)
-        # The link may go on over TCP meanwhile (a fork on another thread),
-        # too early for its hand-over to carry this shutdown: the socket
-        # makes it then.
-        if how != socket.SHUT_RD:
-            shut_write(self._end, show_own_fin, shutdown_on_tcp)
-        if how != socket.SHUT_WR:
-            self._read_shut = True
-            if self._end.incoming.state is CHANNEL_TCP:  # (a second one is harmless)
-                shutdown_on_tcp(socket.SHUT_RD)
-        return how != socket.SHUT_RD
-
-    def _shutdown_on_tcp(self, how: int) -> None:
-        """``shutdown(how)`` on the real socket (the link went on over TCP)."""
-        raise NotImplementedError
-
-    def _show_fin(self) -> None:
-        """Done writing on the link: the real socket's FIN, by the link's
-        rule (:func:`show_fin`)."""
-        raise NotImplementedError

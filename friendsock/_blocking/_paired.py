@@ -31,7 +31,8 @@ from .._core._channel import CHANNEL_TCP
 from .._core._finalizing import close_when_safe
 from .._core._link import LinkEnd
 from .._core._registry import registry
-from .._friend_socket import FriendSocket, PairedSocketCalls, show_fin
+from .._friend_socket import FriendSocket, show_fin
+from .._paired_calls import PairedSocketCalls
 from .._socket_errors import already_connected, invalid_argument, not_through_descriptor
 from . import _ends
 from ._capable import FriendCapableSocket

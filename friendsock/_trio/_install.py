@@ -34,10 +34,10 @@ from .._blocking._paired import as_plain_socket
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._friend_socket import carry_options, restore_options_set_before_connect, set_as_a_new_socket
 from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
                           offer_for_reuse, register_listener, users_sockname)
 from .._imports import when_imported
+from .._kept_options import carry_options, restore_options_set_before_connect, set_as_a_new_socket
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from . import _pairing
