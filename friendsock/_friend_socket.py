@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import _socket
 import errno
-import operator
 import os
 import socket
 import types
@@ -25,10 +24,9 @@ from typing import Any, Callable, Dict, Optional
 from ._core._errors import LinkBrokenError
 from ._core._link import LinkEnd
 from ._kept_options import LINGER, set_restorably, to_keep
+from ._socket_errors import check_how
 
 _BUFFER_OPTIONS = (socket.SO_SNDBUF, socket.SO_RCVBUF)
-_C_INT_MAX = 2 ** 31 - 1
-_C_INT_MIN = -2 ** 31
 
 
 _sizes: Dict[int, int] = {}
@@ -124,15 +122,6 @@ def shut_write(end: LinkEnd, show_own_fin: Callable[[], None],
         show_own_fin()
     else:
         shutdown_on_tcp(socket.SHUT_WR)
-
-
-def check_how(how: Any) -> None:
-    """``shutdown(how)``'s argument checked as the real call checks it."""
-    how = operator.index(how)  # (TypeError for what is no int)
-    if not _C_INT_MIN <= how <= _C_INT_MAX:  # as the C call converts it
-        raise OverflowError("Python int too large to convert to C int")
-    if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
-        raise OSError(errno.EINVAL, "Invalid argument")
 
 
 class FriendSocket:

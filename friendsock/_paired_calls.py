@@ -7,16 +7,15 @@ them.
 
 from __future__ import annotations
 
-import errno
 import operator
-import os
 import socket
 import sys
 from typing import Any, List
 
 from ._core._channel import CHANNEL_TCP
 from ._core._link import LinkEnd
-from ._friend_socket import FriendSocket, check_how, shut_write
+from ._friend_socket import FriendSocket, shut_write
+from ._socket_errors import check_how
 
 # recvmsg()/sendmsg() on a TCP connection: scatter/gather reads and writes;
 # no ancillary data comes (TCP ignores what sendmsg gives). Their arguments,
@@ -66,13 +65,6 @@ def sendmsg_data(buffers: Any, ancdata: Any, address: Any) -> bytes:
     if address is not None and not isinstance(address, tuple):
         raise TypeError(f"sendmsg() address must be a tuple, not {type(address).__name__}")
     return data
-
-
-def no_urgent_data() -> OSError:
-    """What ``recv(MSG_OOB)`` gets on a paired socket: TCP's answer when no
-    urgent byte waits, and none ever does on a link (a friend's send with
-    MSG_OOB is refused)."""
-    return OSError(errno.EINVAL, os.strerror(errno.EINVAL))
 
 
 class PairedSocketCalls:

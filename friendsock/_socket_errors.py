@@ -9,7 +9,11 @@ from __future__ import annotations
 import errno
 import operator
 import os
+import socket
 from typing import Any
+
+_C_INT_MAX = 2 ** 31 - 1
+_C_INT_MIN = -2 ** 31
 
 
 def _error(number: int) -> OSError:
@@ -59,3 +63,19 @@ def recv_into_view(buffer: Any, nbytes: Any) -> memoryview:
             raise ValueError("buffer too small for requested bytes")
         view = view[:nbytes]
     return view
+
+
+def check_how(how: Any) -> None:
+    """``shutdown(how)``'s argument checked as the real call checks it."""
+    how = operator.index(how)  # (TypeError for what is no int)
+    if not _C_INT_MIN <= how <= _C_INT_MAX:  # as the C call converts it
+        raise OverflowError("Python int too large to convert to C int")
+    if how not in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
+        raise invalid_argument()
+
+
+def no_urgent_data() -> OSError:
+    """What ``recv(MSG_OOB)`` gets on a paired socket: TCP's answer when no
+    urgent byte waits, and none ever does on a link (a friend's send with
+    MSG_OOB is refused)."""
+    return invalid_argument()

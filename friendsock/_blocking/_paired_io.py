@@ -19,8 +19,8 @@ from .._core._channel import (CHANNEL_OPEN, SEEN_DATA, SEEN_EOF, SEEN_NOTHING, S
                               Channel, Seen)
 from .._core._errors import FriendError, LinkBrokenError
 from .._core._link import LinkEnd
-from .._paired_calls import no_urgent_data, recvmsg_size, recvmsg_views, scatter, sendmsg_data
-from .._socket_errors import bad_descriptor, not_through_descriptor, recv_into_view, would_block
+from .._paired_calls import recvmsg_size, recvmsg_views, scatter, sendmsg_data
+from .._socket_errors import bad_descriptor, no_urgent_data, not_through_descriptor, recv_into_view, would_block
 from ._descriptor import _ss
 from ._readiness import Signals, leave, parker, sleep
 

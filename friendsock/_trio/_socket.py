@@ -25,10 +25,10 @@ from .._core._link import LinkEnd
 from .._friend_socket import FriendSocket, is_watched, show_fin, unwatch_options, watch_options
 from .._handshake import SocketRelease
 from .._kept_options import to_keep
-from .._paired_calls import (PairedSocketCalls, no_urgent_data, recvmsg_size, recvmsg_views, scatter,
+from .._paired_calls import (PairedSocketCalls, recvmsg_size, recvmsg_views, scatter,
                              sendmsg_data)
-from .._socket_errors import (already_connected, bad_descriptor, invalid_argument, not_through_descriptor,
-                              recv_into_view)
+from .._socket_errors import (already_connected, bad_descriptor, invalid_argument, no_urgent_data,
+                              not_through_descriptor, recv_into_view)
 from ._end import TrioEnd, stream_error
 from ._run import RunState
 
