@@ -322,7 +322,7 @@ STDLIB_SOCKET = socket.socket
 _watchers: "weakref.WeakKeyDictionary[socket.socket, FriendSocket]" = weakref.WeakKeyDictionary()
 
 
-class _WatchedSocket(STDLIB_SOCKET):  # type: ignore[misc,valid-type]
+class _WatchedSocket(STDLIB_SOCKET):
     """The kernel's socket under a paired socket object that hands it out
     as it is (anyio's ``raw_socket`` of a stream on trio): the options set
     on it reach the link as through the paired socket (buffer sizes feed

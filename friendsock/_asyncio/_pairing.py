@@ -46,7 +46,7 @@ ProtocolFactory = Callable[[], asyncio.BaseProtocol]
 def _combined_error(exceptions: List[OSError], all_errors: bool) -> BaseException:
     # As asyncio's create_connection reports failed attempts.
     if all_errors:
-        return ExceptionGroup("create_connection failed", exceptions)  # type: ignore[name-defined]  # noqa: F821
+        return ExceptionGroup("create_connection failed", exceptions)  # type: ignore[name-defined,unused-ignore]  # noqa: F821
     if len(exceptions) == 1:
         return exceptions[0]
     model = str(exceptions[0])

@@ -263,14 +263,14 @@ class FriendTransport(ReadSide, WriteSide):
     def is_closing(self) -> bool:
         return self._closing
 
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:  # type: ignore[override]
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol
         self._buffered = fills_buffers(self._state, protocol)
         if isinstance(protocol, sslproto.SSLProtocol):
             # Its TLS transport says it rides a friend link once lost too,
             # as this end does (3.10's is lost at the peer's close_notify;
             # a lost layer no longer asks the transport under it).
-            protocol._extra.setdefault(FRIEND_END_INFO, self)  # type: ignore[attr-defined]
+            protocol._extra.setdefault(FRIEND_END_INFO, self)
 
-    def get_protocol(self) -> asyncio.BaseProtocol:  # type: ignore[override]
+    def get_protocol(self) -> asyncio.BaseProtocol:
         return self._protocol
