@@ -15,7 +15,6 @@ import socket
 from typing import Any, Awaitable, Callable, List, Optional, Tuple, cast
 
 from .. import _handshake
-from .._core._registry import registry
 from .._core._stats import counters
 from .._handshake import (
     ConnectAttempt,
@@ -28,7 +27,7 @@ from .._handshake import (
     numeric_address_infos,
     offer_for_reuse,
     start_connect,
-    wait_for_room,
+    RoomWait,
 )
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
@@ -140,39 +139,33 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
     made by an accept friendsock did not see)."""
     woken = loop.create_future()
 
-    def settle() -> None:  # on our loop
-        if woken.done():  # woken for room we will not take: pass it on
-            registry.accept_room_made(entry, 1)
-            return
-        try:
-            woken.set_result(None)
-        except RuntimeError:  # our loop closed: nobody waits any more
-            pass
-
-    if entry.owner is loop:
-        wake = settle
-    else:
-        def wake() -> None:  # on the accepting thread
+    def wake_here() -> None:  # on our loop
+        if not woken.done():
             try:
-                loop.call_soon_threadsafe(settle)
+                woken.set_result(None)
             except RuntimeError:  # our loop closed: nobody waits any more
                 pass
 
-    if not wait_for_room(entry, wake):
+    def post(settle: Callable[[], None]) -> None:  # on the accepting thread
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # our loop closed: nobody waits any more
+            pass
+
+    wait = RoomWait(entry, wake_here, None if entry.owner is loop else post)
+    if not wait.begin():
         await asyncio.sleep(0)
         return
     # Not asyncio.wait_for: before 3.12 it can swallow a cancellation that
     # comes as the future completes.
-    recheck = loop.call_later(_handshake.ROOM_RECHECK, lambda: None if woken.done() else woken.set_result(None))
+    recheck = loop.call_later(_handshake.ROOM_RECHECK, wake_here)
+    taken = False
     try:
         await woken
-    except BaseException:
-        if woken.done() and not woken.cancelled():
-            registry.accept_room_made(entry, 1)
-        raise
+        taken = True
     finally:
         recheck.cancel()
-        registry.cancel_wait_for_accept_room(entry, wake)
+        wait.end(taken)
 
 
 async def _connected(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any, err: int) -> None:

@@ -20,7 +20,7 @@ from .. import _handshake
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._handshake import (ConnectAttempt, Entry, Pending, call_on_claim, confirmed,
-                          numeric_address_infos, users_sockname, wait_for_room)
+                          numeric_address_infos, users_sockname, RoomWait)
 from . import _ends
 from ._capable import FriendCapableSocket
 from ._descriptor import Descriptor
@@ -141,15 +141,17 @@ def _room_made(entry: Entry, deadline: Optional[float]) -> None:
     accepts, goes away, or a while has passed (for room made by an accept
     friendsock did not see); TimeoutError past the socket's timeout."""
     woken = threading.Event()
-    if not wait_for_room(entry, woken.set):
+    wait = RoomWait(entry, woken.set)  # (an event is set from any thread)
+    if not wait.begin():
         return
+    taken = False
     try:
         left = _left(deadline)
-        wait = _handshake.ROOM_RECHECK if left is None else min(left, _handshake.ROOM_RECHECK)
-        if not woken.wait(wait):
+        if not woken.wait(_handshake.ROOM_RECHECK if left is None else min(left, _handshake.ROOM_RECHECK)):
             _left(deadline)
+        taken = True
     finally:
-        registry.cancel_wait_for_accept_room(entry, woken.set)
+        wait.end(taken)
 
 
 def _confirm(pending: Pending, descriptor: Descriptor) -> bool:

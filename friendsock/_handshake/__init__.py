@@ -46,6 +46,7 @@ from ._connect import (
     register_adoptable_connect,
     register_connect,
     start_connect,
+    RoomWait,
     wait_for_room,
     why_not_friends,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "SocketRelease",
     "start_connect",
     "users_sockname",
+    "RoomWait",
     "wait_for_room",
     "why_not_friends",
 ]

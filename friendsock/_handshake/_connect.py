@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import threading
 import weakref
 from typing import Any, Callable, Optional, Tuple
 
@@ -162,6 +163,61 @@ def wait_for_room(entry: Entry, wake: Callable[[], None]) -> bool:
         registry.cancel_wait_for_accept_room(entry, wake)
         return False
     return True
+
+
+class RoomWait:
+    """A connect waiting for room in a listener's accept queue, whatever
+    does the waiting (a loop's future, a trio event, a thread's event). The
+    registry's wake-up reaches the waiter once; one it does not take (it
+    gave up, or had stopped waiting) goes on to the next connect waiting,
+    so no room made is lost.
+
+    ``woken`` wakes the waiter, on the waiter's thread; ``post`` gets a call
+    there from the accepting side's thread (None: both are one thread, or
+    ``woken`` may be called from any). ``post`` swallows the error of a
+    waiter's loop or run that is gone."""
+
+    __slots__ = ("_entry", "_woken", "_post", "_lock", "_over", "_woke")
+
+    def __init__(self, entry: Entry, woken: Callable[[], None],
+                 post: Optional[Callable[[Callable[[], None]], None]] = None) -> None:
+        self._entry = entry
+        self._woken = woken
+        self._post = post
+        self._lock = threading.Lock()  # a wake-up and the end of the wait may race
+        self._over = False
+        self._woke = False
+
+    def begin(self) -> bool:
+        """Start waiting. False, and no wait begun: look again at once (see
+        :func:`wait_for_room`)."""
+        return wait_for_room(self._entry, self.wake)
+
+    def wake(self) -> None:
+        """The registry's call, on the accepting side's thread."""
+        if self._post is None:
+            self._settle()
+        else:
+            self._post(self._settle)
+
+    def _settle(self) -> None:  # on the waiter's thread, where post takes it
+        with self._lock:
+            over = self._over
+            self._woke = not over
+        if over:  # woken for room it will not take: pass it on
+            registry.accept_room_made(self._entry, 1)
+        else:
+            self._woken()
+
+    def end(self, taken: bool) -> None:
+        """Stop waiting. ``taken``: the waiter goes on to look for room, and
+        a wake-up it had was its own; otherwise one it had goes on."""
+        with self._lock:
+            self._over = True
+            pass_on = self._woke and not taken
+        if pass_on:
+            registry.accept_room_made(self._entry, 1)
+        registry.cancel_wait_for_accept_room(self._entry, self.wake)
 
 
 def make_room(entry: Entry) -> None:

@@ -38,7 +38,7 @@ from .._handshake import (
     make_room,
     offer_for_reuse,
     register_listener,
-    wait_for_room,
+    RoomWait,
     why_not_friends,
 )
 from .._reuse import reused_connect
@@ -433,36 +433,24 @@ async def _room_made(entry: Entry, token: trio.lowlevel.TrioToken) -> None:
     listener accepts, goes away, or a while has passed (for room made by an
     accept friendsock did not see)."""
     woken = trio.Event()
-    left = False
 
-    def settle() -> None:  # on our thread
-        if left:  # woken for room we will not take: pass it on
-            registry.accept_room_made(entry, 1)
-        else:
-            woken.set()
+    def post(settle: Callable[[], None]) -> None:  # on the accepting thread
+        try:
+            token.run_sync_soon(settle)
+        except trio.RunFinishedError:  # nobody waits any more
+            pass
 
-    if entry.owner is token:
-        wake = settle
-    else:
-        def wake() -> None:  # on the accepting thread
-            try:
-                token.run_sync_soon(settle)
-            except trio.RunFinishedError:  # nobody waits any more
-                pass
-
-    if not wait_for_room(entry, wake):
+    wait = RoomWait(entry, woken.set, None if entry.owner is token else post)
+    if not wait.begin():
         await trio.lowlevel.checkpoint()
         return
+    taken = False
     try:
         with trio.move_on_after(_handshake.ROOM_RECHECK):
             await woken.wait()
-    except BaseException:
-        if woken.is_set():
-            registry.accept_room_made(entry, 1)
-        raise
+        taken = True
     finally:
-        left = True
-        registry.cancel_wait_for_accept_room(entry, wake)
+        wait.end(taken)
 
 
 async def _connected(sock: socket.socket, address: Any, err: int) -> None:
