@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Union
 import pytest
 
 import friendsock
+from parity_states import STREAMS, driver, states_of
 from support import LOOP_RUNNERS, WAITED, answers_that_differ, descriptors_open, report, returned, until
 from test_threads import Here, LoopThread
 
@@ -31,10 +32,12 @@ def _buffered(reader: asyncio.StreamReader) -> int:
     return len(reader._buffer)  # type: ignore[attr-defined]
 
 
-# -- states -----------------------------------------------------------------------
-def states_on(served_loop: Union[Here, LoopThread]) -> Dict[str, Callable[[Streams, Streams], Awaitable[None]]]:
-    """Each state's step, what it does to the served end done on
-    ``served_loop`` (this loop, or another thread's)."""
+# -- the driver: the client's streams into each state of tests/parity_states.py --
+def driver_on(served_loop: Union[Here, LoopThread], kind: str = STREAMS
+              ) -> Dict[str, Callable[[Streams, Streams], Awaitable[None]]]:
+    """The steps that put the client's streams in each state ``kind`` can
+    be in, what they do to the served end done on ``served_loop`` (this
+    loop, or another thread's)."""
 
     async def fresh(client: Streams, served: Streams) -> None:
         pass
@@ -72,19 +75,16 @@ def states_on(served_loop: Union[Here, LoopThread]) -> Dict[str, Callable[[Strea
         client[1].close()
         await client[1].wait_closed()
 
-    return {
+    return driver(kind, {
         "fresh": fresh,
         "bytes to read": peer_sent,
-        "peer wrote EOF": peer_wrote_eof,
+        "peer shut writing": peer_wrote_eof,
         "peer closed": peer_closed,
         "peer reset": peer_reset,
         "peer closed with SO_LINGER 0": peer_linger_zero,
-        "we wrote EOF": we_wrote_eof,
-        "we closed": we_closed,
-    }
-
-
-STATES = list(states_on(None))  # type: ignore[arg-type]
+        "we shut writing": we_wrote_eof,
+        "closed": we_closed,
+    })
 
 
 # -- calls ------------------------------------------------------------------------
@@ -161,7 +161,7 @@ async def _answers(friends: bool, state: str, names: Optional[List[str]] = None,
     for name in names or _calls(None, None):  # type: ignore[arg-type]
         client, served, server = await _connection(friends)
         try:
-            await states_on(Here())[state](client, served)
+            await driver_on(Here())[state](client, served)
             # A sequence gives each of its calls ``wait``.
             answers[name] = await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
         finally:
@@ -172,7 +172,7 @@ async def _answers(friends: bool, state: str, names: Optional[List[str]] = None,
     return answers
 
 
-@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("state", states_of(STREAMS))
 @pytest.mark.parametrize("loop", list(LOOP_RUNNERS))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_call_answers_as_over_tcp(link, loop, state):

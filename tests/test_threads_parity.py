@@ -1,6 +1,6 @@
 """asyncio streams across two threads, the client's loop in the test's
 thread and the server's in another, answer over a friend link as over
-TCP: the calls, the states and the comparison of
+TCP: the calls, the driver and the comparison of
 tests/test_streams_parity.py, the server's side driven on its own loop (a
 link between threads goes through other code: locked channels, wake-ups
 handed to the other loop).
@@ -14,8 +14,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 
 import friendsock
+from parity_states import THREADS, states_of
 from support import LOOP_RUNNERS, answers_that_differ, report, until
-from test_streams_parity import STATES, WAIT, Streams, _answer, _calls, states_on
+from test_streams_parity import WAIT, Streams, _answer, _calls, driver_on
 from test_threads import TIMEOUT, LoopThread
 
 
@@ -42,7 +43,7 @@ async def _answers(friends: bool, state: str, thread: LoopThread, names: Optiona
     for name in names or _calls(None, None):  # type: ignore[arg-type]
         client, served, server = await _connection(friends, thread)
         try:
-            await states_on(thread)[state](client, served)
+            await driver_on(thread, THREADS)[state](client, served)
             answers[name] = await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
         finally:
             client[1].transport.abort()
@@ -63,7 +64,7 @@ def server_thread(loop_kind: str) -> Iterator[LoopThread]:
     assert thread.errors == []
 
 
-@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("state", states_of(THREADS))
 @pytest.mark.parametrize("loop_kind", list(LOOP_RUNNERS))
 def test_every_call_answers_as_over_tcp(loop_kind, server_thread, state):
     run = LOOP_RUNNERS[loop_kind]
