@@ -39,7 +39,6 @@ def _each(kinds: Iterable[str], why: str) -> Dict[str, str]:
 
 
 _NO_EOF_OVER_TLS = {TLS_TRANSPORT: "asyncio's TLS transports cannot write_eof()"}
-_NO_STEP_YET = "no step for it yet"
 _NO_MODE = {
     **_each(ASYNCIO, "its socket is its loop's, non-blocking always"),
     **_each((TRIO, ANYIO), "trio's sockets are non-blocking always: a call waits on trio"),
@@ -54,14 +53,12 @@ _NO_WRITE_BUFFER = {
 STATES: Dict[str, State] = {
     "fresh": State("connected: nothing sent, nothing done, either way"),
     "bytes to read": State(
-        "the peer sent bytes, which have come: unread (a transport has handed them to its protocol)",
-        _each((TRANSPORT, TLS_TRANSPORT), _NO_STEP_YET)),
+        "the peer sent bytes, which have come: unread (a transport has handed them to its protocol)"),
     "peer shut writing": State(
         "the peer is done sending (shutdown(SHUT_WR), write_eof(), send_eof()), and its FIN has come",
         _NO_EOF_OVER_TLS),
     "peer sent, then shut writing": State("bytes from the peer, then its FIN, have come; the bytes unread",
-                                          {**_NO_EOF_OVER_TLS,
-                                           **_each((TRANSPORT, STREAMS, THREADS, TRIO, ANYIO), _NO_STEP_YET)}),
+                                          _NO_EOF_OVER_TLS),
     "peer closed": State("the peer closed its end, with nothing of ours unread: its FIN has come"),
     "peer reset": State(
         "the peer closed (or aborted) its end with bytes of ours unread: its reset has come"),
@@ -77,15 +74,14 @@ STATES: Dict[str, State] = {
     "we shut both ways": State(
         "shutdown(SHUT_RDWR): the connection finished, the end still open",
         {**_each(ASYNCIO, "its only way to shut both ways is close()"),
-         ANYIO: "its only way to shut both ways is aclose()", TRIO: _NO_STEP_YET}),
+         ANYIO: "its only way to shut both ways is aclose()"}),
     "non-blocking, nothing to read": State("setblocking(False), nothing come", _NO_MODE),
     "non-blocking, bytes to read": State("setblocking(False), and bytes from the peer have come", _NO_MODE),
     "non-blocking, peer closed": State("setblocking(False), and the peer's FIN has come", _NO_MODE),
     "short timeout": State("settimeout(0.01) on a fresh connection", _NO_MODE),
     "reading paused": State(
         "pause_reading(): what comes stays in the kernel",
-        {**_each(SOCKETS + (ANYIO,), "no reading to pause: it reads when called, only"),
-         **_each((STREAMS, THREADS), _NO_STEP_YET)}),
+        _each(SOCKETS + (ANYIO,), "no reading to pause: it reads when called, only")),
     "write buffer full": State(
         "the peer reads nothing and we wrote more than the socket buffers take: our write buffer holds "
         "the rest", _NO_WRITE_BUFFER),
@@ -96,7 +92,7 @@ STATES: Dict[str, State] = {
         "we aborted our end (abort()); its connection_lost() has come",
         {**_each(SOCKETS, "no abort(): close() is all a socket has (SO_LINGER 0 changes only what the "
                           "peer sees: 'peer closed with SO_LINGER 0')"),
-         ANYIO: "no abort(): aclose() is all its stream has", **_each((STREAMS, THREADS), _NO_STEP_YET)}),
+         ANYIO: "no abort(): aclose() is all its stream has"}),
 }
 
 

@@ -64,6 +64,12 @@ async def _peer_sent_eof(client: Stream, server: Stream) -> None:
     await _readable(client)
 
 
+async def _peer_sent_and_eof(client: Stream, server: Stream) -> None:
+    await server.send(b"bye")
+    await server.send_eof()
+    await _readable(client)
+
+
 async def _peer_closed(client: Stream, server: Stream) -> None:
     await server.aclose()
     await _readable(client)
@@ -95,6 +101,7 @@ DRIVER: Dict[str, Callable[[Stream, Stream], Awaitable[None]]] = driver(ANYIO, {
     "fresh": _fresh,
     "bytes to read": _peer_sent,
     "peer shut writing": _peer_sent_eof,
+    "peer sent, then shut writing": _peer_sent_and_eof,
     "peer closed": _peer_closed,
     "peer reset": _peer_reset,
     "peer closed with SO_LINGER 0": _peer_linger_zero,

@@ -50,6 +50,11 @@ def driver_on(served_loop: Union[Here, LoopThread], kind: str = STREAMS
         await served_loop.call(served[1].write_eof)
         await until(client[0].at_eof)
 
+    async def peer_sent_and_wrote_eof(client: Streams, served: Streams) -> None:
+        await served_loop.call(served[1].write, b"bye")
+        await served_loop.call(served[1].write_eof)
+        await until(lambda: client[0]._eof)  # type: ignore[attr-defined]
+
     async def peer_closed(client: Streams, served: Streams) -> None:
         await served_loop.call(served[1].close)
         await served_loop.run(served[1].wait_closed())
@@ -75,15 +80,25 @@ def driver_on(served_loop: Union[Here, LoopThread], kind: str = STREAMS
         client[1].close()
         await client[1].wait_closed()
 
+    async def we_aborted(client: Streams, served: Streams) -> None:
+        client[1].transport.abort()
+        await until(client[0].at_eof)
+
+    async def reading_paused(client: Streams, served: Streams) -> None:
+        client[1].transport.pause_reading()
+
     return driver(kind, {
         "fresh": fresh,
         "bytes to read": peer_sent,
         "peer shut writing": peer_wrote_eof,
+        "peer sent, then shut writing": peer_sent_and_wrote_eof,
         "peer closed": peer_closed,
         "peer reset": peer_reset,
         "peer closed with SO_LINGER 0": peer_linger_zero,
         "we shut writing": we_wrote_eof,
         "closed": we_closed,
+        "reading paused": reading_paused,
+        "aborted": we_aborted,
     })
 
 

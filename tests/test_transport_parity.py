@@ -86,7 +86,18 @@ async def _reading_paused(client: End, server: End) -> None:
     client[0].pause_reading()
 
 
+async def _peer_sent(client: End, server: End) -> None:
+    server[0].write(b"hello\nworld")
+    await until(lambda: len(client[1].received) == 11)
+
+
 async def _peer_wrote_eof(client: End, server: End) -> None:
+    server[0].write_eof()
+    await until(lambda: client[1].eof)
+
+
+async def _peer_sent_and_wrote_eof(client: End, server: End) -> None:
+    server[0].write(b"bye")
     server[0].write_eof()
     await until(lambda: client[1].eof)
 
@@ -123,7 +134,9 @@ DRIVER: Dict[str, Callable[[End, End], Any]] = driver(TRANSPORT, {
     "closed": _lost,
     "we shut writing": _wrote_eof,
     "reading paused": _reading_paused,
+    "bytes to read": _peer_sent,
     "peer shut writing": _peer_wrote_eof,
+    "peer sent, then shut writing": _peer_sent_and_wrote_eof,
     "peer closed": _peer_closed,
     "peer reset": _peer_aborted_over_unread_bytes,
     "peer closed with SO_LINGER 0": _peer_closed_with_linger_zero,

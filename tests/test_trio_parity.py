@@ -59,6 +59,10 @@ async def _we_shut_reading(client: Sock, server: Sock) -> None:
     client.shutdown(socket.SHUT_RD)
 
 
+async def _we_shut_both_ways(client: Sock, server: Sock) -> None:
+    client.shutdown(socket.SHUT_RDWR)
+
+
 async def _shut_reading_then_data(client: Sock, server: Sock) -> None:
     client.shutdown(socket.SHUT_RD)
     await server.send(b"late")
@@ -66,6 +70,12 @@ async def _shut_reading_then_data(client: Sock, server: Sock) -> None:
 
 
 async def _peer_shut_writing(client: Sock, server: Sock) -> None:
+    server.shutdown(socket.SHUT_WR)
+    await until_readable(client)
+
+
+async def _peer_sent_and_shut(client: Sock, server: Sock) -> None:
+    await server.send(b"bye")
     server.shutdown(socket.SHUT_WR)
     await until_readable(client)
 
@@ -98,7 +108,9 @@ DRIVER: Dict[str, Callable[[Sock, Sock], Awaitable[None]]] = driver(TRIO, {
     "we shut writing": _we_shut_writing,
     "we shut reading": _we_shut_reading,
     "we shut reading, then bytes came": _shut_reading_then_data,
+    "we shut both ways": _we_shut_both_ways,
     "peer shut writing": _peer_shut_writing,
+    "peer sent, then shut writing": _peer_sent_and_shut,
     "peer closed": _peer_closed,
     "peer reset": _reset_by_peer,
     "peer closed with SO_LINGER 0": _linger_zero_close,
