@@ -21,6 +21,7 @@ from anyio.abc import SocketAttribute
 
 import friendsock
 import friendsock.trio as fst
+from parity_states import ANYIO, driver, states_of
 from support import WAITED, report, returned
 from trio_support import differences_under_trio, until_readable
 
@@ -48,7 +49,7 @@ async def _readable(stream: Stream) -> None:
     await until_readable(stream._trio_socket)  # type: ignore[attr-defined]
 
 
-# -- states -----------------------------------------------------------------------
+# -- the driver: the client's stream into each state of tests/parity_states.py ---
 async def _fresh(client: Stream, server: Stream) -> None:
     pass
 
@@ -59,6 +60,12 @@ async def _peer_sent(client: Stream, server: Stream) -> None:
 
 
 async def _peer_sent_eof(client: Stream, server: Stream) -> None:
+    await server.send_eof()
+    await _readable(client)
+
+
+async def _peer_sent_and_eof(client: Stream, server: Stream) -> None:
+    await server.send(b"bye")
     await server.send_eof()
     await _readable(client)
 
@@ -90,16 +97,17 @@ async def _we_closed(client: Stream, server: Stream) -> None:
     await client.aclose()
 
 
-STATES: Dict[str, Callable[[Stream, Stream], Awaitable[None]]] = {
+DRIVER: Dict[str, Callable[[Stream, Stream], Awaitable[None]]] = driver(ANYIO, {
     "fresh": _fresh,
     "bytes to read": _peer_sent,
-    "peer sent EOF": _peer_sent_eof,
+    "peer shut writing": _peer_sent_eof,
+    "peer sent, then shut writing": _peer_sent_and_eof,
     "peer closed": _peer_closed,
     "peer reset": _peer_reset,
     "peer closed with SO_LINGER 0": _peer_linger_zero,
-    "we sent EOF": _we_sent_eof,
-    "we closed": _we_closed,
-}
+    "we shut writing": _we_sent_eof,
+    "closed": _we_closed,
+})
 
 
 # -- calls ------------------------------------------------------------------------
@@ -139,7 +147,7 @@ async def _answers(state: str, names: Optional[List[str]], wait: float) -> Dict[
     for name in names or _calls(None):  # type: ignore[arg-type]
         client, server = await _pair()
         try:
-            await STATES[state](client, server)
+            await DRIVER[state](client, server)
             # A sequence gives each of its calls ``wait``.
             answers[name] = await _answer(_calls(client)[name], wait * (2 + name.count(",")))
         finally:
@@ -148,7 +156,7 @@ async def _answers(state: str, names: Optional[List[str]], wait: float) -> Dict[
     return answers
 
 
-@pytest.mark.parametrize("state", list(STATES))
+@pytest.mark.parametrize("state", states_of(ANYIO))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_call_answers_as_over_tcp(link, state):
     differing = differences_under_trio(_answers, state, link == "socketless", WAIT)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Tuple
 import pytest
 
 import friendsock
+from parity_states import BLOCKING, driver, states_of
 from support import WAITED, answers_that_differ, report
 from test_blocking import _reset_by_the_peer
 
@@ -51,7 +52,7 @@ def _pair(paired: bool, wait: float = WAIT) -> Iterator[Pair]:
         yield client, server
 
 
-# -- states: what happened to the connection before the call ---------------------
+# -- the driver: the client's socket into each state of tests/parity_states.py ---
 def _peer_sent(client: socket.socket, server: socket.socket) -> None:
     server.sendall(b"hello\nworld")
     _until_readable(client)
@@ -95,7 +96,7 @@ def _peer_closed_non_blocking(client: socket.socket, server: socket.socket) -> N
     _peer_closed(client, server)
 
 
-STATES: Dict[str, Callable[[socket.socket, socket.socket], None]] = {
+DRIVER: Dict[str, Callable[[socket.socket, socket.socket], None]] = driver(BLOCKING, {
     "fresh": lambda client, server: None,
     "bytes to read": _peer_sent,
     "we shut writing": lambda client, server: client.shutdown(socket.SHUT_WR),
@@ -112,7 +113,7 @@ STATES: Dict[str, Callable[[socket.socket, socket.socket], None]] = {
     "non-blocking, peer closed": _peer_closed_non_blocking,
     "short timeout": lambda client, server: client.settimeout(0.01),
     "closed": lambda client, server: client.close(),
-}
+})
 
 
 # -- calls ----------------------------------------------------------------------
@@ -195,12 +196,12 @@ def _answers(paired: bool, state: str, names: Iterable[str] = CALLS, wait: float
     answers = {}
     for name in names:
         with _pair(paired, wait) as (client, server):
-            STATES[state](client, server)
+            DRIVER[state](client, server)
             answers[name] = _answer(lambda: CALLS[name](client))
     return answers
 
 
-@pytest.mark.parametrize("state", list(STATES))
+@pytest.mark.parametrize("state", states_of(BLOCKING))
 def test_every_call_answers_as_over_tcp(state):
     def ask_again(name: str, paired: bool) -> Any:
         return _answers(paired, state, [name], wait=1.0)[name]

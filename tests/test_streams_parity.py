@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Union
 
 import pytest
 
 import friendsock
+from parity_states import STREAMS, driver, states_of
 from support import LOOP_RUNNERS, WAITED, answers_that_differ, descriptors_open, report, returned, until
+from test_threads import Here, LoopThread
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -30,61 +32,74 @@ def _buffered(reader: asyncio.StreamReader) -> int:
     return len(reader._buffer)  # type: ignore[attr-defined]
 
 
-# -- states -----------------------------------------------------------------------
-async def _fresh(client: Streams, server: Streams) -> None:
-    pass
+# -- the driver: the client's streams into each state of tests/parity_states.py --
+def driver_on(served_loop: Union[Here, LoopThread], kind: str = STREAMS
+              ) -> Dict[str, Callable[[Streams, Streams], Awaitable[None]]]:
+    """The steps that put the client's streams in each state ``kind`` can
+    be in, what they do to the served end done on ``served_loop`` (this
+    loop, or another thread's)."""
 
+    async def fresh(client: Streams, served: Streams) -> None:
+        pass
 
-async def _peer_sent(client: Streams, server: Streams) -> None:
-    server[1].write(b"hello\nworld")
-    await until(lambda: _buffered(client[0]) == 11)
+    async def peer_sent(client: Streams, served: Streams) -> None:
+        await served_loop.call(served[1].write, b"hello\nworld")
+        await until(lambda: _buffered(client[0]) == 11)
 
+    async def peer_wrote_eof(client: Streams, served: Streams) -> None:
+        await served_loop.call(served[1].write_eof)
+        await until(client[0].at_eof)
 
-async def _peer_eof(client: Streams, server: Streams) -> None:
-    server[1].write_eof()
-    await until(client[0].at_eof)
+    async def peer_sent_and_wrote_eof(client: Streams, served: Streams) -> None:
+        await served_loop.call(served[1].write, b"bye")
+        await served_loop.call(served[1].write_eof)
+        await until(lambda: client[0]._eof)  # type: ignore[attr-defined]
 
+    async def peer_closed(client: Streams, served: Streams) -> None:
+        await served_loop.call(served[1].close)
+        await served_loop.run(served[1].wait_closed())
+        await until(client[0].at_eof)
 
-async def _peer_closed(client: Streams, server: Streams) -> None:
-    server[1].close()
-    await server[1].wait_closed()
-    await until(client[0].at_eof)
+    async def peer_reset(client: Streams, served: Streams) -> None:
+        await served_loop.call(served[1].transport.pause_reading)  # what comes stays unread, in the kernel
+        client[1].write(b"never read")  # sent within the call, on either path
+        await served_loop.call(served[1].transport.abort)
+        await until(lambda: client[0].exception() is not None)
 
+    async def peer_linger_zero(client: Streams, served: Streams) -> None:
+        raw = served[1].get_extra_info("socket")
+        await served_loop.call(raw.setsockopt, socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await served_loop.call(served[1].close)
+        await until(lambda: client[0].exception() is not None or client[0].at_eof())
 
-async def _peer_reset(client: Streams, server: Streams) -> None:
-    server[1].transport.pause_reading()  # what comes stays unread, in the kernel
-    client[1].write(b"never read")  # sent within the call, on either path
-    server[1].transport.abort()
-    await until(lambda: client[0].exception() is not None)
+    async def we_wrote_eof(client: Streams, served: Streams) -> None:
+        client[1].write_eof()
+        await until(served[0].at_eof)
 
+    async def we_closed(client: Streams, served: Streams) -> None:
+        client[1].close()
+        await client[1].wait_closed()
 
-async def _peer_linger_zero(client: Streams, server: Streams) -> None:
-    raw = server[1].get_extra_info("socket")
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    server[1].close()
-    await until(lambda: client[0].exception() is not None or client[0].at_eof())
+    async def we_aborted(client: Streams, served: Streams) -> None:
+        client[1].transport.abort()
+        await until(client[0].at_eof)
 
+    async def reading_paused(client: Streams, served: Streams) -> None:
+        client[1].transport.pause_reading()
 
-async def _we_wrote_eof(client: Streams, server: Streams) -> None:
-    client[1].write_eof()
-    await until(server[0].at_eof)
-
-
-async def _we_closed(client: Streams, server: Streams) -> None:
-    client[1].close()
-    await client[1].wait_closed()
-
-
-STATES: Dict[str, Callable[[Streams, Streams], Awaitable[None]]] = {
-    "fresh": _fresh,
-    "bytes to read": _peer_sent,
-    "peer wrote EOF": _peer_eof,
-    "peer closed": _peer_closed,
-    "peer reset": _peer_reset,
-    "peer closed with SO_LINGER 0": _peer_linger_zero,
-    "we wrote EOF": _we_wrote_eof,
-    "we closed": _we_closed,
-}
+    return driver(kind, {
+        "fresh": fresh,
+        "bytes to read": peer_sent,
+        "peer shut writing": peer_wrote_eof,
+        "peer sent, then shut writing": peer_sent_and_wrote_eof,
+        "peer closed": peer_closed,
+        "peer reset": peer_reset,
+        "peer closed with SO_LINGER 0": peer_linger_zero,
+        "we shut writing": we_wrote_eof,
+        "closed": we_closed,
+        "reading paused": reading_paused,
+        "aborted": we_aborted,
+    })
 
 
 # -- calls ------------------------------------------------------------------------
@@ -161,7 +176,7 @@ async def _answers(friends: bool, state: str, names: Optional[List[str]] = None,
     for name in names or _calls(None, None):  # type: ignore[arg-type]
         client, served, server = await _connection(friends)
         try:
-            await STATES[state](client, served)
+            await driver_on(Here())[state](client, served)
             # A sequence gives each of its calls ``wait``.
             answers[name] = await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
         finally:
@@ -172,7 +187,7 @@ async def _answers(friends: bool, state: str, names: Optional[List[str]] = None,
     return answers
 
 
-@pytest.mark.parametrize("state", list(STATES))
+@pytest.mark.parametrize("state", states_of(STREAMS))
 @pytest.mark.parametrize("loop", list(LOOP_RUNNERS))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_call_answers_as_over_tcp(link, loop, state):

@@ -1,20 +1,22 @@
 """asyncio streams across two threads, the client's loop in the test's
 thread and the server's in another, answer over a friend link as over
-TCP: the calls and the comparison of tests/test_streams_parity.py, with
-the server's side driven on its own loop (a link between threads goes
-through other code: locked channels, wake-ups handed to the other loop).
+TCP: the calls, the driver and the comparison of
+tests/test_streams_parity.py, the server's side driven on its own loop (a
+link between threads goes through other code: locked channels, wake-ups
+handed to the other loop).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
 import friendsock
+from parity_states import THREADS, states_of
 from support import LOOP_RUNNERS, answers_that_differ, report, until
-from test_streams_parity import WAIT, Streams, _answer, _buffered, _calls
+from test_streams_parity import WAIT, Streams, _answer, _calls, driver_on
 from test_threads import TIMEOUT, LoopThread
 
 
@@ -35,52 +37,13 @@ async def _connection(friends: bool, thread: LoopThread) -> Tuple[Streams, Strea
     return client, accepted[0], server
 
 
-# -- states: the server's side acts on its own loop --------------------------------
-def _states(thread: LoopThread) -> Dict[str, Callable[[Streams, Streams], Awaitable[None]]]:
-    async def fresh(client: Streams, served: Streams) -> None:
-        pass
-
-    async def peer_sent(client: Streams, served: Streams) -> None:
-        await thread.call(lambda: served[1].write(b"hello\nworld"))
-        await until(lambda: _buffered(client[0]) == 11)
-
-    async def peer_wrote_eof(client: Streams, served: Streams) -> None:
-        await thread.call(served[1].write_eof)
-        await until(client[0].at_eof)
-
-    async def peer_closed(client: Streams, served: Streams) -> None:
-        await thread.call(served[1].close)
-        await until(client[0].at_eof)
-
-    async def peer_reset(client: Streams, served: Streams) -> None:
-        await thread.call(served[1].transport.pause_reading)  # what comes stays unread
-        client[1].write(b"never read")
-        await thread.call(served[1].transport.abort)
-        await until(lambda: client[0].exception() is not None)
-
-    async def we_wrote_eof(client: Streams, served: Streams) -> None:
-        client[1].write_eof()
-        await until(served[0].at_eof)
-
-    async def we_closed(client: Streams, served: Streams) -> None:
-        client[1].close()
-        await client[1].wait_closed()
-
-    return {"fresh": fresh, "bytes to read": peer_sent, "peer wrote EOF": peer_wrote_eof,
-            "peer closed": peer_closed, "peer reset": peer_reset, "we wrote EOF": we_wrote_eof,
-            "we closed": we_closed}
-
-
-STATES = list(_states(None))  # type: ignore[arg-type]
-
-
 async def _answers(friends: bool, state: str, thread: LoopThread, names: Optional[List[str]] = None,
                    wait: float = WAIT) -> Dict[str, Any]:
     answers = {}
     for name in names or _calls(None, None):  # type: ignore[arg-type]
         client, served, server = await _connection(friends, thread)
         try:
-            await _states(thread)[state](client, served)
+            await driver_on(thread, THREADS)[state](client, served)
             answers[name] = await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
         finally:
             client[1].transport.abort()
@@ -101,7 +64,7 @@ def server_thread(loop_kind: str) -> Iterator[LoopThread]:
     assert thread.errors == []
 
 
-@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("state", states_of(THREADS))
 @pytest.mark.parametrize("loop_kind", list(LOOP_RUNNERS))
 def test_every_call_answers_as_over_tcp(loop_kind, server_thread, state):
     run = LOOP_RUNNERS[loop_kind]

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import pytest
 
 import friendsock
+from parity_states import TLS_TRANSPORT, TRANSPORT, driver, states_of
 from support import LOOP_RUNNERS, descriptors_open, report, tls_contexts, until
 
 LOCALHOST = "127.0.0.1"
@@ -53,7 +54,7 @@ class _Protocol(asyncio.Protocol):
 End = Tuple[asyncio.Transport, _Protocol]
 
 
-# -- states -----------------------------------------------------------------------
+# -- the driver: the client's end into each state of tests/parity_states.py ------
 async def _fresh(client: End, server: End) -> None:
     pass
 
@@ -85,12 +86,23 @@ async def _reading_paused(client: End, server: End) -> None:
     client[0].pause_reading()
 
 
+async def _peer_sent(client: End, server: End) -> None:
+    server[0].write(b"hello\nworld")
+    await until(lambda: len(client[1].received) == 11)
+
+
 async def _peer_wrote_eof(client: End, server: End) -> None:
     server[0].write_eof()
     await until(lambda: client[1].eof)
 
 
-async def _peer_reset(client: End, server: End) -> None:
+async def _peer_sent_and_wrote_eof(client: End, server: End) -> None:
+    server[0].write(b"bye")
+    server[0].write_eof()
+    await until(lambda: client[1].eof)
+
+
+async def _peer_closed_with_linger_zero(client: End, server: End) -> None:
     raw = server[0].get_extra_info("socket")
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     server[0].close()
@@ -115,19 +127,21 @@ async def _aborted(client: End, server: End) -> None:
     await until(lambda: client[1].lost)
 
 
-STATES: Dict[str, Callable[[End, End], Any]] = {
-    "open": _fresh,
-    "its buffer full": _backlogged,
-    "closing, its buffer full": _closing_with_a_backlog,
-    "closed and lost": _lost,
-    "after write_eof": _wrote_eof,
+DRIVER: Dict[str, Callable[[End, End], Any]] = driver(TRANSPORT, {
+    "fresh": _fresh,
+    "write buffer full": _backlogged,
+    "closing, write buffer full": _closing_with_a_backlog,
+    "closed": _lost,
+    "we shut writing": _wrote_eof,
     "reading paused": _reading_paused,
-    "peer wrote EOF": _peer_wrote_eof,
+    "bytes to read": _peer_sent,
+    "peer shut writing": _peer_wrote_eof,
+    "peer sent, then shut writing": _peer_sent_and_wrote_eof,
     "peer closed": _peer_closed,
-    "peer aborted over unread bytes": _peer_aborted_over_unread_bytes,
-    "peer reset": _peer_reset,
+    "peer reset": _peer_aborted_over_unread_bytes,
+    "peer closed with SO_LINGER 0": _peer_closed_with_linger_zero,
     "aborted": _aborted,
-}
+})
 
 
 # -- calls ------------------------------------------------------------------------
@@ -192,10 +206,6 @@ def _answer(call: Callable[[], Any]) -> Any:
         return type(exc).__name__
 
 
-# TLS over either path: its transports cannot write_eof(), so the states
-# that need it are left out there; and its ends have no socket of their own
-# to set SO_LINGER on.
-_NOT_OVER_TLS = {"after write_eof", "peer wrote EOF", "peer reset"}
 _TLS: Dict[str, Any] = {}  # the contexts, made on first use
 
 
@@ -235,7 +245,7 @@ async def _answers(friends: bool, state: str, tls: bool) -> Dict[str, Any]:
     for name, call in CALLS.items():
         client, served, server = await _connection(friends, tls)
         try:
-            await STATES[state](client, served)
+            await DRIVER[state](client, served)
             answers[name] = _answer(lambda: call(client[0]))
         finally:
             for transport, _ in (client, served):
@@ -246,8 +256,8 @@ async def _answers(friends: bool, state: str, tls: bool) -> Dict[str, Any]:
     return answers
 
 
-@pytest.mark.parametrize("state, tls", [(state, False) for state in STATES] +
-                         [(state, True) for state in STATES if state not in _NOT_OVER_TLS])
+@pytest.mark.parametrize("state, tls", [(state, False) for state in states_of(TRANSPORT)] +
+                         [(state, True) for state in states_of(TLS_TRANSPORT)])
 @pytest.mark.parametrize("loop", list(LOOP_RUNNERS))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_method_answers_as_the_loops_own(link, loop, state, tls):

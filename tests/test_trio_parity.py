@@ -19,6 +19,7 @@ import trio.testing
 
 import friendsock
 import friendsock.trio as fst
+from parity_states import TRIO, driver, states_of
 from support import WAITED, report, returned
 from trio_support import differences_under_trio, until_readable
 
@@ -40,7 +41,7 @@ async def _pair() -> Tuple[Sock, Sock]:
     return client, server
 
 
-# -- states -----------------------------------------------------------------------
+# -- the driver: the client's socket into each state of tests/parity_states.py ---
 async def _fresh(client: Sock, server: Sock) -> None:
     pass
 
@@ -58,6 +59,10 @@ async def _we_shut_reading(client: Sock, server: Sock) -> None:
     client.shutdown(socket.SHUT_RD)
 
 
+async def _we_shut_both_ways(client: Sock, server: Sock) -> None:
+    client.shutdown(socket.SHUT_RDWR)
+
+
 async def _shut_reading_then_data(client: Sock, server: Sock) -> None:
     client.shutdown(socket.SHUT_RD)
     await server.send(b"late")
@@ -65,6 +70,12 @@ async def _shut_reading_then_data(client: Sock, server: Sock) -> None:
 
 
 async def _peer_shut_writing(client: Sock, server: Sock) -> None:
+    server.shutdown(socket.SHUT_WR)
+    await until_readable(client)
+
+
+async def _peer_sent_and_shut(client: Sock, server: Sock) -> None:
+    await server.send(b"bye")
     server.shutdown(socket.SHUT_WR)
     await until_readable(client)
 
@@ -91,18 +102,20 @@ async def _closed(client: Sock, server: Sock) -> None:
     client.close()
 
 
-STATES: Dict[str, Callable[[Sock, Sock], Awaitable[None]]] = {
+DRIVER: Dict[str, Callable[[Sock, Sock], Awaitable[None]]] = driver(TRIO, {
     "fresh": _fresh,
     "bytes to read": _peer_sent,
     "we shut writing": _we_shut_writing,
     "we shut reading": _we_shut_reading,
     "we shut reading, then bytes came": _shut_reading_then_data,
+    "we shut both ways": _we_shut_both_ways,
     "peer shut writing": _peer_shut_writing,
+    "peer sent, then shut writing": _peer_sent_and_shut,
     "peer closed": _peer_closed,
     "peer reset": _reset_by_peer,
     "peer closed with SO_LINGER 0": _linger_zero_close,
     "closed": _closed,
-}
+})
 
 
 # -- calls ------------------------------------------------------------------------
@@ -176,13 +189,13 @@ async def _answers(state: str, names: Optional[List[str]] = None, wait: float = 
         # A socket of the kernel's under each end; none when socketless.
         assert (client.fileno() < 0) is (fst.is_installed() and friendsock.is_socketless())
         with client, server:
-            await STATES[state](client, server)
+            await DRIVER[state](client, server)
             # A sequence gives each of its calls ``wait``.
             answers[name] = await _answer(_calls(client)[name], wait * (2 + name.count(",")))
     return answers
 
 
-@pytest.mark.parametrize("state", list(STATES))
+@pytest.mark.parametrize("state", states_of(TRIO))
 @pytest.mark.parametrize("link", ["friend", "socketless"])
 def test_every_call_answers_as_over_tcp(link, state):
     differing = differences_under_trio(_answers, state, link == "socketless", WAIT)
