@@ -328,8 +328,10 @@ class _WatchedSocket(STDLIB_SOCKET):
     on it reach the link as through the paired socket (buffer sizes feed
     the accounting, SO_LINGER {1, 0} makes the close a reset), and its
     ``getpeername()`` fails ENOTCONN after the friend's reset, as TCP's.
-    The stdlib class's layout: an object becomes one, and back, by its
-    ``__class__`` (:func:`watch_options`)."""
+    The stdlib class's layout: an object becomes one when handed out, and
+    the stdlib's class again once the link goes on over TCP, by its
+    ``__class__``
+    (:func:`watch_options`, :func:`unwatch_options`)."""
 
     __slots__ = ()
 

@@ -86,8 +86,13 @@ _NO_CHANGE_TO_SEND = (int(socket.MSG_DONTWAIT) | int(getattr(socket, "MSG_NOSIGN
 
 class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
     """A ``trio.socket`` socket (made by trio, connected or accepted) whose
-    bytes move through a friend link. Not made directly: see
-    :func:`become_friend`."""
+    bytes move through a friend link.
+
+    Its life, one object throughout (its user holds it): made by trio as
+    trio's own socket class; this class once its connect or accept pairs
+    (:func:`become_friend` sets ``__class__``: never made directly); closed
+    here, or trio's class again once its link goes on over TCP (a fork),
+    its real socket doing the I/O from then on."""
 
     _sock: socket.socket
 
