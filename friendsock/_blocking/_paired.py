@@ -124,6 +124,12 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
     _options: FriendSocket
     _sockname: Any
     _peername: Any
+    # Set on some only: a socket dup() shares (how many handles it has),
+    # one made of another's readiness descriptor (that number), one under
+    # a TLS socket (its warnings are the TLS socket's).
+    _handles: Optional[_Handles] = None
+    _shared_fd: Optional[int] = None
+    _under_tls = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("friend sockets are made by connect() and accept(), not directly")
@@ -135,9 +141,10 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         # Under a TLS socket it is that one's (which warns for itself), as
         # the stdlib's SSLSocket takes over the socket it wraps. Closed even
         # where the warning is an error: the friend must not wait forever.
+        # (A dup() whose set-up failed has no state at all: nothing to close.)
         if not self.__dict__.get("_friend_closed", True):
             try:
-                if not self.__dict__.get("_under_tls", False):
+                if not self._under_tls:
                     warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self)
             finally:
                 close_when_safe(self._close_friend)
@@ -206,7 +213,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         OriginalSocket.__init__(twin, self.family, self.type, self.proto, fd)
         twin.__class__ = FriendBlockingSocket
         _ends.friend_sockets.add(twin)
-        handles = self.__dict__.get("_handles")
+        handles = self._handles
         if handles is None:
             handles = self._handles = _Handles()
         handles.add()
@@ -227,7 +234,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         socket's descriptor is handed out (the number ``fileno()`` showed).
         OSError (EOPNOTSUPP) where the link cannot go over (its friend is an
         event loop's end)."""
-        fd = self.__dict__.get("_shared_fd")
+        fd = self._shared_fd
         if fd is not None:
             if not self._friend_closed:
                 self._close_friend()
@@ -316,7 +323,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         duplicated, under TLS, gone over to TCP."""
         with _ends.lock:
             if self._friend_closed or self._in.state is CHANNEL_TCP or \
-                    self.__dict__.get("_handles") is not None or self.__dict__.get("_under_tls", False):
+                    self._handles is not None or self._under_tls:
                 return None
             if _unclaimed_over_tcp(self):
                 # Its listener may yet go to code that accepts natively,
@@ -339,7 +346,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         if self._in.state is CHANNEL_TCP:  # moved to TCP as this close began
             _ss.close(self)
             return
-        handles = self.__dict__.get("_handles")
+        handles = self._handles
         if handles is not None and handles.remove():
             self._descriptor.take_over(self)  # the connection stays the others'
             return
@@ -379,6 +386,8 @@ class OverTcpSocket(FriendCapableSocket):
     class; :func:`as_plain_socket` makes it the patched class itself). A
     call begun as a friend socket's, on another thread, finishes with the
     friend socket's helpers, which find the link gone over to TCP."""
+
+    _handles: Optional[_Handles] = None  # (read by those helpers)
 
 
 for _name in ("_check_open", "_wait_deadline", "_drained", "_readable", "_flags_timeout",
