@@ -11,18 +11,11 @@ from typing import Callable, Optional
 import friendsock
 
 from ._transports import FRIEND_TRANSPORTS
-from ._workloads import Sample, Tally, Workload, fallback_delta, until
+from ._workloads import Responder, Sample, Workload, fallback_delta, until
 
 
-class CrrServer(asyncio.Protocol):
+class CrrServer(Responder):
     """Answers one request, then closes when the client does."""
-
-    def __init__(self, size: int, response: bytes, tally: Tally) -> None:
-        self.size = size
-        self.response = response
-        self.tally = tally
-        self.got = 0
-        self.transport: Optional[asyncio.WriteTransport] = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]

@@ -16,7 +16,7 @@ from ._workloads import (
     SETTLE_TIMEOUT,
     ConnectedWorkload,
     Sample,
-    Tally,
+    Responder,
     Workload,
     links_verdict,
     moved_verdict,
@@ -24,15 +24,8 @@ from ._workloads import (
 )
 
 
-class Echo(asyncio.Protocol):
+class Echo(Responder):
     """Server of request/response: a whole response per whole request."""
-
-    def __init__(self, size: int, response: bytes, tally: Tally) -> None:
-        self.size = size
-        self.response = response
-        self.tally = tally
-        self.got = 0
-        self.transport: Optional[asyncio.WriteTransport] = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]

@@ -238,6 +238,19 @@ class Tally:
 # -- the workload's life ---------------------------------------------------
 
 
+
+class Responder(asyncio.Protocol):
+    """A server protocol that answers each ``size``-byte request with
+    ``response``, counting its connections in ``tally`` (rr, crr)."""
+
+    def __init__(self, size: int, response: bytes, tally: Tally) -> None:
+        self.size = size
+        self.response = response
+        self.tally = tally
+        self.got = 0
+        self.transport: Optional[asyncio.WriteTransport] = None
+
+
 class Workload:
     """One transport's part of one table row."""
 
