@@ -388,6 +388,32 @@ async def test_anyio_listener_pairs_with_asyncio_and_anyio_clients(friends, pati
     assert served == [friends, friends]
 
 
+
+async def test_an_anyio_listener_pairs_a_client_that_connects_before_its_first_accept(friends):
+    """anyio's listener is registered as it is made, not at its first
+    sock_accept: a client that connects and writes before the listener
+    accepts (the usual test, and the usual start-up) pairs, and every byte
+    arrives; on a loop without friendsock it stays the loop's own."""
+    payload = os.urandom(4096)
+    with maybe_installed(friends):
+        async with await anyio.create_tcp_listener(local_host=LOCALHOST, local_port=0) as multi:
+            port = multi.extra(anyio.abc.SocketAttribute.local_port)
+            assert registry.has_port(port) is friends
+            async with await anyio.connect_tcp(LOCALHOST, port) as client:
+                await client.send(payload)
+                async with await bounded(multi.listeners[0].accept()) as server:
+                    assert friendsock.is_friend(client._transport) is friends
+                    assert friendsock.is_friend(server._transport) is friends
+                    received = bytearray()
+                    with anyio.fail_after(10):
+                        while len(received) < len(payload):
+                            received += await server.receive()
+                    assert bytes(received) == payload
+                    await server.send(b"back")
+                    with anyio.fail_after(10):
+                        assert await client.receive() == b"back"
+
+
 # -- used raw: TCP, byte-exact ------------------------------------------------------
 
 

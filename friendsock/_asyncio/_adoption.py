@@ -239,7 +239,8 @@ class _SharedListener:
         forget_listener(self.entry)
 
 
-def _shared_listener(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Optional[Entry]:
+def _shared_listener(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                     exclusive: bool = False) -> Optional[Entry]:
     listener = _listeners.get(sock)
     if listener is not None:
         if registry.is_listening(listener.entry):
@@ -253,11 +254,24 @@ def _shared_listener(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Op
     except OSError:
         return None
     state = loop_state(loop)
-    entry = register_listener(weakref.proxy(sock), state, owner=loop, exclusive=False)
+    entry = register_listener(weakref.proxy(sock), state, owner=loop, exclusive=exclusive)
     listener = _listeners[sock] = _SharedListener(entry)
     state.servers.add(listener)
     forget_when_collected(sock, entry)
     return entry
+
+
+def listener_for_sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """``sock`` listens for code known to accept with ``loop.sock_accept``,
+    then ``connect_accepted_socket`` (anyio's listeners): registered now,
+    not at its first accept, so a client that connects before it pairs.
+    This process's alone unless SO_REUSEPORT lets others share the port
+    (their clients then confirm, as for any shared listener)."""
+    try:
+        shared = bool(sock.getsockopt(socket.SOL_SOCKET, getattr(socket, "SO_REUSEPORT", -1)))
+    except OSError:
+        shared = True  # no such option here: assume the worst
+    _shared_listener(loop, sock, exclusive=not shared)
 
 
 async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Tuple[socket.socket, Any]:

@@ -21,6 +21,7 @@ import functools
 from typing import Any, Callable, Coroutine, Dict, Iterator, List, Optional, Union
 
 from ._adoption import adopt_connected, connect_accepted_socket, sock_accept, sock_connect
+from ._anyio import watch_anyio
 from ._api import create_connection_on, create_server_on
 from ._native import (
     _INSTANCE_SAVED,
@@ -31,6 +32,7 @@ from ._native import (
     in_class_wrapper,
     is_class_patched,
     native,
+    routes_through_friendsock,
 )
 from ._tls import start_tls as start_tls_on
 
@@ -85,10 +87,7 @@ def _resolve(loop: Optional[asyncio.AbstractEventLoop], action: str) -> asyncio.
 
 def is_installed(loop: Optional[asyncio.AbstractEventLoop] = None) -> bool:
     """Whether ``loop`` (the running one by default) routes through friendsock."""
-    loop = _resolve(loop, "is_installed")
-    return _INSTANCE_SAVED in getattr(loop, "__dict__", {}) or any(
-        klass in _class_patches for klass in type(loop).__mro__
-    )
+    return routes_through_friendsock(_resolve(loop, "is_installed"))
 
 
 def install(loop: Optional[asyncio.AbstractEventLoop] = None) -> asyncio.AbstractEventLoop:
@@ -105,6 +104,7 @@ def install(loop: Optional[asyncio.AbstractEventLoop] = None) -> asyncio.Abstrac
         )
     if _INSTANCE_SAVED in instance_dict:
         return loop
+    watch_anyio()
     saved = {name: instance_dict.get(name, _MISSING) for name in _PATCHED}
     methods = _installed_methods(loop)
     instance_dict[_INSTANCE_SAVED] = saved
@@ -168,6 +168,7 @@ def install_class(klass: type) -> None:
         raise TypeError(f"friendsock.install_class() takes an event loop class, not {klass!r}")
     if klass in _class_patches:
         return
+    watch_anyio()
     patch = _ClassPatch(klass)
 
     def method_for(name: str, implementation: Callable[..., Coroutine[Any, Any, Any]]) -> Any:

@@ -126,6 +126,13 @@ def is_class_patched(klass: type) -> bool:
     return klass in _class_patches
 
 
+def routes_through_friendsock(loop: Any) -> bool:
+    """Whether ``loop`` is installed: itself, or by its class."""
+    return _INSTANCE_SAVED in getattr(loop, "__dict__", {}) or any(
+        klass in _class_patches for klass in type(loop).__mro__
+    )
+
+
 # Set while friendsock runs the loop's own create_connection: the loop's
 # inner sock_connect is its own business, not a socket to adopt later.
 _own_connects: contextvars.ContextVar[bool] = contextvars.ContextVar(
