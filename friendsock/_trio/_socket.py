@@ -224,7 +224,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
             try:
                 sent = end.send_some(data)
             except LinkBrokenError as exc:
-                raise exc.as_os_error() from None
+                raise self._broken(exc) from None
             if sent < 0:  # moved to TCP meanwhile
                 return await TrioSocketType.send(self, buffer)  # type: ignore[attr-defined]
             if sent or not data:
