@@ -43,7 +43,7 @@ from .._handshake import (
     register_listener,
     settle_held,
 )
-from ._loop_state import loop_state
+from ._loop_state import loop_state, post_to_loop
 from ._native import in_loop_own_connect, native
 from ._pairing import _confirm, connection_made_turn, start_client_end
 from ._tls import TLSOptions, start_tls_end
@@ -377,10 +377,7 @@ async def hold_for_client(loop: asyncio.AbstractEventLoop, conn: socket.socket,
 
     def on_settled(state: PendingState) -> None:  # on the connecting end's thread
         if pending.link.threaded:
-            try:
-                loop.call_soon_threadsafe(settle, state is PendingState.CLAIMED)
-            except RuntimeError:  # our loop closed: nobody waits any more
-                pass
+            post_to_loop(loop, settle, state is PendingState.CLAIMED)
         else:
             settle(state is PendingState.CLAIMED)
 

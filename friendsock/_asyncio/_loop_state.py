@@ -173,6 +173,15 @@ _states: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[LoopS
 _WATCH_DELAY = 1e6
 
 
+def post_to_loop(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    """``callback(*args)`` on ``loop``'s thread, from any other thread;
+    nothing once the loop closed (nobody waits there any more)."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass
+
+
 def loop_state(loop: asyncio.AbstractEventLoop) -> LoopState:
     """The loop's state, made on first use (on the loop's own thread)."""
     ref = _states.get(loop)

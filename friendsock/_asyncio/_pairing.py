@@ -32,7 +32,7 @@ from .._handshake import (
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from ._native import native
-from ._loop_state import LoopState, loop_state
+from ._loop_state import LoopState, loop_state, post_to_loop
 from ._tls import TLSOptions, start_tls_end
 from ._transport import FriendTransport
 
@@ -147,10 +147,7 @@ async def _room_made(loop: asyncio.AbstractEventLoop, entry: Entry) -> None:
                 pass
 
     def post(settle: Callable[[], None]) -> None:  # on the accepting thread
-        try:
-            loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # our loop closed: nobody waits any more
-            pass
+        post_to_loop(loop, settle)
 
     wait = RoomWait(entry, wake_here, None if entry.owner is loop else post)
     if not wait.begin():
@@ -318,10 +315,7 @@ async def _confirm(
             decided.set_result(claimed)
 
     def claimed_elsewhere() -> None:  # on the server's thread
-        try:
-            loop.call_soon_threadsafe(settle, True)
-        except RuntimeError:  # our loop closed: nobody waits any more
-            pass
+        post_to_loop(loop, settle, True)
 
     call_on_claim(pending, lambda: settle(True), claimed_elsewhere)
     fd = sock.fileno()

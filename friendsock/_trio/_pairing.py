@@ -44,7 +44,7 @@ from .._handshake import (
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from ._backlog import SocketlessBacklog
-from ._run import RunState, run_state
+from ._run import RunState, post_to_run, run_state
 from ._stream import FriendStream
 
 if sys.version_info < (3, 11):  # trio depends on the backport there
@@ -435,10 +435,7 @@ async def _room_made(entry: Entry, token: trio.lowlevel.TrioToken) -> None:
     woken = trio.Event()
 
     def post(settle: Callable[[], None]) -> None:  # on the accepting thread
-        try:
-            token.run_sync_soon(settle)
-        except trio.RunFinishedError:  # nobody waits any more
-            pass
+        post_to_run(token, settle)
 
     wait = RoomWait(entry, woken.set, None if entry.owner is token else post)
     if not wait.begin():
@@ -489,10 +486,7 @@ async def _confirm(pending: Pending, sock: socket.socket, token: trio.lowlevel.T
             trio.lowlevel.notify_closing(sock)
 
     def claimed_elsewhere() -> None:  # on the accepting thread
-        try:
-            token.run_sync_soon(on_claim)
-        except trio.RunFinishedError:  # nobody waits any more
-            pass
+        post_to_run(token, on_claim)
 
     call_on_claim(pending, on_claim, claimed_elsewhere)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Dict, Protocol
+from typing import Any, Dict, Protocol
 
 import trio
 
@@ -61,6 +61,15 @@ class RunState:
 
 
 _run_state: "trio.lowlevel.RunVar[RunState]" = trio.lowlevel.RunVar("friendsock_run_state")
+
+
+def post_to_run(token: trio.lowlevel.TrioToken, callback: Any) -> None:
+    """``callback()`` in the run of ``token``, from any other thread;
+    nothing once the run finished (nobody waits there any more)."""
+    try:
+        token.run_sync_soon(callback)
+    except trio.RunFinishedError:
+        pass
 
 
 def run_state() -> RunState:
