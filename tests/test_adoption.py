@@ -414,6 +414,43 @@ async def test_an_anyio_listener_pairs_a_client_that_connects_before_its_first_a
                         assert await client.receive() == b"back"
 
 
+
+async def test_an_anyio_listener_closed_before_it_accepts_resets_its_client(friends):
+    """A client waiting in the backlog of an anyio listener that closes is
+    reset, as the kernel resets it, on a friend link too (not left waiting
+    on a link nobody will ever claim)."""
+    with maybe_installed(friends):
+        multi = await anyio.create_tcp_listener(local_host=LOCALHOST, local_port=0)
+        port = multi.extra(anyio.abc.SocketAttribute.local_port)
+        async with await anyio.connect_tcp(LOCALHOST, port) as client:
+            await client.send(b"never accepted")
+            assert friendsock.is_friend(client._transport) is friends
+            await multi.aclose()
+            assert not registry.has_port(port)
+            with anyio.fail_after(10):
+                with pytest.raises(anyio.BrokenResourceError):
+                    await client.receive()
+
+
+async def test_a_socket_anyio_only_wraps_is_known_from_its_first_accept(friends):
+    """``SocketListener.from_socket`` wraps a listener made elsewhere (a
+    pre-fork parent's, a supervisor's), which another process may share:
+    it is not registered as this process's alone when wrapped, so a client
+    that connects before any accept is TCP, and every byte arrives."""
+    sock = socket.create_server((LOCALHOST, 0))
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    with maybe_installed(friends):
+        async with await anyio.abc.SocketListener.from_socket(sock) as listener:
+            assert not registry.has_port(port)
+            async with await anyio.connect_tcp(LOCALHOST, port) as client:
+                await client.send(b"before any accept")
+                assert not friendsock.is_friend(client._transport)
+                async with await bounded(listener.accept()) as server:
+                    with anyio.fail_after(10):
+                        assert await server.receive() == b"before any accept"
+
+
 # -- used raw: TCP, byte-exact ------------------------------------------------------
 
 

@@ -274,6 +274,14 @@ def listener_for_sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socke
     _shared_listener(loop, sock, exclusive=not shared)
 
 
+def forget_sock_accept_listener(sock: socket.socket) -> None:
+    """``sock``, registered for ``sock_accept``, is closing: its clients
+    waiting in the backlog are reset, as the kernel resets them."""
+    listener = _listeners.pop(sock, None)
+    if listener is not None:
+        forget_listener(listener.entry)
+
+
 async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Tuple[socket.socket, Any]:
     """``loop.sock_accept``; a connection from a friendsock client of this
     process is claimed and held until :func:`connect_accepted_socket`."""
