@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import errno
-import os
 from asyncio.log import logger  # what a loop's own transport says, said where it says it
 from typing import Any, Callable, Optional, Tuple
 
-from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
+from .._core._errors import FriendError, LinkBrokenError
 from ._loop_state import DEFAULT_HIGH_WATER
 from ._transport_base import TransportBase
 
@@ -72,15 +70,10 @@ class WriteSide(TransportBase):
         out = self._out
         try:
             out.push(data)
-        except ChannelShutdownError:  # its socket was shut for writing: send() gets EPIPE
-            self._fatal_error(BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)),
-                              "Fatal write error on socket transport")
-            return
-        except PeerResetError:
-            try:
-                self._end.send_refused()
-            except LinkBrokenError as exc:
-                self._fatal_error(exc.as_os_error(), "Fatal write error on socket transport")
+        except FriendError as refused:  # (its socket shut for writing, or the friend gone)
+            error = self._end.push_refused(refused)
+            if error is not None:
+                self._fatal_error(error.as_os_error(), "Fatal write error on socket transport")
             return
         if out.queued - out.sndbuf - out.rcvbuf > self._high_water:
             self._maybe_pause_protocol()

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Protocol, Tuple, Type, Union
 from ._alive import LiveLinks
 from ._channel import CHANNEL_EOF, CHANNEL_OPEN, CHANNEL_RESET, CHANNEL_TCP, Channel, Hook
 from ._locked_channel import LockedChannel
-from ._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
+from ._errors import ChannelShutdownError, FriendError, LinkBrokenError, PeerResetError
 from ._fork import Part, on_fork
 from ._stats import Shard, counters
 
@@ -228,6 +228,19 @@ class LinkEnd:
             incoming.reset(keep=incoming.rcvbuf)
             return
         raise self.send_error()
+
+    def push_refused(self, refused: FriendError) -> Optional[LinkBrokenError]:
+        """What a write gets that its outgoing channel refused (``push``
+        raised ``refused``): the error the kernel's send fails with, or
+        None where TCP still takes the write (the friend closed cleanly,
+        see :meth:`send_refused`). After this end's own shutdown: EPIPE."""
+        if isinstance(refused, PeerResetError):
+            try:
+                self.send_refused()
+            except LinkBrokenError as error:
+                return error
+            return None
+        return LinkBrokenError(errno.EPIPE)
 
     def pending_send_error(self) -> Optional[LinkBrokenError]:
         """The friend stopped reading (``outgoing.reader_closed``): what a

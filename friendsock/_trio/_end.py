@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import trio
 
-from .._core._errors import ChannelShutdownError, LinkBrokenError, PeerResetError
+from .._core._errors import FriendError, LinkBrokenError
 from .._core._finalizing import close_when_safe
 from .._core._channel import CHANNEL_TCP, SEEN_DATA, SEEN_NOTHING, SEEN_RESET, SEEN_TCP
 from .._core._link import LinkEnd
@@ -265,19 +265,16 @@ class TrioEnd:
         out = self._out
         try:
             out.push(data)
-        except PeerResetError:
-            try:
-                self._end.send_refused()
-            except LinkBrokenError as exc:
-                raise self._broken(exc) from None
-        except ChannelShutdownError:
-            if out.state is not CHANNEL_TCP:
-                raise
-            # Moved to TCP meanwhile (LinkEnd.over_tcp): trio's own socket by now.
-            view = memoryview(data)
-            while view:
-                view = view[await self.send(view):]  # type: ignore[attr-defined]
-            return
+        except FriendError as refused:
+            if out.state is CHANNEL_TCP:
+                # Moved to TCP meanwhile (LinkEnd.over_tcp): trio's own socket by now.
+                view = memoryview(data)
+                while view:
+                    view = view[await self.send(view):]  # type: ignore[attr-defined]
+                return
+            error = self._end.push_refused(refused)
+            if error is not None:
+                raise self._broken(error) from None
         if (out.room() >= 0 and not out.reader_closed) or \
                 not await self._wait_for_room(0, raise_broken=True):
             await _cancel_shielded_checkpoint()
