@@ -122,6 +122,10 @@ def _kernel_connects(listener: str, destination: str, source: Optional[str]) -> 
     destination: a loopback handshake is done within the connect call)."""
     with _listening_socket(listener) as server:
         port = server.getsockname()[1]
+        # Bounded: a connect that reached something else (a client whose
+        # ephemeral port happened to be the destination's, connected to
+        # itself) leaves nothing here to accept.
+        server.settimeout(5)
         try:
             with socket.create_connection(
                 (destination, port), timeout=0.5,
