@@ -35,7 +35,8 @@ import friendsock
 from ._rr_workloads import Echo
 from ._stream_workloads import Sink
 from ._transports import FRIEND_TRANSPORTS, HOST, Endpoint
-from ._workloads import Sample, Workload, links_verdict, moved_verdict, until
+from ._samples import Sample, links_verdict, moved_verdict
+from ._workloads import Workload, until
 
 _RECV = 256 * 1024
 _SETTLE_TIMEOUT = 10.0

@@ -11,7 +11,8 @@ from typing import Callable, Optional
 import friendsock
 
 from ._transports import FRIEND_TRANSPORTS
-from ._workloads import Responder, Sample, Workload, fallback_delta, until
+from ._samples import Sample, fallback_delta
+from ._workloads import Responder, Workload, until
 
 
 class CrrServer(Responder):

@@ -28,7 +28,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import friendsock
 
 from ._transports import FRIEND_TRANSPORTS, Endpoint, loop_factory
-from ._workloads import Sample, Tally, Workload, connect_many, links_verdict, until
+from ._samples import Sample, links_verdict
+from ._workloads import Tally, Workload, connect_many, until
 
 # Descriptors kept free for everything else (listeners, the loop, files).
 FD_MARGIN = 64

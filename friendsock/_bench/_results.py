@@ -9,7 +9,7 @@ import statistics
 from typing import Dict, List, Optional, Tuple
 
 from ._plan import Case, Config
-from ._workloads import Sample
+from ._samples import Sample
 
 
 @dataclasses.dataclass

@@ -12,16 +12,8 @@ from typing import List, Optional
 
 import friendsock
 
-from ._workloads import (
-    SETTLE_TIMEOUT,
-    ConnectedWorkload,
-    Sample,
-    Responder,
-    Workload,
-    links_verdict,
-    moved_verdict,
-    until,
-)
+from ._samples import Sample, links_verdict, moved_verdict
+from ._workloads import SETTLE_TIMEOUT, ConnectedWorkload, Responder, Workload, until
 
 
 class Echo(Responder):

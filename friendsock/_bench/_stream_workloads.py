@@ -11,7 +11,8 @@ from typing import Any, List, Optional
 
 import friendsock
 
-from ._workloads import ConnectedWorkload, Sample, Tally, moved_verdict, until
+from ._samples import Sample, moved_verdict
+from ._workloads import ConnectedWorkload, Tally, until
 
 # A pump writes at most this much (or one write, if larger) before it lets the
 # loop run: over TCP the kernel takes megabytes before pausing anyone, and

@@ -46,7 +46,7 @@ except ImportError:  # only the anyio loop needs it
 import friendsock
 
 from ._transports import BACKLOG, FRIEND_TRANSPORTS, HOST, TRANSPORTS, socketless_connects
-from ._workloads import Sample, fallback_delta, moved_verdict
+from ._samples import Sample, fallback_delta, moved_verdict
 
 # How long a round waits for a server end to appear or close.
 _SETTLE_TIMEOUT = 10.0
