@@ -47,7 +47,6 @@ from ._connect import (
     register_connect,
     start_connect,
     RoomWait,
-    wait_for_room,
     why_not_friends,
 )
 from ._listener import (
@@ -111,6 +110,5 @@ __all__ = [
     "start_connect",
     "users_sockname",
     "RoomWait",
-    "wait_for_room",
     "why_not_friends",
 ]

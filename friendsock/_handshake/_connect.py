@@ -129,7 +129,7 @@ def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: b
     """Register ``sock``'s connect to the listener ``entry`` and start it
     (:func:`register_connect`, then :func:`start_connect`), if its accept
     queue has room (:func:`accept_room`); None, and nothing done, when it is
-    full: wait (:func:`wait_for_room`) and try again. Otherwise the pending
+    full: wait (:class:`RoomWait`) and try again. Otherwise the pending
     connect and ``start_connect``'s answer; ``(None, 0)``, nothing
     connected, when the listener just went away.
 
@@ -150,19 +150,6 @@ def connect_if_room(sock: socket.socket, address: Any, entry: Entry, only_one: b
         except BaseException:
             abandon_connect(pending, sock)
             raise
-
-
-def wait_for_room(entry: Entry, wake: Callable[[], None]) -> bool:
-    """Have ``wake`` called when the accepting side of ``entry`` makes room
-    (``registry.accept_room_made``) or the listener goes away. False, and no
-    call: there is no need to wait (the listener is gone, or room was made
-    between the look and now), try again at once."""
-    if not registry.wait_for_accept_room(entry, wake):
-        return False
-    if accept_room(entry) > 0:
-        registry.cancel_wait_for_accept_room(entry, wake)
-        return False
-    return True
 
 
 class RoomWait:
@@ -189,9 +176,17 @@ class RoomWait:
         self._woke = False
 
     def begin(self) -> bool:
-        """Start waiting. False, and no wait begun: look again at once (see
-        :func:`wait_for_room`)."""
-        return wait_for_room(self._entry, self.wake)
+        """Start waiting for the accepting side to make room
+        (``registry.accept_room_made``) or the listener to go away. False,
+        and no wait begun: the listener is gone, or room was made between
+        the look and now; look again at once."""
+        entry, wake = self._entry, self.wake
+        if not registry.wait_for_accept_room(entry, wake):
+            return False
+        if accept_room(entry) > 0:
+            registry.cancel_wait_for_accept_room(entry, wake)
+            return False
+        return True
 
     def wake(self) -> None:
         """The registry's call, on the accepting side's thread."""
