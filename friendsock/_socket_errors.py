@@ -48,6 +48,13 @@ def not_through_descriptor(what: str) -> OSError:
                                      f"do not go through its descriptor")
 
 
+def check_flags(flags: int, supported: int) -> None:
+    """A call's ``flags`` beyond ``supported`` are refused: those need the
+    bytes to go through the descriptor (EOPNOTSUPP)."""
+    if flags & ~supported:
+        raise not_through_descriptor(f"flags={flags!r}")
+
+
 def recv_into_view(buffer: Any, nbytes: Any) -> memoryview:
     """The bytes of ``buffer`` a ``recv_into(buffer, nbytes)`` fills (all of
     it for ``nbytes`` 0), checked as the socket module checks them."""

@@ -20,7 +20,7 @@ from .._core._channel import (CHANNEL_OPEN, SEEN_DATA, SEEN_EOF, SEEN_NOTHING, S
 from .._core._errors import FriendError, LinkBrokenError
 from .._core._link import LinkEnd
 from .._paired_calls import recvmsg_size, recvmsg_views, scatter, sendmsg_data
-from .._socket_errors import bad_descriptor, no_urgent_data, not_through_descriptor, recv_into_view, would_block
+from .._socket_errors import bad_descriptor, check_flags, no_urgent_data, recv_into_view, would_block
 from ._descriptor import _ss
 from ._readiness import Signals, leave, parker, sleep
 
@@ -248,8 +248,7 @@ class PairedIO(_Socket):
         """The timeout a call with ``flags`` waits for. MSG_DONTWAIT makes a
         blocking socket's call non-blocking; in timeout mode the stdlib
         waits for readiness before the call, so the flag changes nothing."""
-        if flags & ~supported:
-            raise not_through_descriptor(f"flags={flags!r}")
+        check_flags(flags, supported)
         timeout = self.gettimeout()
         return 0.0 if flags & _DONTWAIT and timeout is None else timeout
 

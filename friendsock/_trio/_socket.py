@@ -27,7 +27,7 @@ from .._handshake import SocketRelease
 from .._kept_options import to_keep
 from .._paired_calls import (PairedSocketCalls, recvmsg_size, recvmsg_views, scatter,
                              sendmsg_data)
-from .._socket_errors import (already_connected, bad_descriptor, invalid_argument, no_urgent_data,
+from .._socket_errors import (already_connected, bad_descriptor, check_flags, invalid_argument, no_urgent_data,
                               not_through_descriptor, recv_into_view)
 from ._end import TrioEnd, stream_error
 from ._run import RunState
@@ -64,11 +64,6 @@ def _no_descriptor() -> ValueError:
     """What trio's readiness calls on a closed socket raise (they poll its
     descriptor, -1 by then)."""
     return ValueError("file descriptor cannot be a negative integer (-1)")
-
-
-def _no_flags(flags: int) -> None:
-    if flags:
-        raise not_through_descriptor(f"flags={flags!r}")
 
 
 # A trio socket's descriptor is non-blocking: there the kernel's MSG_WAITALL
@@ -161,7 +156,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
             if self._closed:
                 raise self._closed_error()
             raise no_urgent_data()
-        _no_flags(flags & ~(_NO_CHANGE_TO_RECV | _PEEK))
+        check_flags(flags, _NO_CHANGE_TO_RECV | _PEEK)
         # Shut for reading, Linux still reads what comes (then EOF, not a wait).
         if bufsize == 0 or self._read_shut and self._in.seen() is SEEN_NOTHING:
             await _checkpoint()
@@ -203,7 +198,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
         send loop passes the rest of its view each time) is not copied whole
         for every piece."""
         if flags:
-            _no_flags(flags & ~_NO_CHANGE_TO_SEND)
+            check_flags(flags, _NO_CHANGE_TO_SEND)
         await _checkpoint_if_cancelled()
         out = self._out
         buffer = data
