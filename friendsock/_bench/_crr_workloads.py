@@ -32,9 +32,6 @@ class CrrServer(Responder):
         if before < self.size <= self.got:
             self.transport.write(self.response)  # type: ignore[union-attr]
 
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        self.tally.lost += 1
-
 
 class CrrClient(asyncio.Protocol):
     def __init__(self, size: int, request: bytes, loop: asyncio.AbstractEventLoop) -> None:

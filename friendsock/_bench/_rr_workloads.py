@@ -31,9 +31,6 @@ class Echo(Responder):
             self.transport.write(self.response)  # type: ignore[union-attr]
         self.got = got
 
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
-        self.tally.lost += 1
-
 
 class Requester(asyncio.Protocol):
     """Client of request/response: one request outstanding at a time."""

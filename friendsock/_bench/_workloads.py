@@ -206,6 +206,9 @@ class Responder(asyncio.Protocol):
         self.got = 0
         self.transport: Optional[asyncio.WriteTransport] = None
 
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self.tally.lost += 1
+
 
 class Workload:
     """One transport's part of one table row."""
