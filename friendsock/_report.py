@@ -23,17 +23,16 @@ def since(before: FriendStats, after: FriendStats) -> FriendStats:
     listeners = []
     for address, now in after.listeners.items():
         then = before.listeners.get(address)
-        if then is None or now.links_made < then.links_made or \
-                any(count < then.fallbacks.get(reason, 0) for reason, count in now.fallbacks.items()):
-            # (New, or counted afresh: its counts had been dropped for
-            # more recently used addresses, see MAX_PLACES. One counted
-            # afresh past what it had is taken for the same, and shows less.)
+        if then is None or now.generation != then.generation:
+            # New, or counted afresh: its counts had been dropped for more
+            # recently used addresses (see MAX_PLACES), so all it has now
+            # came after ``before``.
             listeners.append(now)
             continue
         made = now.links_made - then.links_made
         fallbacks = _minus(now.fallbacks, then.fallbacks)
         if made or fallbacks:
-            listeners.append(ListenerStats(address, made, fallbacks))
+            listeners.append(ListenerStats(address, made, fallbacks, now.generation))
     listeners.sort(key=lambda s: (-s.links_made, -s.fell_back, s.address))
     return FriendStats(
         links_made=after.links_made - before.links_made,

@@ -549,3 +549,25 @@ def test_a_fork_runs_every_part_from_one_registration_in_order() -> None:
     assert "[" + child_after == str(order)
     assert lines[3] == str(order)
     assert "ZeroDivisionError" in done.stderr and "STATS" in done.stderr
+
+
+def test_since_counts_an_address_counted_afresh_from_zero() -> None:
+    """An address whose counts were dropped for newer ones and begun
+    again shows all it has now, even when that equals what it had."""
+    from friendsock._core._stats import MAX_PLACES, Counters
+    from friendsock._report import since
+
+    stats = Counters()
+    listener = ("127.0.0.1", 8000)
+    stats.link_made(listener)
+    before = stats.snapshot(pending=0)
+    for number in range(MAX_PLACES * 2):  # every other address is used since: 8000's go
+        stats.link_made(("127.0.0.2", 10000 + number))
+    stats.link_made(listener)
+    middle = stats.snapshot(pending=0)
+    delta = since(before, middle)
+    assert delta.links_made == MAX_PLACES * 2 + 1
+    assert delta.listeners["127.0.0.1:8000"].links_made == 1
+    # An address counted all along shows its difference.
+    stats.link_made(listener)
+    assert since(middle, stats.snapshot(pending=0)).listeners["127.0.0.1:8000"].links_made == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import itertools
 import threading
 import types
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -67,6 +68,10 @@ class ListenerStats:
     address: str
     links_made: int
     fallbacks: Mapping[str, int]
+    # Changes when the address's counts were dropped for more recently used
+    # addresses and begun afresh (see MAX_PLACES): two snapshots of one
+    # address are comparable only while it is the same.
+    generation: int = 0
 
     @property
     def fell_back(self) -> int:
@@ -89,15 +94,19 @@ def format_address(key: Tuple[str, Any]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+_place_serials = itertools.count(1)  # next() is atomic: shards of any thread share it
+
+
 class _Place:
     """One thread's counts at one address."""
 
-    __slots__ = ("made", "fallbacks", "used")
+    __slots__ = ("made", "fallbacks", "used", "serial")
 
     def __init__(self) -> None:
         self.made = 0
         self.fallbacks: Dict[str, int] = {}
         self.used = True  # since room was last made (see Shard._make_room)
+        self.serial = next(_place_serials)
 
 
 class Shard:
@@ -218,14 +227,17 @@ class Counters:
 
 def _listeners(shards: List[Shard]) -> Mapping[str, ListenerStats]:
     made: collections.Counter[str] = collections.Counter()
+    serials: collections.Counter[str] = collections.Counter()
     fallbacks: Dict[str, collections.Counter[str]] = {}
     for shard in shards:
         for key, place in dict(shard.places).items():  # dict(): one atomic copy
             address = format_address(key)
             made[address] += place.made
+            # A place dropped or made anew on any thread changes the sum.
+            serials[address] += place.serial
             fallbacks.setdefault(address, collections.Counter()).update(dict(place.fallbacks))
     stats = [
-        ListenerStats(address, made[address], types.MappingProxyType(dict(counts)))
+        ListenerStats(address, made[address], types.MappingProxyType(dict(counts)), serials[address])
         for address, counts in fallbacks.items()
     ]
     stats.sort(key=lambda s: (-s.links_made, -s.fell_back, s.address))
