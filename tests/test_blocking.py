@@ -330,17 +330,20 @@ async def serve_one_line(reader: asyncio.StreamReader, writer: asyncio.StreamWri
     await writer.wait_closed()
 
 
-def test_a_listener_handed_to_an_event_loop_keeps_its_backlog(patched, server_loop):
-    """A blocking listener handed to a loop (start_server(sock=) makes it
-    non-blocking): a client that connected, and wrote, while it was still
-    blocking is served by the loop, its bytes first, as over TCP."""
+@pytest.mark.parametrize("handed", ["itself", "dup"])
+def test_a_listener_handed_to_an_event_loop_keeps_its_backlog(patched, server_loop, handed):
+    """A blocking listener (or a duplicate of it, which accepts on the same
+    queue) handed to a loop (start_server(sock=) makes it non-blocking): a
+    client that connected, and wrote, while it was still blocking is
+    served by the loop, its bytes first, as over TCP."""
     with socket.create_server((LOCALHOST, 0)) as listener:
         with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
             assert friendsock.is_friend(client) is patched
             client.sendall(b"written before the loop took over\n")
 
             async def start() -> asyncio.AbstractServer:
-                return await asyncio.start_server(serve_one_line, sock=listener)
+                return await asyncio.start_server(
+                    serve_one_line, sock=listener if handed == "itself" else listener.dup())
 
             server = server_loop.run(start())
             try:

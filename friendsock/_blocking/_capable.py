@@ -212,6 +212,12 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
             steps.forget_listener(self, passed_on=True)
         return OriginalSocket.detach(self)
 
+    def dup(self) -> socket.socket:
+        # A duplicate accepts natively, on the same queue: passed on.
+        if _ENTRY in self.__dict__:
+            steps.forget_listener(self, passed_on=True)
+        return OriginalSocket.dup(self)
+
     def _real_close(self, _ss: Any = _ss) -> None:
         if _ENTRY in self.__dict__:
             steps.forget_listener(self)
