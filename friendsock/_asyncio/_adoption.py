@@ -23,6 +23,7 @@ import weakref
 from typing import Any, Callable, Optional, Tuple
 
 from .. import _handshake
+from .._blocking._listen import listener_passed_on, take_listener
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
@@ -253,8 +254,15 @@ def _shared_listener(loop: asyncio.AbstractEventLoop, sock: socket.socket,
         sock.getsockname()
     except OSError:
         return None
+    # A listener of the patched class registered itself at listen(): it
+    # accepts here from now on, its backlog's connects claimed here, and
+    # it is as much this process's alone as that listen() found.
+    taken = take_listener(sock)
     state = loop_state(loop)
-    entry = register_listener(weakref.proxy(sock), state, owner=loop, exclusive=exclusive)
+    entry = register_listener(weakref.proxy(sock), state, owner=loop,
+                              exclusive=exclusive or (taken is not None and taken.exclusive))
+    if taken is not None and not registry.move_listener(taken, entry):
+        listener_passed_on(taken)
     listener = _listeners[sock] = _SharedListener(entry)
     state.servers.add(listener)
     forget_when_collected(sock, entry)

@@ -18,6 +18,7 @@ from asyncio import selector_events, trsock
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from .._blocking._capable import listen_unregistered
 from .._core._link import Link
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
@@ -176,7 +177,7 @@ class FriendServer(asyncio.AbstractServer):
         # the loop's own servers accept in their listeners' reader callbacks.
         self._accept_context = contextvars.copy_context()
         for sock in self._sockets:
-            sock.listen(self._backlog)
+            listen_unregistered(sock, self._backlog)
             entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
             entry.handle.socketless_accept = self._socketless_accepted
             self._entries.append(entry)

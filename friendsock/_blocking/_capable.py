@@ -293,6 +293,13 @@ def _may_pair(sock: socket.socket) -> bool:
         is_enabled() and not _replaced_io and sock not in _handshake.adoptable_connecting
 
 
+def listen_unregistered(sock: socket.socket, *backlog: int) -> None:
+    """``listen()`` for code that registers the listener itself (an event
+    loop's or trio's server through friendsock): never the patched class's
+    registration as well."""
+    _ss.listen(sock, *backlog)
+
+
 def patchable_class() -> Callable[..., socket.socket]:
     """The class ``socket.socket`` becomes while patched."""
     return FriendCapableSocket

@@ -5,6 +5,7 @@ so (:class:`ConnectAttempt`); connects on sockets made elsewhere
 
 from __future__ import annotations
 
+import _socket
 import errno
 import socket
 import threading
@@ -59,7 +60,9 @@ def start_connect(sock: socket.socket, address: Any) -> int:
     already (on loopback the handshake completes inside the call, though a
     non-blocking connect still says EINPROGRESS), EINPROGRESS when the caller
     must wait for it, any other errno when it failed at once."""
-    err = sock.connect_ex(address)
+    # The C call: a socket of the patched class would pair this connect again.
+    err = _socket.socket.connect_ex(sock, address) if isinstance(sock, _socket.socket) \
+        else sock.connect_ex(address)
     if err == errno.EINPROGRESS:
         try:
             sock.getpeername()

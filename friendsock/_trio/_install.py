@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import trio
 
+from .._blocking._capable import listen_unregistered
 from .._blocking._listen import listener_passed_on, take_listener
 from .._blocking._paired import as_plain_socket
 from .._core._registry import registry
@@ -127,7 +128,7 @@ def _forget(trio_sock: Any) -> None:
 
 
 def _socket_listen(self: Any, *args: Any) -> None:
-    self._sock.listen(*args)
+    listen_unregistered(self._sock, *args)
     # Made and bound by trio here: exclusive unless SO_REUSEPORT says not.
     listener_entry(self, exclusive=True)
 

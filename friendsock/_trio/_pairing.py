@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, List, Optional, Tuple, Union
 import trio
 
 from .. import _handshake
+from .._blocking._capable import listen_unregistered
 from .._core._registry import registry
 from .._core._link import Link
 from .._core._stats import Fallback, counters
@@ -261,7 +262,7 @@ async def open_tcp_listeners(
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(sockaddr)
-            sock.listen(computed_backlog)
+            listen_unregistered(sock, computed_backlog)
         if unsupported and not socks:
             message = "This system doesn't support any of the kinds of socket that that address could use"
             raise OSError(errno.EAFNOSUPPORT, message) from ExceptionGroup(message, unsupported)
