@@ -1348,9 +1348,9 @@ def test_a_client_is_paired_once_the_accept_returns(patched, monkeypatch):
     gate = threading.Event()
     finish = blocking_connect._finish_connect
 
-    def held(*args: Any) -> bool:  # the connect, held between its syscall and its end
+    def held(*args: Any, **kwargs: Any) -> None:  # the connect, held between its syscall and its end
         gate.wait(TIMEOUT)
-        return finish(*args)
+        finish(*args, **kwargs)
 
     monkeypatch.setattr(blocking_connect, "_finish_connect", held)
     with socket.create_server((LOCALHOST, 0)) as listener, socket.socket() as client:

@@ -5,13 +5,14 @@
 ``http.client``, urllib3 ...) makes while patched. It is the real socket,
 unchanged, except at three moments:
 
-- ``connect()`` of a blocking (or timeout) TCP socket to a friendsock
-  listener of this process registers the connect first, as every friendsock
-  client does, and pairs (``_connect``);
-- ``listen()`` of a blocking (or timeout) TCP socket registers it as a
-  friendsock listener (until it is closed, or passed on to an event loop,
-  which makes it non-blocking); its ``accept()`` claims friend clients
-  (``_listen``);
+- ``connect()`` of a TCP socket to a friendsock listener of this process
+  registers the connect first, as every friendsock client does, and pairs
+  (``_connect``); a non-blocking one answers ``EINPROGRESS`` as TCP's
+  does, and its ``fileno()`` shows the link from then on;
+- ``listen()`` of a TCP socket registers it as a friendsock listener
+  (until it is closed, duplicated or detached, or passed on to an event
+  loop, which calls ``setblocking(False)`` on it); its ``accept()``
+  claims friend clients (``_listen``);
 - a socket that paired becomes a ``FriendBlockingSocket`` (``_paired``: the
   same object, still a ``socket.socket``) whose data calls go through the
   link.
@@ -29,6 +30,7 @@ import operator
 import os
 import socket
 import sys
+import weakref
 from typing import Any, Callable, Optional, Set, Tuple
 
 from .. import _handshake
@@ -40,6 +42,7 @@ from ._readiness import readiness_owners
 
 _INET = (socket.AF_INET, socket.AF_INET6)
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
+_NATIVE = "_friendsock_connected_natively"  # set by a connect friendsock left to the kernel
 
 # Whether connect() and listen() pair: set by patch_socket(). Sockets made
 # while patched stay FriendCapableSockets after unpatch_socket(), plain again.
@@ -61,6 +64,8 @@ class PairingSteps:
     #: Pair the accepted socket (from ``address``, by the listener's ``entry``
     #: within its ``timeout``) if a friendsock client of this process made it.
     claim: Callable[["FriendCapableSocket", Any, Entry, Optional[float]], None]
+    #: Whether an asyncio loop routes through friendsock (is installed).
+    loop_pairs: Callable[[Any], bool]
 
 
 steps = PairingSteps()
@@ -154,16 +159,27 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
     def __repr__(self) -> str:
         return named_as(OriginalSocket.__repr__(self), "socket.socket")
 
+    def fileno(self) -> int:
+        # A bound method kept from before the socket paired (Twisted's
+        # transports keep ``sock.fileno``, taken before their connect)
+        # answers as the socket is now: a friend socket's readiness.
+        method = type(self).fileno
+        if method is _CAPABLE_FILENO:
+            return _ss.fileno(self)
+        return method(self)
+
     # -- connecting -------------------------------------------------------
+    # A connect made natively is the socket's for good: a later connect()
+    # on it (a non-blocking one's second call, which says whether it is
+    # connected yet, as Twisted's reactors make it) must not pair its
+    # connection, which the listener may have accepted as TCP already.
     def connect(self, address: Any) -> None:
-        if not patched or not _may_pair(self) or not steps.connect(self, address):
+        if not self._pairs_connect(address):
             _ss.connect(self, address)
 
     def connect_ex(self, address: Any) -> int:
-        if not patched or not _may_pair(self):
-            return _ss.connect_ex(self, address)
         try:
-            if steps.connect(self, address):
+            if self._pairs_connect(address):
                 return 0
         except TimeoutError:
             return errno.EAGAIN  # as the C connect_ex reports its timeout
@@ -172,6 +188,18 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
                 raise
             return exc.errno
         return _ss.connect_ex(self, address)
+
+    def _pairs_connect(self, address: Any) -> bool:
+        """The connect, if it may pair (True: made, paired or not); False:
+        the native connect is to be made."""
+        if patched and _NATIVE not in self.__dict__ and _may_pair(self):
+            try:
+                return steps.connect(self, address)
+            finally:
+                if type(self) is FriendCapableSocket:  # not paired: the kernel's from now on
+                    self.__dict__[_NATIVE] = True
+        self.__dict__[_NATIVE] = True
+        return False
 
     # -- listening ----------------------------------------------------------
     def listen(self, *backlog: int) -> None:
@@ -225,6 +253,7 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
 
 
 _OWN_CONNECT = FriendCapableSocket.__dict__["connect"]
+_CAPABLE_FILENO = FriendCapableSocket.__dict__["fileno"]
 
 
 def _asking_first(guard: Callable[..., None]) -> Callable[..., None]:
@@ -284,13 +313,32 @@ def _friend_of_readiness(fileno: Any) -> Optional[Any]:
     return friend
 
 
+# Sockets whose user does their I/O with the C socket calls (trio's socket
+# objects call ``_socket.socket.recv(sock, ...)``, not ``sock.recv``): a
+# friend socket's own calls would never run, so they never pair here.
+natively_driven: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
+
+
 def _may_pair(sock: socket.socket) -> bool:
-    """A blocking (or timeout) TCP socket of the patched class itself, with
-    pairing switched on. A subclass (one its user defined while patched)
-    keeps its class and its own methods doing the I/O: it is TCP."""
+    """A TCP socket of the patched class itself, with pairing switched on.
+    A subclass (one its user defined while patched) keeps its class and its
+    own methods doing the I/O: it is TCP."""
     return type(sock) is FriendCapableSocket and sock.family in _INET and \
-        _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and sock.gettimeout() != 0.0 and \
-        is_enabled() and not _replaced_io and sock not in _handshake.adoptable_connecting
+        _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and is_enabled() and \
+        not _replaced_io and sock not in _handshake.adoptable_connecting and \
+        sock not in natively_driven and (sock.gettimeout() != 0.0 or _loop_lets_pair())
+
+
+def _loop_lets_pair() -> bool:
+    """A non-blocking socket pairs unless this thread runs an asyncio loop
+    friendsock is not installed on: such a loop may hand the socket to a
+    transport of its own that does its I/O on the descriptor, in C
+    (uvloop's ``create_connection(sock=)``, its server's accept), where no
+    friend socket's call runs. Installed, the loop hands it over through
+    friendsock."""
+    events = sys.modules.get("asyncio.events")
+    loop = events._get_running_loop() if events is not None else None
+    return loop is None or steps.loop_pairs(loop)
 
 
 def listen_unregistered(sock: socket.socket, *backlog: int) -> None:

@@ -1,9 +1,16 @@
-"""A blocking socket's ``connect()`` pairs: with a friendsock listener of
-this process at the address, the connect is registered first, as every
+"""A socket's ``connect()`` pairs: with a friendsock listener of this
+process at the address, the connect is registered first, as every
 friendsock client's is, made on the real socket, and (once the kernel's
 names agree, and where the listener may be shared, once this process
 claims it) the socket becomes a friend socket. Its timeout bounds every
 wait.
+
+A non-blocking socket (tornado's, Twisted's, a ``selectors`` loop's) waits
+for nothing: its caller's loop runs the accepting side, often on this very
+thread. Its connect pairs where it can at once (the listener is this
+process's alone, or claimed it already), then answers ``EINPROGRESS`` as
+TCP's does, its ``fileno()`` the link's from then on; otherwise it is
+TCP, also answering ``EINPROGRESS``.
 """
 
 from __future__ import annotations
@@ -91,20 +98,48 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
         counters.fallback(attempt.fallback, resolved)
         return False
     deadline = _deadline(sock)
+    nonblocking = sock.gettimeout() == 0.0
     while (err := _start(sock, attempt)) is None:
+        if nonblocking:  # the accept queue is full: the kernel's queue takes it
+            return False
         _room_made(entry, deadline)
     pending = attempt.pending
     if pending is None:  # the listener just went away: nothing connected yet
         return False
     try:
+        if err == errno.EINPROGRESS and nonblocking:
+            err = _handshake_done(descriptor)
         if err:
             attempt.give_up(close=False)
+            if nonblocking:  # as TCP's: the error waits in SO_ERROR
+                raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
             if err in (errno.EAGAIN, errno.EINPROGRESS) and deadline is not None:
                 raise TimeoutError("timed out")
             raise OSError(err, os.strerror(err))
-        return _finish_connect(sock, attempt, pending, descriptor)
+        _finish_connect(sock, attempt, pending, descriptor, wait=not nonblocking)
     finally:
         _ends.connecting.pop(pending.link.client, None)
+    if nonblocking:
+        raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
+    return True
+
+
+def _handshake_done(descriptor: Descriptor) -> int:
+    """A non-blocking connect to a listener of ours: its handshake runs in
+    the kernel alone, on loopback at once (only a listener whose kernel
+    queue is full makes it wait). 0 once connected; EINPROGRESS if it is
+    not within the bound (the connect goes on as TCP's); any other errno:
+    it failed (left in SO_ERROR for its user, as without friendsock)."""
+    poller = select.poll()
+    poller.register(descriptor.fileno(), select.POLLOUT)
+    events = poller.poll(int(_handshake.CONFIRM_TIMEOUT * 1000))
+    if not events:
+        return errno.EINPROGRESS
+    try:
+        descriptor.getpeername()
+    except OSError:
+        return errno.ECONNREFUSED  # (not read from SO_ERROR: that would clear it)
+    return 0
 
 
 def _start(sock: FriendCapableSocket, attempt: ConnectAttempt) -> Optional[int]:
@@ -118,22 +153,23 @@ def _start(sock: FriendCapableSocket, attempt: ConnectAttempt) -> Optional[int]:
 
 
 def _finish_connect(sock: FriendCapableSocket, attempt: ConnectAttempt, pending: Pending,
-                    descriptor: Descriptor) -> bool:
+                    descriptor: Descriptor, wait: bool) -> None:
     """The rest of :func:`connect_friend`, the link made: its client end is
-    ``sock``'s to be (a fork meanwhile hands it over with the link)."""
+    ``sock``'s to be (a fork meanwhile hands it over with the link).
+    ``wait``: for a claim, where the listener may be shared (a non-blocking
+    socket pairs only if it was claimed already)."""
     if not attempt.connected():  # named otherwise by the kernel: plain TCP
         counters.fallback(attempt.fallback, attempt.address)
-        return True
+        return
     if not attempt.optimistic:
         try:
-            if not _confirm(pending, descriptor):
-                return True  # another process accepted it: plain TCP, connected
+            if not (_confirm(pending, descriptor) if wait else confirmed(pending, False)):
+                return  # another process accepted it: plain TCP, connected
         except BaseException:
             attempt.give_up(close=False)
             raise
     client = pending.handle
     become_friend(sock, pending.link.client, client.sockname, client.peername, descriptor)
-    return True
 
 
 def _room_made(entry: Entry, deadline: Optional[float]) -> None:

@@ -22,14 +22,15 @@ import threading
 from types import ModuleType
 from typing import Any, Optional
 
+from .._asyncio._native import routes_through_friendsock
 from .._imports import when_imported
 from . import _at_fork  # noqa: F401 (a fork moves links between blocking sockets to TCP)
 from . import _capable
-from ._capable import FriendCapableSocket, steps
+from ._capable import FriendCapableSocket, natively_driven, steps
 from ._connect import connect_friend
 from ._descriptor import OriginalSocket
 from ._listen import claim, start_pairing, stop_pairing
-from ._paired import FriendBlockingSocket, go_on_over_tcp
+from ._paired import FriendBlockingSocket, as_plain_socket, go_on_over_tcp
 from ._tls import FriendSSLSocket, patch_ssl, unpatch_ssl
 
 _lock = threading.Lock()
@@ -39,6 +40,7 @@ steps.connect = connect_friend
 steps.register_listener = start_pairing
 steps.forget_listener = stop_pairing
 steps.claim = claim
+steps.loop_pairs = routes_through_friendsock
 
 _saved: Optional[Any] = None  # what socket.socket was before patch_socket()
 
@@ -78,6 +80,26 @@ def _teach_pyopenssl(module: ModuleType) -> None:
 
     __init__._friendsock_native = native  # type: ignore[attr-defined]
     connection.__init__ = __init__
+
+
+def _teach_trio(module: ModuleType) -> None:
+    """trio's socket objects do their I/O with the C socket calls on the
+    stdlib socket they hold, never through its methods: those sockets are
+    left to trio (to friendsock's trio adapter, where installed), and a
+    friend socket handed to trio first goes on over TCP (or fails clearly,
+    when it cannot)."""
+    klass = getattr(module, "_SocketType", None)
+    native = getattr(klass, "__init__", None)
+    if native is None or getattr(native, "_friendsock_native", None) is not None:
+        return
+
+    def __init__(self: Any, sock: Any) -> None:
+        as_plain_socket(sock, "a trio socket (its I/O is on the descriptor)")
+        natively_driven.add(sock)
+        native(self, sock)
+
+    __init__._friendsock_native = native  # type: ignore[attr-defined]
+    setattr(klass, "__init__", __init__)
 
 
 def _teach_unix_loops(module: ModuleType) -> None:
@@ -121,6 +143,7 @@ def patch_socket() -> None:
     when_imported("multiprocessing.reduction", _teach_multiprocessing)
     when_imported("OpenSSL.SSL", _teach_pyopenssl)
     when_imported("asyncio.unix_events", _teach_unix_loops)
+    when_imported("trio._socket", _teach_trio)
 
 
 def unpatch_socket() -> None:

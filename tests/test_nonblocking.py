@@ -1,0 +1,465 @@
+"""Non-blocking sockets under ``patch_socket()``: code that drives its own
+sockets by readiness (tornado's ``IOStream``, Twisted's reactors, a plain
+``selectors`` loop) pairs, and sees what it sees over TCP.
+
+Every scenario is written once, as a generator that yields what it waits
+for (``("read" | "write", sock)``), and driven by each poller: ``select``,
+``poll`` and ``epoll`` through ``selectors``, and ``add_reader``/
+``add_writer`` of an asyncio and a uvloop loop (installed, as a process
+that pairs non-blocking sockets on a loop's thread has it); on both paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import os
+import selectors
+import socket
+import threading
+from typing import Any, Callable, Generator, Iterator, Tuple
+
+import pytest
+import uvloop
+
+import friendsock
+from friendsock._report import since
+
+LOCALHOST = "127.0.0.1"
+TIMEOUT = 10
+MiB = 1 << 20
+
+Wait = Tuple[str, socket.socket]
+Scenario = Generator[Wait, None, Any]
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def patched(friends: bool) -> Iterator[bool]:
+    """The friend path: ``patch_socket()`` for the test; real TCP: the
+    stdlib's sockets as they are."""
+    if friends:
+        friendsock.patch_socket()
+    try:
+        yield friends
+    finally:
+        friendsock.unpatch_socket()
+
+
+def _run_with_selector(kind: str, scenario: Scenario) -> Any:
+    selector = {"select": selectors.SelectSelector, "poll": selectors.PollSelector,
+                "epoll": selectors.EpollSelector}[kind]()
+    events = {"read": selectors.EVENT_READ, "write": selectors.EVENT_WRITE}
+    with selector:
+        try:
+            what, sock = next(scenario)
+            while True:
+                selector.register(sock, events[what])
+                try:
+                    assert selector.select(TIMEOUT), f"not {what}able within {TIMEOUT} s: {sock!r}"
+                finally:
+                    selector.unregister(sock)
+                what, sock = scenario.send(None)
+        except StopIteration as done:
+            return done.value
+
+
+def _run_on_loop(kind: str, scenario: Scenario) -> Any:
+    loop = asyncio.new_event_loop() if kind == "asyncio" else uvloop.new_event_loop()
+    friendsock.install(loop)
+
+    async def drive() -> Any:
+        try:
+            what, sock = next(scenario)
+            while True:
+                ready = loop.create_future()
+                add, remove = (loop.add_reader, loop.remove_reader) if what == "read" else \
+                    (loop.add_writer, loop.remove_writer)
+                fd = sock.fileno()
+                add(fd, lambda: ready.done() or ready.set_result(None))
+                try:
+                    await asyncio.wait_for(ready, TIMEOUT)
+                finally:
+                    remove(fd)
+                what, sock = scenario.send(None)
+        except StopIteration as done:
+            return done.value
+
+    try:
+        return loop.run_until_complete(drive())
+    finally:
+        friendsock.uninstall(loop)
+        loop.close()
+
+
+POLLERS = ["select", "poll", "epoll", "asyncio", "uvloop"]
+
+
+def drive(poller: str, scenario: Scenario) -> Any:
+    if poller in ("asyncio", "uvloop"):
+        return _run_on_loop(poller, scenario)
+    return _run_with_selector(poller, scenario)
+
+
+@contextlib.contextmanager
+def nonblocking_listener(**options: int) -> Iterator[socket.socket]:
+    listener = socket.socket()
+    with listener:
+        for name, value in options.items():
+            listener.setsockopt(socket.SOL_SOCKET, getattr(socket, name), value)
+        listener.setblocking(False)  # before listen(), as tornado's bind_sockets and Twisted's ports
+        listener.bind((LOCALHOST, 0))
+        listener.listen(8)
+        yield listener
+
+
+def _connect(client: socket.socket, address: Any) -> Scenario:
+    """The non-blocking connect as tornado's IOStream makes it."""
+    assert client.connect_ex(address) == errno.EINPROGRESS
+    yield "write", client
+    assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+    assert client.getpeername() == address
+
+
+def _writable(sock: socket.socket) -> Scenario:
+    yield "write", sock
+
+
+def _accept(listener: socket.socket) -> Generator[Wait, None, socket.socket]:
+    yield "read", listener
+    server, _ = listener.accept()
+    server.setblocking(False)
+    return server
+
+
+def _send_all(sock: socket.socket, data: bytes) -> Scenario:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view[:256 * 1024]):]
+        except BlockingIOError:
+            yield "write", sock
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> Generator[Wait, None, bytes]:
+    got = bytearray()
+    while len(got) < size:
+        try:
+            chunk = sock.recv(size - len(got))
+        except BlockingIOError:
+            yield "read", sock
+            continue
+        assert chunk, f"EOF after {len(got)} of {size} bytes"
+        got += chunk
+    return bytes(got)
+
+
+def _recv_eof(sock: socket.socket) -> Scenario:
+    while True:
+        try:
+            assert sock.recv(1) == b""
+            return
+        except BlockingIOError:
+            yield "read", sock
+
+
+def _echo_both_ways(client: socket.socket, server: socket.socket, data: bytes) -> Scenario:
+    """``data`` to the server and back, each side never blocking: written
+    in slices, what came read before more is written."""
+    echoed = bytearray()
+    step = 64 * 1024
+    for start in range(0, len(data), step):
+        piece = data[start:start + step]
+        yield from _send_all(client, piece)
+        yield from _send_all(server, (yield from _recv_exactly(server, len(piece))))
+        echoed += yield from _recv_exactly(client, len(piece))
+    return bytes(echoed)
+
+
+@pytest.mark.parametrize("poller", POLLERS)
+def test_a_connection_driven_by_readiness_answers_as_tcp(patched, poller):
+    """Connect (EINPROGRESS, writable, SO_ERROR 0), accept, EAGAIN with
+    nothing to read, 1 MiB each way, half-close each way: as over TCP, and
+    a friend link on the friend path."""
+    before = friendsock.stats()
+    data = os.urandom(MiB)
+
+    def scenario() -> Scenario:
+        with nonblocking_listener() as listener, socket.socket() as client:
+            client.setblocking(False)
+            yield from _connect(client, listener.getsockname())
+            server = yield from _accept(listener)
+            with server:
+                assert server.getpeername() == client.getsockname()
+                assert friendsock.is_friend(client) is friendsock.is_friend(server) is patched
+                for sock in (client, server):
+                    with pytest.raises(BlockingIOError):
+                        sock.recv(1)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+                    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                    assert sock.gettimeout() == 0.0 and not sock.getblocking()
+                echoed = yield from _echo_both_ways(client, server, data)
+                assert hashlib.sha256(echoed).digest() == hashlib.sha256(data).digest()
+                client.shutdown(socket.SHUT_WR)
+                yield from _recv_eof(server)
+                yield from _send_all(server, b"last words")
+                server.shutdown(socket.SHUT_WR)
+                assert (yield from _recv_exactly(client, 10)) == b"last words"
+                yield from _recv_eof(client)
+
+    drive(poller, scenario())
+    assert since(before, friendsock.stats()).links_made == patched
+
+
+@pytest.mark.parametrize("poller", POLLERS)
+def test_a_fileno_method_kept_from_before_the_connect_follows_the_socket(patched, poller):
+    """Twisted's transports keep ``sock.fileno`` (the bound method), taken
+    before their connect, and register what it returns: it answers the
+    descriptor that shows the connection's readiness, as ``fileno()`` does."""
+
+    class Kept:  # what the pollers are given: Twisted's transport, in effect
+        def __init__(self, sock: socket.socket) -> None:
+            self.fileno = sock.fileno
+
+    def scenario() -> Scenario:
+        with nonblocking_listener() as listener, socket.socket() as client:
+            client.setblocking(False)
+            kept = Kept(client)
+            yield from _connect(client, listener.getsockname())
+            assert kept.fileno() == client.fileno()
+            server = yield from _accept(listener)
+            with server:
+                yield from _send_all(server, b"to the kept descriptor")
+                yield "read", kept  # type: ignore[misc]
+                assert client.recv(100) == b"to the kept descriptor"
+
+    drive(poller, scenario())
+
+
+def test_a_second_connect_after_a_native_one_stays_native(patched):
+    """Twisted's reactors call ``connect_ex()`` again once the socket is
+    writable, to learn that it is connected (0). After a first connect
+    that did not pair (here, pairing was off then), the second must not
+    pair a connection the listener has accepted as TCP already."""
+    with nonblocking_listener() as listener, socket.socket() as client:
+        client.setblocking(False)
+        friendsock.set_enabled(False)
+        try:
+            assert client.connect_ex(listener.getsockname()) == errno.EINPROGRESS
+        finally:
+            friendsock.set_enabled(True)
+        server = drive("poll", _accept(listener))
+        with server:
+            drive("poll", _writable(client))
+            assert client.connect_ex(listener.getsockname()) == 0
+            assert not friendsock.is_friend(client) and not friendsock.is_friend(server)
+            drive("poll", _send_all(server, b"over tcp"))
+            assert drive("poll", _recv_exactly(client, 8)) == b"over tcp"
+
+
+@pytest.mark.parametrize("poller", ["epoll", "uvloop"])
+def test_a_close_with_unread_bytes_resets_the_peer(patched, poller):
+    def scenario() -> Scenario:
+        with nonblocking_listener() as listener, socket.socket() as client:
+            client.setblocking(False)
+            yield from _connect(client, listener.getsockname())
+            server = yield from _accept(listener)
+            with server:
+                yield from _send_all(client, b"unread")
+                yield "read", server
+                server.close()
+                yield "read", client
+                with pytest.raises(ConnectionResetError):
+                    client.recv(1)
+
+    drive(poller, scenario())
+
+
+def test_a_shared_listener_is_tcp_until_it_has_claimed(patched):
+    """A listener others may share (SO_REUSEPORT): a non-blocking connect
+    cannot wait for its claim, so it takes TCP, counted as unconfirmed (and
+    by the accepting end, which finds no friend connect, as such)."""
+    before = friendsock.stats()
+
+    def scenario() -> Scenario:
+        with nonblocking_listener(SO_REUSEPORT=1) as listener, socket.socket() as client:
+            client.setblocking(False)
+            yield from _connect(client, listener.getsockname())
+            server = yield from _accept(listener)
+            with server:
+                assert not friendsock.is_friend(client) and not friendsock.is_friend(server)
+                echoed = yield from _echo_both_ways(client, server, b"over tcp")
+                assert echoed == b"over tcp"
+
+    drive("epoll", scenario())
+    delta = since(before, friendsock.stats())
+    assert delta.links_made == 0
+    assert dict(delta.fallbacks) == ({"unconfirmed": 1, "peer-not-friend": 1} if patched else {})
+
+
+@pytest.mark.parametrize("handed", ["itself", "dup"])
+def test_an_early_clients_bytes_reach_a_listener_handed_to_uvloop(patched, handed):
+    """A non-blocking client pairs with a non-blocking listener from its
+    connect on and writes; the listener (or a duplicate of it) is then
+    handed to a loop that accepts natively (uvloop's
+    ``create_server(sock=)``, not installed): the connection goes on over
+    TCP with every byte."""
+    with nonblocking_listener() as listener, socket.socket() as client:
+        client.setblocking(False)
+        drive("poll", _connect(client, listener.getsockname()))
+        drive("poll", _send_all(client, b"early bytes"))
+        client.shutdown(socket.SHUT_WR)
+
+        async def serve() -> bytes:
+            loop = asyncio.get_running_loop()
+            done = loop.create_future()
+            received = []
+
+            class Collect(asyncio.Protocol):
+                def data_received(self, data: bytes) -> None:
+                    received.append(data)
+
+                def eof_received(self) -> None:
+                    done.set_result(b"".join(received))
+
+            handed_on = listener if handed == "itself" else listener.dup()
+            server = await loop.create_server(Collect, sock=handed_on)
+            try:
+                return await asyncio.wait_for(done, TIMEOUT)
+            finally:
+                server.close()
+                await server.wait_closed()
+
+        loop = uvloop.new_event_loop()
+        try:
+            assert loop.run_until_complete(serve()) == b"early bytes"
+        finally:
+            loop.close()
+        assert not friendsock.is_friend(client)
+
+
+def test_a_trio_socket_is_left_to_trio(patched):
+    """trio's sockets do their I/O with the C socket calls: under
+    ``patch_socket()`` alone their connects stay TCP, and carry every byte
+    to a non-blocking listener of the patched class."""
+    import trio
+
+    with nonblocking_listener() as listener:
+        address = listener.getsockname()
+        accepted: list = []
+        ready = threading.Event()
+
+        def serve() -> None:
+            server = drive("poll", _accept(listener))
+            accepted.append(server)
+            ready.set()
+
+        async def client() -> bytes:
+            sock = trio.socket.socket()
+            with sock:
+                await sock.connect(address)
+                await trio.to_thread.run_sync(serve)
+                server = accepted[0]
+                with server:
+                    await sock.send(b"ping")
+                    assert drive("poll", _recv_exactly(server, 4)) == b"ping"
+                    drive("poll", _send_all(server, b"pong"))
+                    assert not friendsock.is_friend(server)
+                    return await sock.recv(4)
+
+        assert trio.run(client) == b"pong"
+        assert ready.is_set()
+
+
+def test_uninstalled_loop_threads_keep_their_sockets_tcp(patched):
+    """On a thread running a loop friendsock is not installed on, a
+    non-blocking socket stays TCP: uvloop's ``create_connection(sock=)``
+    does its I/O on the descriptor, in C (aiohttp's way: ``sock_connect``,
+    then ``sock=``)."""
+    with nonblocking_listener() as listener:
+        address = listener.getsockname()
+
+        async def exchange() -> bytes:
+            loop = asyncio.get_running_loop()
+            sock = socket.socket()
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+            assert not friendsock.is_friend(sock)
+            server, _ = listener.accept()
+            with server:
+                reader, writer = await asyncio.open_connection(sock=sock)
+                writer.write(b"ping")
+                server.setblocking(True)
+                server.settimeout(TIMEOUT)
+                assert server.recv(4) == b"ping"
+                server.sendall(b"pong")
+                answer = await asyncio.wait_for(reader.readexactly(4), TIMEOUT)
+                writer.close()
+                await writer.wait_closed()
+                return answer
+
+        loop = uvloop.new_event_loop()
+        try:
+            assert loop.run_until_complete(exchange()) == b"pong"
+        finally:
+            loop.close()
+
+
+def test_tornado_http_and_websocket_pair_in_one_process(patched):
+    """A real tornado app: ``HTTPServer`` and ``SimpleAsyncHTTPClient`` (a
+    connection per request) and a websocket, in one process with the
+    loop installed and sockets patched: every connection a friend link,
+    every body intact."""
+    from tornado import httpserver, netutil, simple_httpclient, websocket
+    from tornado import web as tornado_web
+
+    body = os.urandom(300_000)
+
+    class Files(tornado_web.RequestHandler):
+        def get(self) -> None:
+            self.write(body)
+
+        def post(self) -> None:
+            self.write(hashlib.sha256(self.request.body).hexdigest())
+
+    class Echo(websocket.WebSocketHandler):
+        def on_message(self, message: Any) -> None:
+            self.write_message(message, binary=isinstance(message, bytes))
+
+    async def main() -> None:
+        app = tornado_web.Application([("/", Files), ("/ws", Echo)])
+        sockets = netutil.bind_sockets(0, LOCALHOST)
+        server = httpserver.HTTPServer(app)
+        server.add_sockets(sockets)
+        port = sockets[0].getsockname()[1]
+        client = simple_httpclient.SimpleAsyncHTTPClient(force_instance=True)
+        try:
+            for _ in range(3):
+                response = await client.fetch(f"http://{LOCALHOST}:{port}/")
+                assert response.body == body
+            response = await client.fetch(f"http://localhost:{port}/", method="POST", body=body,
+                                          headers={"Content-Type": "application/octet-stream"})
+            assert response.body.decode() == hashlib.sha256(body).hexdigest()
+            ws = await websocket.websocket_connect(f"ws://{LOCALHOST}:{port}/ws")
+            await ws.write_message(body[:70_000], binary=True)
+            assert await ws.read_message() == body[:70_000]
+            ws.close()
+        finally:
+            client.close()
+            server.stop()
+            await server.close_all_connections()
+
+    before = friendsock.stats()
+    loop = asyncio.new_event_loop()
+    friendsock.install(loop)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        friendsock.uninstall(loop)
+        loop.close()
+    # Three GETs and a POST on connections of their own, and the websocket.
+    assert since(before, friendsock.stats()).links_made == (5 if patched else 0)
