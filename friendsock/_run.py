@@ -20,6 +20,7 @@ import sys
 import types
 from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple
 
+from ._blocking._patch import patch_socket
 from ._everywhere import install_everywhere
 from ._report import Target, parse_target, report_at_exit
 
@@ -35,6 +36,9 @@ options:
   --report TARGET  where the report goes: stderr (the default) or json=FILE
                    ({{pid}} in FILE becomes the process id); repeat for both
   -q, --quiet      no report on stderr (a --report json=FILE is still written)
+  --sockets        also patch the socket module (friendsock.patch_socket()):
+                   blocking sockets in threads, and non-blocking ones driven
+                   by readiness (tornado, Twisted), pair too
   -h, --help       show this help and exit
 
 FRIENDSOCK=0 runs the same program with pairing off, to compare.
@@ -58,17 +62,28 @@ class Program:
         self.args = args
 
 
-def parse(argv: Sequence[str]) -> Tuple[Optional[Program], List[Target], bool]:
-    """``(program, report targets, quiet)``; program None for ``--help``."""
+class Options:
+    """What the command line asks besides the program."""
+
+    def __init__(self) -> None:
+        self.targets: List[Target] = []  # where the report goes
+        self.quiet = False
+        self.sockets = False  # patch_socket() as well
+
+
+def parse(argv: Sequence[str]) -> Tuple[Optional[Program], Options]:
+    """``(program, options)``; program None for ``--help``."""
     args = list(argv)
-    targets: List[Target] = []
-    quiet = False
+    options = Options()
+    targets = options.targets
     while args:
         arg = args.pop(0)
         if arg in ("-h", "--help"):
-            return None, targets, quiet
+            return None, options
         if arg in ("-q", "--quiet"):
-            quiet = True
+            options.quiet = True
+        elif arg == "--sockets":
+            options.sockets = True
         elif arg == "--report" or arg.startswith("--report="):
             value = arg.partition("=")[2] if "=" in arg else (args.pop(0) if args else "")
             if not value:
@@ -84,36 +99,37 @@ def parse(argv: Sequence[str]) -> Tuple[Optional[Program], List[Target], bool]:
                     raise BadInput(f"argument expected for the {flag} option")
                 value = args.pop(0)
             if flag == "-m":
-                return Program("module", value, args), targets, quiet
-            return Program("code", value, args), targets, quiet
+                return Program("module", value, args), options
+            return Program("code", value, args), options
         elif arg == "--":
             if not args:
                 break
-            return Program("script", args[0], args[1:]), targets, quiet
+            return Program("script", args[0], args[1:]), options
         elif arg == "-":
             raise BadInput("reading the program from stdin (-) is not supported: pass a file")
         elif arg.startswith("-"):
             raise BadInput(f"unknown option {arg} (see --help)")
         else:
-            return Program("script", arg, args), targets, quiet
+            return Program("script", arg, args), options
     raise BadInput("nothing to run: give -m module, a script or -c code (see --help)")
 
 
 def main(argv: Sequence[str], prog: str) -> int:
     try:
-        program, targets, quiet = parse(argv)
+        program, options = parse(argv)
     except BadInput as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     if program is None:
         print(USAGE.format(prog=prog), end="")
         return 0
-    if not targets:
-        targets.append(("stderr", None))
-    if quiet:
+    targets = options.targets or [("stderr", None)]
+    if options.quiet:
         targets = [target for target in targets if target[0] != "stderr"]
     # Before anything of the program is imported (a -m module's packages).
     install_everywhere()
+    if options.sockets:
+        patch_socket()
     run_program(program, lambda: report_at_exit(targets))
     return 0
 

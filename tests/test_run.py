@@ -229,6 +229,47 @@ def test_exit_status_and_exceptions_pass_through(tmp_path: Path, program: str, s
         stderr.format(script=script).splitlines()
 
 
+TORNADO_APP = """
+import asyncio, json, sys
+from tornado import httpserver, netutil, simple_httpclient, web
+
+
+class Hello(web.RequestHandler):
+    def get(self):
+        self.write(b"hello " * 1000)
+
+
+async def main():
+    sockets = netutil.bind_sockets(0, "127.0.0.1")
+    server = httpserver.HTTPServer(web.Application([("/", Hello)]))
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    client = simple_httpclient.SimpleAsyncHTTPClient(force_instance=True)
+    bodies = [(await client.fetch(f"http://127.0.0.1:{port}/")).body for _ in range(3)]
+    client.close()
+    server.stop()
+    await server.close_all_connections()
+    print(json.dumps({"port": port, "intact": all(b == b"hello " * 1000 for b in bodies)}))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("sockets", [True, False])
+def test_sockets_option_pairs_a_tornado_app_unchanged(tmp_path: Path, sockets: bool) -> None:
+    """``run --sockets``: tornado's own non-blocking sockets (its server's
+    listener and its client's connects) pair, with no change to the app;
+    without the option they are TCP, as before."""
+    (tmp_path / "app.py").write_text(TORNADO_APP)
+    report = tmp_path / "report.json"
+    options = ["--sockets"] if sockets else []
+    result = _result(_run(tmp_path, *options, f"--report=json={report}", "app.py"))
+    assert result["intact"]
+    listener = json.loads(report.read_text())["listeners"].get(f"127.0.0.1:{result['port']}")
+    assert (listener or {}).get("links_made", 0) == (3 if sockets else 0)
+
+
 def test_bad_input_exits_2_with_pythons_words(tmp_path: Path) -> None:
     missing = tmp_path / "missing.py"
     done = _run(tmp_path, str(missing))
