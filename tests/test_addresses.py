@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import functools
 import os
+import selectors
 import socket
 import struct
 import subprocess
@@ -100,12 +102,13 @@ DESTINATIONS = ["0.0.0.0", "::", "127.0.0.1", "127.0.0.2", "localhost", "::1",
 SOURCES = [None, "127.0.0.1", "127.0.0.2", "::1"] + OWN_V4 + OWN_V6
 
 
-def _listening_socket(listener: str) -> socket.socket:
+def _listening_socket(listener: str, blocking: bool = True) -> socket.socket:
     _, family, host, v6only = next(spec for spec in LISTENERS if spec[0] == listener)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         if v6only is not None:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+        sock.setblocking(blocking)
         sock.bind((host, 0))
         sock.listen(16)
     except BaseException:
@@ -347,6 +350,50 @@ def _blocking_exchange(listener: str, destination: str, source: Optional[str]) -
     return Outcome(got, accepted["got"], client_friend, accepted["friend"])
 
 
+def _run_nonblocking(listener: str, destination: str, source: Optional[str]) -> Outcome:
+    friendsock.patch_socket()
+    try:
+        return _nonblocking_exchange(listener, destination, source)
+    finally:
+        friendsock.unpatch_socket()
+
+
+def _nonblocking_exchange(listener: str, destination: str, source: Optional[str]) -> Outcome:
+    """Both ends non-blocking on one thread, driven by a selector, as
+    tornado's and Twisted's are: connect_ex() (EINPROGRESS), writable,
+    accept, then the greeting and the request."""
+    server = _listening_socket(listener, blocking=False)
+    with server, selectors.DefaultSelector() as selector:
+        family, _, _, _, address = socket.getaddrinfo(destination, server.getsockname()[1],
+                                                      type=socket.SOCK_STREAM)[0]
+
+        def wait(sock: socket.socket, event: int) -> None:
+            selector.register(sock, event)
+            try:
+                assert selector.select(WAIT), f"{sock!r} not ready"
+            finally:
+                selector.unregister(sock)
+
+        with socket.socket(family, socket.SOCK_STREAM) as client:
+            client.setblocking(False)
+            if source is not None:
+                client.bind((source, 0))
+            assert client.connect_ex(address) in (0, errno.EINPROGRESS)
+            wait(client, selectors.EVENT_WRITE)
+            assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+            wait(server, selectors.EVENT_READ)
+            conn, _ = server.accept()
+            with conn:
+                conn.setblocking(False)
+                conn.send(GREETING)
+                wait(client, selectors.EVENT_READ)
+                got = client.recv(1024)
+                client.send(REQUEST)
+                wait(conn, selectors.EVENT_READ)
+                return Outcome(got, conn.recv(1024), friendsock.is_friend(client),
+                               friendsock.is_friend(conn))
+
+
 def _read_line(sock: socket.socket) -> bytes:
     line = b""
     while not line.endswith(b"\n"):
@@ -368,6 +415,7 @@ DOORS: Dict[str, Callable[..., Outcome]] = {
     "trio-api": _run_trio(explicit=True),
     "trio-install": _run_trio(explicit=False),
     "blocking": _run_blocking,
+    "nonblocking": _run_nonblocking,
 }
 
 
