@@ -261,6 +261,23 @@ def test_a_second_connect_after_a_native_one_stays_native(patched):
             assert drive("poll", _recv_exactly(client, 8)) == b"over tcp"
 
 
+def test_a_descriptor_closed_behind_the_sockets_back_fails_its_calls(patched):
+    """tornado's ``test_inline_read_error``: ``os.close(sock.fileno())``,
+    then a read with nothing to read fails with EBADF, not EAGAIN, and so
+    does the socket's own close, as over TCP."""
+    with nonblocking_listener() as listener, socket.socket() as client:
+        client.setblocking(False)
+        drive("poll", _connect(client, listener.getsockname()))
+        server = drive("poll", _accept(listener))
+        os.close(server.fileno())
+        with pytest.raises(OSError) as failed:
+            server.recv(1)
+        assert failed.value.errno == errno.EBADF
+        with pytest.raises(OSError) as failed:
+            server.close()
+        assert failed.value.errno == errno.EBADF
+
+
 @pytest.mark.parametrize("poller", ["epoll", "uvloop"])
 def test_a_close_with_unread_bytes_resets_the_peer(patched, poller):
     def scenario() -> Scenario:

@@ -60,13 +60,17 @@ class PairedIO(_Socket):
             raise bad_descriptor()
 
     # -- waiting ---------------------------------------------------------------
-    @staticmethod
-    def _wait_deadline(timeout: Optional[float], deadline: Optional[float]) -> Optional[float]:
+    def _wait_deadline(self, timeout: Optional[float], deadline: Optional[float]) -> Optional[float]:
         """The deadline of a wait (set on its first sleep). Non-blocking:
-        BlockingIOError; past the timeout: TimeoutError."""
+        BlockingIOError (or, the descriptor its user polls closed behind
+        its back, as a call on a closed descriptor fails: EBADF); past the
+        timeout: TimeoutError."""
         if timeout is None:
             return None
         if timeout == 0.0:
+            ready = self._signals.ready
+            if ready is not None:
+                ready.check_still_open()
             raise would_block()
         if deadline is None:
             return time.monotonic() + timeout

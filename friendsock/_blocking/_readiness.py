@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .._core._fork import Part, on_fork
 from .._core._channel import CHANNEL_EOF, CHANNEL_RESET
+from .._socket_errors import bad_descriptor
 
 _FILL = bytes(4096)  # enough to make a minimal AF_UNIX send buffer unwritable
 _TOKEN = b"r"
@@ -91,6 +92,18 @@ class Readiness:
         self.ended = _OPEN
         with _inodes_lock:
             readiness_owners[self.inode] = weakref.ref(owner) if owner is not None else _nobody
+
+    def check_still_open(self) -> None:
+        """OSError(EBADF) if the number handed out no longer names this
+        descriptor (its user closed it, ``os.close(sock.fileno())``, and
+        maybe opened another file there), as a call on the closed
+        descriptor of a TCP socket fails."""
+        try:
+            inode = os.fstat(self.fd).st_ino
+        except OSError:
+            inode = None
+        if inode != self.inode:
+            raise bad_descriptor()
 
     # -- readable: tokens in ``user`` ------------------------------------
     def set_readable(self) -> None:
