@@ -278,6 +278,51 @@ def test_a_descriptor_closed_behind_the_sockets_back_fails_its_calls(patched):
         assert failed.value.errno == errno.EBADF
 
 
+def test_a_forked_child_serves_a_connection_its_parent_accepted(patched):
+    """A forking server whose sockets are non-blocking: the child answers
+    a connection its parent accepted and the parent closes its copy. What
+    was sent before the fork, either way, arrives once and in order at the
+    number the client polls (kept across the fork), then EOF. A friend
+    link goes on over TCP at the fork."""
+    request = b"request sent before the fork"
+    with nonblocking_listener() as listener, socket.socket() as client:
+        client.setblocking(False)
+        drive("poll", _connect(client, listener.getsockname()))
+        server = drive("poll", _accept(listener))
+        with server:
+            number = client.fileno()
+            drive("poll", _send_all(server, b"greeting, "))
+            drive("poll", _send_all(client, request))
+            pid = os.fork()
+            if pid == 0:
+                status = 1
+                try:
+                    got = drive("poll", _recv_exactly(server, len(request)))
+                    drive("poll", _send_all(server, b"answer from the child"))
+                    status = 0 if got == request else 2
+                finally:
+                    os._exit(status)
+        answer = bytearray()
+
+        def until_eof() -> Scenario:
+            while True:
+                try:
+                    chunk = client.recv(100)
+                except BlockingIOError:
+                    yield "read", client
+                    continue
+                if not chunk:
+                    return
+                answer.extend(chunk)
+
+        drive("poll", until_eof())
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert bytes(answer) == b"greeting, answer from the child"
+        assert client.fileno() == number
+        assert not friendsock.is_friend(client)
+
+
 @pytest.mark.parametrize("poller", ["epoll", "uvloop"])
 def test_a_close_with_unread_bytes_resets_the_peer(patched, poller):
     def scenario() -> Scenario:
