@@ -451,6 +451,52 @@ async def test_a_socket_anyio_only_wraps_is_known_from_its_first_accept(friends)
                         assert await server.receive() == b"before any accept"
 
 
+async def test_a_listener_seen_at_listen_pairs_a_client_before_its_first_sock_accept(friends, patient_confirm):
+    """Under ``patch_socket()``, a listener made non-blocking before
+    ``listen()`` (as anyio's and tornado's are) is registered there: a
+    client that connected and wrote before the listener's first
+    ``sock_accept`` on an installed loop is claimed by that accept and
+    pairs, every byte arriving; the loop's accept takes the registration
+    over, so the listener is registered once."""
+    payload = os.urandom(4096)
+    loop = asyncio.get_running_loop()
+    if friends:
+        friendsock.patch_socket()
+    try:
+        with maybe_installed(friends):
+            listener = raw_socket()
+            with listener:
+                listener.bind((LOCALHOST, 0))
+                listener.listen()
+                port = listener.getsockname()[1]
+                assert registry.has_port(port) is friends
+
+                async def connect() -> asyncio.StreamWriter:
+                    reader, writer = await asyncio.open_connection(LOCALHOST, port)
+                    writer.write(payload)
+                    return writer
+
+                connecting = asyncio.ensure_future(connect())
+                if friends:  # the client waits for its claim: no accept has run yet
+                    await until(lambda: friendsock.stats().pending == 1)
+                conn, _ = await bounded(loop.sock_accept(listener))
+                reader = asyncio.StreamReader()
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: asyncio.StreamReaderProtocol(reader), conn)
+                client = await bounded(connecting)
+                try:
+                    assert friendsock.is_friend(client.transport) is friends
+                    assert friendsock.is_friend(transport) is friends
+                    assert len(registry._listeners.get((LOCALHOST, port), ())) == friends
+                    assert await bounded(reader.readexactly(len(payload))) == payload
+                finally:
+                    client.close()
+                    transport.close()
+                    await client.wait_closed()
+    finally:
+        friendsock.unpatch_socket()
+
+
 # -- used raw: TCP, byte-exact ------------------------------------------------------
 
 
