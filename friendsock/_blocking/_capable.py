@@ -55,7 +55,8 @@ class PairingSteps:
     this one: they make paired sockets, whose class is a subclass of this
     module's."""
 
-    #: Pair a connect to ``address`` (True: connected; False: connect natively).
+    #: Pair a connect to ``address`` (True: connected; False: connect
+    #: natively; a non-blocking socket's: BlockingIOError, EINPROGRESS).
     connect: Callable[["FriendCapableSocket", Any], bool]
     #: The socket listens: its accept() pairs from now on.
     register_listener: Callable[["FriendCapableSocket"], None]
@@ -163,10 +164,10 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
         # A bound method kept from before the socket paired (Twisted's
         # transports keep ``sock.fileno``, taken before their connect)
         # answers as the socket is now: a friend socket's readiness.
-        method = type(self).fileno
-        if method is _CAPABLE_FILENO:
-            return _ss.fileno(self)
-        return method(self)
+        cls = type(self)
+        if cls is FriendCapableSocket or not cls.__dict__.get("_forwards_fileno"):
+            return _ss.fileno(self)  # (a user's subclass may call this one)
+        return cls.fileno(self)
 
     # -- connecting -------------------------------------------------------
     # A connect made natively is the socket's for good: a later connect()
@@ -210,7 +211,13 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
     def accept(self) -> Tuple[socket.socket, Any]:
         entry: Optional[Entry] = self.__dict__.get(_ENTRY)
         if entry is not None:
-            entry.proven = True  # what it accepts from now on, it claims
+            if _ss.gettimeout(self) == 0.0 and not _loop_lets_pair():
+                # Accepting for a loop friendsock is not installed on (its
+                # sock_accept), whose transports may read the descriptor
+                # in C: passed on, as to any code that accepts natively.
+                steps.forget_listener(self, passed_on=True)
+            else:
+                entry.proven = True  # what it accepts from now on, it claims
         fd, address = self._accept()
         entry = self.__dict__.get(_ENTRY)
         if entry is not None:
@@ -253,7 +260,6 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
 
 
 _OWN_CONNECT = FriendCapableSocket.__dict__["connect"]
-_CAPABLE_FILENO = FriendCapableSocket.__dict__["fileno"]
 
 
 def _asking_first(guard: Callable[..., None]) -> Callable[..., None]:
@@ -290,8 +296,10 @@ def drop_connect_guard() -> None:
 
 
 def _new_capable(family: int, type: int, proto: int, fd: int) -> FriendCapableSocket:
+    """An accepted socket, connected: a connect() on it is the kernel's."""
     sock = FriendCapableSocket.__new__(FriendCapableSocket)
     OriginalSocket.__init__(sock, family, type, proto, fd)
+    sock.__dict__[_NATIVE] = True
     return sock
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from .. import _handshake
 from .._core._channel import CHANNEL_TCP
-from .._core._registry import PendingState
+from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._handshake import (Entry, Pending, adopt_accepted, claim_accepted, forget_listener,
                           forget_when_collected, hold_ended, register_listener)
@@ -73,7 +73,10 @@ def take_listener(sock: socket.socket) -> Optional[Entry]:
     (:func:`listener_passed_on`). None for any other socket."""
     if type(sock) is not FriendCapableSocket:
         return None
-    return sock.__dict__.pop(_ENTRY, None)
+    entry: Optional[Entry] = sock.__dict__.pop(_ENTRY, None)
+    if entry is not None and not registry.is_listening(entry):
+        return None  # forgotten: a fork's child (whose registry starts empty), or closed
+    return entry
 
 
 def claim(sock: FriendCapableSocket, address: Any, entry: Entry,

@@ -130,6 +130,9 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
     _handles: Optional[_Handles] = None
     _shared_fd: Optional[int] = None
     _under_tls = False
+    # A fileno bound method taken while it was a FriendCapableSocket
+    # answers with this class's (see FriendCapableSocket.fileno).
+    _forwards_fileno = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("friend sockets are made by connect() and accept(), not directly")
