@@ -361,7 +361,8 @@ def _run_nonblocking(listener: str, destination: str, source: Optional[str]) -> 
 def _nonblocking_exchange(listener: str, destination: str, source: Optional[str]) -> Outcome:
     """Both ends non-blocking on one thread, driven by a selector, as
     tornado's and Twisted's are: connect_ex() (EINPROGRESS), writable,
-    accept, then the greeting and the request."""
+    accept, then the greeting and the request; after a first connection
+    (TCP: a non-blocking connect pairs once its listener has accepted)."""
     server = _listening_socket(listener, blocking=False)
     with server, selectors.DefaultSelector() as selector:
         family, _, _, _, address = socket.getaddrinfo(destination, server.getsockname()[1],
@@ -374,7 +375,8 @@ def _nonblocking_exchange(listener: str, destination: str, source: Optional[str]
             finally:
                 selector.unregister(sock)
 
-        with socket.socket(family, socket.SOCK_STREAM) as client:
+        def connected() -> Tuple[socket.socket, socket.socket]:
+            client = socket.socket(family, socket.SOCK_STREAM)
             client.setblocking(False)
             if source is not None:
                 client.bind((source, 0))
@@ -382,16 +384,20 @@ def _nonblocking_exchange(listener: str, destination: str, source: Optional[str]
             wait(client, selectors.EVENT_WRITE)
             assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
             wait(server, selectors.EVENT_READ)
-            conn, _ = server.accept()
-            with conn:
-                conn.setblocking(False)
-                conn.send(GREETING)
-                wait(client, selectors.EVENT_READ)
-                got = client.recv(1024)
-                client.send(REQUEST)
-                wait(conn, selectors.EVENT_READ)
-                return Outcome(got, conn.recv(1024), friendsock.is_friend(client),
-                               friendsock.is_friend(conn))
+            return client, server.accept()[0]
+
+        for sock in connected():
+            sock.close()
+        client, conn = connected()
+        with client, conn:
+            conn.setblocking(False)
+            conn.send(GREETING)
+            wait(client, selectors.EVENT_READ)
+            got = client.recv(1024)
+            client.send(REQUEST)
+            wait(conn, selectors.EVENT_READ)
+            return Outcome(got, conn.recv(1024), friendsock.is_friend(client),
+                           friendsock.is_friend(conn))
 
 
 def _read_line(sock: socket.socket) -> bytes:

@@ -8,9 +8,9 @@ wait.
 A non-blocking socket (tornado's, Twisted's, a ``selectors`` loop's) waits
 for nothing: its caller's loop runs the accepting side, often on this very
 thread. Its connect pairs where it can at once (the listener is this
-process's alone, or claimed it already), then answers ``EINPROGRESS`` as
-TCP's does, its ``fileno()`` the link's from then on; otherwise it is
-TCP, also answering ``EINPROGRESS``.
+process's alone and its accept has run through friendsock), then answers
+``EINPROGRESS`` as TCP's does, its ``fileno()`` the link's from then on;
+otherwise it is TCP, also answering ``EINPROGRESS``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .._handshake import (ConnectAttempt, Entry, Pending, call_on_claim, confirm
 from . import _ends
 from ._capable import FriendCapableSocket
 from ._descriptor import Descriptor
-from ._paired import become_friend
+from ._paired import CONNECT_UNREPORTED, become_friend
 from ._readiness import Readiness
 
 _OWNER = object()  # a blocking client's scheduler: never a listener's, so links are threaded
@@ -73,10 +73,11 @@ def _left(deadline: Optional[float]) -> Optional[float]:
 
 
 def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
-    """``connect()`` of a blocking socket: pair with a friendsock listener
-    of this process if ``address`` is one (True: connected, paired or
-    not); False, nothing done, when the native connect should take over
-    (the fallback counted)."""
+    """``connect()`` of a socket: pair with a friendsock listener of this
+    process if ``address`` is one (True: connected, paired or not; a
+    non-blocking socket's connect made raises BlockingIOError, EINPROGRESS,
+    instead); False, nothing done, when the native connect should take
+    over (the fallback counted)."""
     resolved = _resolve(sock, address)
     if resolved is None:
         return False
@@ -86,7 +87,11 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
     sockname = users_sockname(sock)
     if sockname is None:
         return False  # closed: the native connect says so
-    attempt = ConnectAttempt(resolved, source=sockname[0])
+    # A non-blocking socket's link cannot go on over TCP once its event
+    # loop polls it (see link_over_tcp): it pairs from connect() on only
+    # with a listener whose accept is known to be friendsock's.
+    nonblocking = sock.gettimeout() == 0.0
+    attempt = ConnectAttempt(resolved, can_go_over_tcp=not nonblocking, source=sockname[0])
     if attempt.entry is None:
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return False
@@ -98,7 +103,6 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
         counters.fallback(attempt.fallback, resolved)
         return False
     deadline = _deadline(sock)
-    nonblocking = sock.gettimeout() == 0.0
     while (err := _start(sock, attempt)) is None:
         if nonblocking:  # the accept queue is full: the kernel's queue takes it
             return False
@@ -108,10 +112,15 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
         return False
     try:
         if err == errno.EINPROGRESS and nonblocking:
-            err = _handshake_done(descriptor)
+            try:
+                if _handshake_done(descriptor):
+                    err = 0
+            except BaseException:
+                attempt.give_up(close=False)
+                raise
         if err:
             attempt.give_up(close=False)
-            if nonblocking:  # as TCP's: the error waits in SO_ERROR
+            if nonblocking and err == errno.EINPROGRESS:  # TCP's, from here on (an error waits in SO_ERROR)
                 raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
             if err in (errno.EAGAIN, errno.EINPROGRESS) and deadline is not None:
                 raise TimeoutError("timed out")
@@ -120,26 +129,27 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
     finally:
         _ends.connecting.pop(pending.link.client, None)
     if nonblocking:
+        if type(sock) is not FriendCapableSocket:  # paired
+            sock.__dict__[CONNECT_UNREPORTED] = True
         raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
     return True
 
 
-def _handshake_done(descriptor: Descriptor) -> int:
+def _handshake_done(descriptor: Descriptor) -> bool:
     """A non-blocking connect to a listener of ours: its handshake runs in
     the kernel alone, on loopback at once (only a listener whose kernel
-    queue is full makes it wait). 0 once connected; EINPROGRESS if it is
-    not within the bound (the connect goes on as TCP's); any other errno:
-    it failed (left in SO_ERROR for its user, as without friendsock)."""
+    queue is full makes it wait). True once connected; False if it is not
+    within the bound, or failed (its error left in SO_ERROR for its user,
+    not read here: reading clears it): the connect goes on as TCP's."""
     poller = select.poll()
     poller.register(descriptor.fileno(), select.POLLOUT)
-    events = poller.poll(int(_handshake.CONFIRM_TIMEOUT * 1000))
-    if not events:
-        return errno.EINPROGRESS
+    if not poller.poll(int(_handshake.CONFIRM_TIMEOUT * 1000)):
+        return False
     try:
         descriptor.getpeername()
     except OSError:
-        return errno.ECONNREFUSED  # (not read from SO_ERROR: that would clear it)
-    return 0
+        return False
+    return True
 
 
 def _start(sock: FriendCapableSocket, attempt: ConnectAttempt) -> Optional[int]:

@@ -30,6 +30,9 @@ class SocketOnLink(Protocol):
 
     _signals: Signals
 
+    def gettimeout(self) -> Optional[float]:
+        """The socket's timeout (0.0: non-blocking)."""
+
     def _now_tcp(self) -> None:
         """The link went on over TCP: become the real socket."""
 
@@ -80,9 +83,14 @@ def link_over_tcp(link: Link, ends: Mapping[LinkEnd, Sequence[SocketOnLink]],
             other = end.over_tcp()
             if other is not None:
                 sockets[end], others[end] = [], other
-    if any(same is None or len(same) > 1 and same[0]._signals.ready is not None
+    if any(same is None or same and same[0]._signals.ready is not None and
+           (len(same) > 1 or same[0].gettimeout() == 0.0)
            for same in sockets.values()):
-        return False  # an end elsewhere, or one readiness descriptor for duplicates
+        # An end elsewhere; one readiness descriptor for duplicates; or a
+        # non-blocking socket that was polled: its event loop's epoll
+        # registration would lose it (the number would name the
+        # connection, but epoll follows the descriptor it was given).
+        return False
 
     def send(end: LinkEnd, data: bytes, eof: bool) -> None:
         same = sockets[end]

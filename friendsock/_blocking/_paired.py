@@ -42,6 +42,11 @@ from ._paired_io import PairedIO
 from ._readiness import Readiness, Signals
 
 
+# Set on a socket paired by a non-blocking connect, until a connect() call
+# has been answered that it is done.
+CONNECT_UNREPORTED = "_friendsock_connect_unreported"
+
+
 def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peername: Any,
                   descriptor: Descriptor) -> bool:
     """Turn ``sock`` (connected or accepted, the link established) into the
@@ -259,11 +264,15 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
         raise invalid_argument()
 
     def connect(self, address: Any) -> None:
-        self._check_open()
-        raise already_connected()
+        if self.connect_ex(address):
+            raise already_connected()
 
     def connect_ex(self, address: Any) -> int:
         self._check_open()
+        # A non-blocking connect's next connect() says it is done (0), as
+        # the kernel's does, once; after that, already connected.
+        if self.__dict__.pop(CONNECT_UNREPORTED, False):
+            return 0
         return errno.EISCONN
 
     def setblocking(self, flag: bool) -> None:
