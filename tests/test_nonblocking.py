@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import hashlib
 import os
 import selectors
@@ -397,6 +398,30 @@ def test_an_early_clients_bytes_reach_a_listener_handed_to_uvloop(patched, hande
         finally:
             loop.close()
         assert not friendsock.is_friend(client)
+
+
+def test_a_connect_that_takes_tcp_leaves_no_cycle_behind(patched):
+    """A non-blocking connect to a listener that has not accepted yet is
+    TCP: the link it was registered with, which never formed, is let go
+    of without a reference cycle (tornado's tests look for such garbage)."""
+    from friendsock._core._link import Link, LinkEnd
+
+    with nonblocking_listener(proven=False) as listener:
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            with socket.socket() as client:
+                client.setblocking(False)
+                drive("poll", _connect(client, listener.getsockname()))
+                assert not friendsock.is_friend(client)
+                drive("poll", _accept(listener)).close()
+            gc.collect()
+            assert not [item for item in gc.garbage if isinstance(item, (Link, LinkEnd))]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
 
 
 def test_a_trio_socket_is_left_to_trio(patched):

@@ -24,7 +24,7 @@ import time
 from typing import Any, Optional
 
 from .. import _handshake
-from .._core._registry import registry
+from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._handshake import (ConnectAttempt, Entry, Pending, call_on_claim, confirmed,
                           numeric_address_infos, users_sockname, RoomWait)
@@ -128,6 +128,8 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
         _finish_connect(sock, attempt, pending, descriptor, wait=not nonblocking)
     finally:
         _ends.connecting.pop(pending.link.client, None)
+        if pending.state is PendingState.WITHDRAWN:
+            pending.link.forget_ends()
     if nonblocking:
         if type(sock) is not FriendCapableSocket:  # paired
             sock.__dict__[CONNECT_UNREPORTED] = True

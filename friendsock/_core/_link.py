@@ -559,6 +559,13 @@ class Link:
             end.closed = True
             return True
 
+    def forget_ends(self) -> None:
+        """A link that never formed (its connect withdrawn, plain TCP):
+        its ends let go of, as a done link's are, so no cycle is left for
+        the collector (tornado's tests look for such garbage)."""
+        if not self.established:
+            self.client = self.server = None  # type: ignore[assignment]
+
     def _end_closed(self) -> None:
         lock = self._lock
         if lock is None:
