@@ -144,6 +144,14 @@ def _accept(listener: socket.socket) -> Generator[Wait, None, socket.socket]:
     return server
 
 
+def _connected(listener: socket.socket, client: socket.socket) -> Generator[Wait, None, socket.socket]:
+    """``client``, made non-blocking, connected to ``listener``; the
+    accepted socket."""
+    client.setblocking(False)
+    yield from _connect(client, listener.getsockname())
+    return (yield from _accept(listener))
+
+
 def _send_all(sock: socket.socket, data: bytes) -> Scenario:
     view = memoryview(data)
     while view:
@@ -198,9 +206,7 @@ def test_a_connection_driven_by_readiness_answers_as_tcp(patched, poller):
 
     def scenario() -> Scenario:
         with nonblocking_listener() as listener, socket.socket() as client:
-            client.setblocking(False)
-            yield from _connect(client, listener.getsockname())
-            server = yield from _accept(listener)
+            server = yield from _connected(listener, client)
             with server:
                 assert server.getpeername() == client.getsockname()
                 assert friendsock.is_friend(client) is friendsock.is_friend(server) is patched
@@ -275,9 +281,7 @@ def test_a_descriptor_closed_behind_the_sockets_back_fails_its_calls(patched):
     then a read with nothing to read fails with EBADF, not EAGAIN, and so
     does the socket's own close, as over TCP."""
     with nonblocking_listener() as listener, socket.socket() as client:
-        client.setblocking(False)
-        drive("poll", _connect(client, listener.getsockname()))
-        server = drive("poll", _accept(listener))
+        server = drive("poll", _connected(listener, client))
         os.close(server.fileno())
         with pytest.raises(OSError) as failed:
             server.recv(1)
@@ -294,9 +298,7 @@ def test_a_fork_leaves_a_polled_link_to_the_parent(patched):
     sockets fail with ECONNRESET at once, never waiting. (Over TCP the
     child finds nothing to read: EAGAIN.)"""
     with nonblocking_listener() as listener, socket.socket() as client:
-        client.setblocking(False)
-        drive("poll", _connect(client, listener.getsockname()))
-        server = drive("poll", _accept(listener))
+        server = drive("poll", _connected(listener, client))
         with server:
             assert friendsock.is_friend(client) is patched
             pid = os.fork()
@@ -321,9 +323,7 @@ def test_a_fork_leaves_a_polled_link_to_the_parent(patched):
 def test_a_close_with_unread_bytes_resets_the_peer(patched, poller):
     def scenario() -> Scenario:
         with nonblocking_listener() as listener, socket.socket() as client:
-            client.setblocking(False)
-            yield from _connect(client, listener.getsockname())
-            server = yield from _accept(listener)
+            server = yield from _connected(listener, client)
             with server:
                 yield from _send_all(client, b"unread")
                 yield "read", server
@@ -344,9 +344,7 @@ def test_a_shared_listener_is_tcp_until_it_has_claimed(patched):
     def scenario() -> Scenario:
         with nonblocking_listener(SO_REUSEPORT=1) as listener, socket.socket() as client:
             counted.append(friendsock.stats())
-            client.setblocking(False)
-            yield from _connect(client, listener.getsockname())
-            server = yield from _accept(listener)
+            server = yield from _connected(listener, client)
             with server:
                 assert not friendsock.is_friend(client) and not friendsock.is_friend(server)
                 echoed = yield from _echo_both_ways(client, server, b"over tcp")
@@ -545,9 +543,7 @@ def test_connect_on_a_connected_socket_answers_as_tcp(patched):
     says it is done (0: Twisted's reactors ask so), then EISCONN; an
     accepted socket's is EISCONN: as TCP's, and nothing pairs again."""
     with nonblocking_listener() as listener, socket.socket() as client:
-        client.setblocking(False)
-        drive("poll", _connect(client, listener.getsockname()))
-        server = drive("poll", _accept(listener))
+        server = drive("poll", _connected(listener, client))
         with server:
             assert client.connect_ex(listener.getsockname()) == 0
             assert client.connect_ex(listener.getsockname()) == errno.EISCONN
