@@ -23,7 +23,7 @@ def since(before: FriendStats, after: FriendStats) -> FriendStats:
     listeners = []
     for address, now in after.listeners.items():
         then = before.listeners.get(address)
-        if then is None or now.generation != then.generation:
+        if then is None or not then.generation <= now.generation:
             # New, or counted afresh: its counts had been dropped for more
             # recently used addresses (see MAX_PLACES), so all it has now
             # came after ``before``.

@@ -8,7 +8,7 @@ import enum
 import itertools
 import threading
 import types
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 
 from ._addresses import normalize_endpoint
 from ._fork import Part, on_fork
@@ -68,10 +68,10 @@ class ListenerStats:
     address: str
     links_made: int
     fallbacks: Mapping[str, int]
-    # Changes when the address's counts were dropped for more recently used
-    # addresses and begun afresh (see MAX_PLACES): two snapshots of one
-    # address are comparable only while it is the same.
-    generation: int = 0
+    # The serials of the per-thread counts summed here: one missing from a
+    # later snapshot was dropped for more recently used addresses (see
+    # MAX_PLACES), and what is counted now began afresh.
+    generation: FrozenSet[int] = frozenset()
 
     @property
     def fell_back(self) -> int:
@@ -227,17 +227,17 @@ class Counters:
 
 def _listeners(shards: List[Shard]) -> Mapping[str, ListenerStats]:
     made: collections.Counter[str] = collections.Counter()
-    serials: collections.Counter[str] = collections.Counter()
+    serials: Dict[str, Set[int]] = {}
     fallbacks: Dict[str, collections.Counter[str]] = {}
     for shard in shards:
         for key, place in dict(shard.places).items():  # dict(): one atomic copy
             address = format_address(key)
             made[address] += place.made
-            # A place dropped or made anew on any thread changes the sum.
-            serials[address] += place.serial
+            serials.setdefault(address, set()).add(place.serial)
             fallbacks.setdefault(address, collections.Counter()).update(dict(place.fallbacks))
     stats = [
-        ListenerStats(address, made[address], types.MappingProxyType(dict(counts)), serials[address])
+        ListenerStats(address, made[address], types.MappingProxyType(dict(counts)),
+                      frozenset(serials.get(address, ())))
         for address, counts in fallbacks.items()
     ]
     stats.sort(key=lambda s: (-s.links_made, -s.fell_back, s.address))
