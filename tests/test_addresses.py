@@ -307,12 +307,16 @@ def _run_trio(explicit: bool) -> Callable[..., Outcome]:
     return run
 
 
-def _run_blocking(listener: str, destination: str, source: Optional[str]) -> Outcome:
-    friendsock.patch_socket()
-    try:
-        return _blocking_exchange(listener, destination, source)
-    finally:
-        friendsock.unpatch_socket()
+def _with_patched_socket(exchange: Callable[..., Outcome]) -> Callable[..., Outcome]:
+    """A door under ``patch_socket()``: ``exchange`` with the socket module
+    patched, and put back after."""
+    def run(listener: str, destination: str, source: Optional[str]) -> Outcome:
+        friendsock.patch_socket()
+        try:
+            return exchange(listener, destination, source)
+        finally:
+            friendsock.unpatch_socket()
+    return run
 
 
 def _blocking_exchange(listener: str, destination: str, source: Optional[str]) -> Outcome:
@@ -348,14 +352,6 @@ def _blocking_exchange(listener: str, destination: str, source: Optional[str]) -
     if "error" in accepted:
         raise accepted["error"]
     return Outcome(got, accepted["got"], client_friend, accepted["friend"])
-
-
-def _run_nonblocking(listener: str, destination: str, source: Optional[str]) -> Outcome:
-    friendsock.patch_socket()
-    try:
-        return _nonblocking_exchange(listener, destination, source)
-    finally:
-        friendsock.unpatch_socket()
 
 
 def _nonblocking_exchange(listener: str, destination: str, source: Optional[str]) -> Outcome:
@@ -420,8 +416,8 @@ DOORS: Dict[str, Callable[..., Outcome]] = {
     "uvloop-sock-connect": _run_asyncio(uvloop.new_event_loop, explicit=False, own_socket=True),
     "trio-api": _run_trio(explicit=True),
     "trio-install": _run_trio(explicit=False),
-    "blocking": _run_blocking,
-    "nonblocking": _run_nonblocking,
+    "blocking": _with_patched_socket(_blocking_exchange),
+    "nonblocking": _with_patched_socket(_nonblocking_exchange),
 }
 
 
