@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 import trio
 import uvloop
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import friendsock
@@ -467,17 +467,25 @@ def test_the_matrix_has_the_forms_that_lost_bytes() -> None:
         assert case in CASES
 
 
+# Every listener, destination and source plain sockets connect with: a
+# fifth of all the combinations, so they are drawn from this list rather
+# than drawn from all and most thrown away.
+CONNECTING = [(listener, destination, source) for listener, *_ in LISTENERS
+              for destination in DESTINATIONS for source in SOURCES
+              if _kernel_connects(listener, destination, source)]
+
+
+def _door_and_case(door: str) -> Any:
+    # (A socketless connect takes no source address.)
+    return st.tuples(st.just(door), st.sampled_from(
+        [case for case in CONNECTING if door != "asyncio-socketless" or case[2] is None]))
+
+
 # Drawn: any listener, destination and source this host accepts, any door.
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(listener=st.sampled_from([spec[0] for spec in LISTENERS]),
-       destination=st.sampled_from(DESTINATIONS),
-       source=st.sampled_from(SOURCES),
-       door=st.sampled_from(sorted(DOORS)))
-def test_drawn_names_agree_on_both_ends(listener: str, destination: str, source: Optional[str],
-                                        door: str) -> None:
-    if door == "asyncio-socketless":
-        source = None  # (a socketless connect takes no source address)
-    assume(_kernel_connects(listener, destination, source))
+@given(drawn=st.sampled_from(sorted(DOORS)).flatmap(_door_and_case))
+def test_drawn_names_agree_on_both_ends(drawn: Tuple[str, Tuple[str, str, Optional[str]]]) -> None:
+    door, (listener, destination, source) = drawn
     # Over plain TCP first, the same door with pairing off: the oracle.
     _check(_exchange(door, "tcp", listener, destination, source), "tcp")
     _check(_exchange(door, "friend", listener, destination, source), "friend")
