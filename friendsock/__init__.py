@@ -30,14 +30,22 @@ from ._capture import start_from_environment as _capture_from_env
 from ._core._live import DirectionInfo, EndInfo, LinkInfo, snapshot as _live_snapshot
 from ._core._registry import registry as _registry
 from ._core._stats import FriendStats, ListenerStats, counters as _counters
-from ._core._switch import is_enabled, is_socketless, set_enabled, set_socketless
+from ._core._switch import (
+    is_cross_process,
+    is_enabled,
+    is_socketless,
+    set_cross_process,
+    set_enabled,
+    set_socketless,
+)
 
 __version__ = "0.1.0"
 
 
 def is_friend(obj: Any) -> bool:
     """Whether ``obj`` is one end of a friend link: an asyncio transport or
-    ``StreamWriter`` (TLS over a friend link included), or a
+    ``StreamWriter`` (TLS over a friend link included, and a connection to
+    another process of this host moved off TCP), or a
     ``friendsock.trio`` stream or paired ``trio.socket`` socket, or a
     blocking socket that paired (:func:`patch_socket`)."""
     if _is_asyncio_friend(obj) or _is_blocking_friend(obj):
@@ -84,12 +92,14 @@ __all__ = [
     "is_installed",
     "new_event_loop",
     "uninstall",
+    "is_cross_process",
     "is_enabled",
     "is_friend",
     "is_socket_patched",
     "patch_socket",
     "unpatch_socket",
     "open_connection",
+    "set_cross_process",
     "set_enabled",
     "set_socketless",
     "is_socketless",

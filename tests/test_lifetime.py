@@ -334,7 +334,7 @@ async def test_connection_lost_raising_still_finishes_the_link(friends, loop_gua
 
 def _child(port: int, kind: str, inherited_link: Any) -> dict:
     """In the forked child: a loop of its own, a connect to the parent's
-    friendsock server (real TCP), and a friend pair of its own."""
+    friendsock server (another process to it), and a friend pair of its own."""
     asyncio.events._set_running_loop(None)  # the parent's, inherited
     loop = (uvloop.new_event_loop if kind == "uvloop" else asyncio.new_event_loop)()
 
@@ -378,10 +378,11 @@ class EchoProtocol(asyncio.Protocol):
         self.transport.write(data)
 
 
-async def test_forked_child_gets_tcp_to_the_parent(loop_guard):
+async def test_forked_child_pairs_with_the_parent_as_another_process(loop_guard):
     """The child inherits the registry, a listener and an open friend link:
-    it must pair with none of them; its connect to the parent's server is
-    real TCP and works, and the parent's link is untouched."""
+    it must pair in-process with none of them; its connect to the parent's
+    server is one between two processes (moved off TCP) and works, and the
+    parent's link is untouched."""
     server = await friendsock.create_server(EchoProtocol, LOCALHOST, 0)
     before = friendsock.stats()
     try:
@@ -423,12 +424,14 @@ async def test_forked_child_gets_tcp_to_the_parent(loop_guard):
         assert report == {
             "registry": [0, 0],
             "alive": 0,
-            "friend_to_parent": False,
+            "friend_to_parent": True,  # another process now: moved off TCP
             "echo": "from the child",
             "own_friend": True,
         }
         after = friendsock.stats()
-        assert after.fallbacks.get("peer-not-friend", 0) == before.fallbacks.get("peer-not-friend", 0) + 1
+        assert after.cross_process == before.cross_process + 1
+        assert after.links_made == before.links_made + 1  # (the parent's own link)
+        assert after.fallbacks == before.fallbacks
         # The parent's own link still works after the child is gone, and
         # its sockets were left as they were.
         transport.write(b"still here")

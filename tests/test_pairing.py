@@ -423,33 +423,43 @@ async def child_report(proc) -> dict:
     return json.loads(out.splitlines()[-1])
 
 
-async def test_server_in_another_process_gets_tcp():
-    async with child_process("serve") as proc:
+def _crossing(cross: bool) -> dict:
+    """The other process's environment: with the bypass between processes
+    on (as by default), or off."""
+    return dict(os.environ, FRIENDSOCK_CROSS_PROCESS="1" if cross else "0")
+
+
+@pytest.mark.parametrize("cross", [True, False], ids=["cross-process", "cross-process-off"])
+async def test_server_in_another_process(cross):
+    async with child_process("serve", env=_crossing(cross)) as proc:
         port = int(await bounded(proc.stdout.readline()))
         before = friendsock.stats()
         transport, client = await friendsock.create_connection(Recorder, LOCALHOST, port)
-        assert not friendsock.is_friend(transport)
+        assert friendsock.is_friend(transport) is cross
         await echo_and_finish(transport, client)
         report = await child_report(proc)
-    assert fallbacks_since(before) == {"no-listener": 1}
-    assert report["friend"] is False
-    assert report["fallbacks"] == {"peer-not-friend": 1}
+    assert fallbacks_since(before) == ({} if cross else {"no-listener": 1})
+    assert friendsock.stats().cross_process == before.cross_process + cross
+    assert report["friend"] is cross
+    assert report["fallbacks"] == ({} if cross else {"peer-not-friend": 1})
 
 
-async def test_client_in_another_process_gets_tcp():
+@pytest.mark.parametrize("cross", [True, False], ids=["cross-process", "cross-process-off"])
+async def test_client_in_another_process(cross):
     echoes = Echoes()
     server = await friendsock.create_server(echoes, LOCALHOST, 0)
     try:
         before = friendsock.stats()
-        async with child_process("connect", port_of(server)) as proc:
+        async with child_process("connect", port_of(server), env=_crossing(cross)) as proc:
             report = await child_report(proc)
-        assert not friendsock.is_friend((await echoes.first).transport)
+        assert friendsock.is_friend((await echoes.first).transport) is cross
         await echoes.all_lost()
     finally:
         server.close()
-    assert fallbacks_since(before) == {"peer-not-friend": 1}
-    assert report["friend"] is False and report["echoed"] == PAYLOAD.decode()
-    assert report["fallbacks"] == {"no-listener": 1}
+    assert fallbacks_since(before) == ({} if cross else {"peer-not-friend": 1})
+    assert friendsock.stats().cross_process == before.cross_process + cross
+    assert report["friend"] is cross and report["echoed"] == PAYLOAD.decode()
+    assert report["fallbacks"] == ({} if cross else {"no-listener": 1})
 
 
 async def test_environment_switch_in_a_fresh_process():

@@ -16,6 +16,7 @@ from .._blocking._listen import take_listener
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._handshake import fallback_address, is_tcp_socket, why_not_friends
+from ._across import AcrossTransport, listener_elsewhere
 from ._adoption import adopt_paired_socket
 from ._native import loop_own_connects, native
 from ._pairing import connect
@@ -68,8 +69,13 @@ async def create_connection_on(
         if adopted is not None:
             return adopted
     reason = why_not_friends(friends, kwargs)
+    across = False
     if reason is None and (host is None or not _has_listener_port(port)):
-        reason = Fallback.NO_LISTENER
+        # Served by another friendsock process of this host: TCP's handshake,
+        # then the bytes move (not under TLS, which stays on TCP).
+        across = host is not None and not kwargs.get("ssl") and listener_elsewhere(_port_number(port))
+        if not across:
+            reason = Fallback.NO_LISTENER
     if reason is not None:
         if sock is None or is_tcp_socket(sock):  # (a Unix socket's is no TCP connection)
             counters.fallback(reason, _destination(host, port, sock))
@@ -78,16 +84,23 @@ async def create_connection_on(
     tls = None
     if kwargs:
         tls = _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
-    return await connect(loop, protocol_factory, host, port, kwargs, tls)  # type: ignore[return-value]
+    return await connect(loop, protocol_factory, host, port, kwargs, tls,  # type: ignore[return-value]
+                         across=across)
 
 
 def _has_listener_port(port: Any) -> bool:
     """A listener of ours on ``port``, where it is a number or its digits;
     anything else (a service name, what getaddrinfo refuses) is the loop's
     own create_connection's to answer."""
-    if isinstance(port, (str, bytes)) and port.isascii() and port.isdigit():
-        port = int(port)
+    port = _port_number(port)
     return isinstance(port, int) and registry.has_port(port)
+
+
+def _port_number(port: Any) -> Any:
+    """``port`` as a number where it is its digits; else as it is."""
+    if isinstance(port, (str, bytes)) and port.isascii() and port.isdigit():
+        return int(port)
+    return port
 
 
 def _destination(host: Any, port: Any, sock: Any) -> Any:
@@ -245,10 +258,11 @@ async def start_server(
 
 def is_friend(obj: Any) -> bool:
     """Whether a transport (or a ``StreamWriter``'s) is a friend link end,
-    or a TLS transport over one."""
+    or a TLS transport over one, or a connection to another process of this
+    host moved off TCP."""
     if isinstance(obj, asyncio.StreamWriter):
         obj = obj.transport
-    return over_friend_link(obj)
+    return isinstance(obj, AcrossTransport) or over_friend_link(obj)
 
 
 async def start_tls(

@@ -48,7 +48,7 @@ class LoopState:
                  "checks_state_before_type", "takes_any_buffer", "extends_a_bytearray",
                  "stops_reading_at_eof", "warns_of_lost_writes", "joins_writelines",
                  "writelines_fails_once_closed", "buffered_by_duck_type", "buffer_size_hint",
-                 "__weakref__")
+                 "across", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drains = DrainQueue(loop)
@@ -62,6 +62,8 @@ class LoopState:
         # (finding the loop closed) may both call.
         self._lock = threading.Lock()
         self.servers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        # Its side of the rendezvous with other processes (_across), once used.
+        self.across: Any = None
         # uvloop runs a turn's callbacks, then polls its descriptors in the
         # same turn (libuv's idle phase, then its poll); asyncio's loops poll
         # first. See connection_made_turn.
@@ -160,8 +162,11 @@ class LoopState:
             transport._loop_gone()
         with self._lock:
             remote, self._remote = self._remote, None
+            across, self.across = self.across, None
         if remote is not None:
             remote.close()
+        if across is not None:
+            across.close()
 
 
 # Per loop, weakly both ways: the state lives as long as the loop is open

@@ -15,7 +15,7 @@ import socket
 from typing import Any, Awaitable, Callable, List, Optional, Tuple, cast
 
 from .. import _handshake
-from .._core._stats import counters
+from .._core._stats import Fallback, counters
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -31,6 +31,7 @@ from .._handshake import (
 )
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
+from ._across import connect_across, end_wait, expect_offer
 from ._native import native
 from ._loop_state import LoopState, loop_state, post_to_loop
 from ._tls import TLSOptions, start_tls_end
@@ -61,9 +62,11 @@ async def connect(
     port: Any,
     kwargs: dict,
     tls: Optional[TLSOptions] = None,
+    across: bool = False,
 ) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
     """``create_connection`` to a port that a friendsock server listens on;
-    ``tls``: its ``ssl=`` (checked, see :meth:`TLSOptions.for_client`)."""
+    ``tls``: its ``ssl=`` (checked, see :meth:`TLSOptions.for_client`).
+    ``across``: one that serves it in another process of this host."""
     family = kwargs.get("family", 0)
     proto = kwargs.get("proto", 0)
     flags = kwargs.get("flags", 0)
@@ -98,28 +101,39 @@ async def connect(
             if reused is not None:
                 # As a socketless connect: the server end comes with call_soon().
                 return await start_client_end(loop, reused, reused.handle.sock, protocol_factory, tls)
+        wait = None
         try:
             sock = attempt.open(af, socktype, sproto)
-            attempt.bind(af, local_infos)
+            attempt.bind(af, local_infos, across)
             entry = attempt.entry
             if entry is not None:
                 while (started := attempt.start(loop)) is None:
                     await _room_made(loop, entry)
                 err = started
             if attempt.pending is None:
+                if across:
+                    wait = expect_offer(loop, sock, address)
                 err = start_connect(sock, address)
             await _connected(loop, sock, address, err)
             attempt.connected()
         except OSError as exc:
             attempt.give_up()
+            end_wait(loop, wait)
             exceptions.append(exc)
             continue
         except BaseException:
             attempt.give_up()
+            end_wait(loop, wait)
             raise
         pending = attempt.pending
         if pending is None:
-            counters.fallback(attempt.fallback, attempt.address)
+            fallback = attempt.fallback
+            if wait is not None:
+                moved = await connect_across(loop, protocol_factory, sock, wait)
+                if moved is not None:
+                    return moved
+                fallback = Fallback.NOT_OFFERED
+            counters.fallback(fallback, attempt.address)
             return await _native_connection(loop, protocol_factory, sock, tls)
         # The socket is ours alone: its descriptor is seen only if asked for,
         # and its connection may be reused once the link is done.

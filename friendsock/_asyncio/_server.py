@@ -16,7 +16,7 @@ import sys
 import weakref
 from asyncio import selector_events, trsock
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._blocking._capable import listen_unregistered
 from .._core._link import Link
@@ -31,6 +31,17 @@ from .._handshake import (
     forget_listener,
     make_room,
     register_listener,
+)
+from .._handshake._process import close_with_reset
+from .._host import Slot
+from ._across import (
+    RESET,
+    connect_slot,
+    publish_listener,
+    rendezvous,
+    room_like_friends,
+    start_across,
+    withdraw_listener,
 )
 from ._adoption import hold_for_client
 from ._loop_state import loop_state
@@ -113,6 +124,7 @@ class FriendServer(asyncio.AbstractServer):
         self._loop = loop
         self._sockets: Optional[List[socket.socket]] = sockets
         self._entries: List[Entry] = []
+        self._published: List[int] = []  # ports in this host's table (_across)
         # The entry of a blocking listener handed in (sock=): its backlog is
         # this server's once it listens (see _start_serving).
         self._taken = taken
@@ -179,6 +191,9 @@ class FriendServer(asyncio.AbstractServer):
         for sock in self._sockets:
             listen_unregistered(sock, self._backlog)
             entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
+            port = publish_listener(sock)
+            if port is not None:
+                self._published.append(port)
             entry.handle.socketless_accept = self._socketless_accepted
             self._entries.append(entry)
             taken, self._taken = self._taken, None
@@ -226,6 +241,10 @@ class FriendServer(asyncio.AbstractServer):
     def _accepted(self, conn: socket.socket, address: Any, entry: Entry) -> None:
         pending, sockname = claim_accepted(conn, address, hold=True, listener=entry.handle)
         if pending is None:
+            slot = connect_slot(address, entry.endpoint[1])
+            if slot is not None:
+                self._loop.create_task(self._accept_across(conn, address, slot))
+                return
             counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
             self._loop.create_task(self._accept_native(conn, address))
         elif pending.state is PendingState.HELD:
@@ -329,18 +348,50 @@ class FriendServer(asyncio.AbstractServer):
         if self._loop.get_debug() and isinstance(self._loop, asyncio.BaseEventLoop):
             self._report_accept_error(exc, protocol, transport)
 
-    async def _accept_native(self, conn: socket.socket, address: Any) -> None:
+    async def _accept_across(self, conn: socket.socket, address: Any, slot: Slot) -> None:
+        """A client in another friendsock process of this host, which waits
+        for our offer: served over the pair it takes, else over TCP."""
+        across = rendezvous(self._loop)
+        offered = None if across is None else await across.offer(conn, slot, address[1])
+        if offered is RESET:
+            # It took a pair whose proof failed: neither path is safe. (Shut
+            # down first: that process holds a copy of the socket, which a
+            # close alone would leave open.)
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            close_with_reset(conn)
+            return
+        await self._accept_native(conn, address, offered)  # type: ignore[arg-type]
+
+    async def _accept_native(self, conn: socket.socket, address: Any,
+                             across: Optional[Tuple[socket.socket, int]] = None) -> None:
         """A peer that is not a friend: the loop's own transport, counted in
         this server (``wait_closed()`` waits for it as for a friend)."""
         protocol = None
-        transport = None
+        transport: Optional[asyncio.BaseTransport] = None
         tls = self._tls
         handshaking = False
         try:
             protocol = self._protocol_factory()
             if self._sockets is None:  # refused (see _attach), before a transport half-made
                 raise AssertionError("the server is closed")
-            if isinstance(self._loop, selector_events.BaseSelectorEventLoop):
+            if across is not None:
+                # Moved to a pair with another process: counted as uvloop's are.
+                pair_end, peer_rcvbuf = across
+                counter = _LostCounter.count(protocol, self)
+                room_like_friends(pair_end, conn, peer_rcvbuf)
+                try:
+                    transport = await start_across(self._loop, pair_end, conn, protocol)
+                except BaseException:
+                    pair_end.close()
+                    if counter is not None and self in counter.servers:
+                        counter.uncount(self)
+                    raise
+                if _CLOSES_CLIENTS and counter is not None:
+                    self._clients.add(transport)
+            elif isinstance(self._loop, selector_events.BaseSelectorEventLoop):
                 # What asyncio.Server's own accept does: the transport
                 # attaches to the server and detaches when it is lost.
                 waiter = self._loop.create_future()
@@ -441,6 +492,9 @@ class FriendServer(asyncio.AbstractServer):
             return [*friend_ends, *self._clients.copy()]  # type: ignore[list-item]
 
     def _forget_listeners(self) -> None:
+        for port in self._published:
+            withdraw_listener(port)
+        self._published = []
         taken, self._taken = self._taken, None
         for entry in self._entries + ([taken] if taken is not None else []):
             forget_listener(entry)

@@ -33,6 +33,9 @@ class Fallback(str, enum.Enum):
     # The kernel's names of a connect's connection are not those it was
     # registered under (its destination rewritten on the way: NAT).
     NAMES_DIFFER = "names-differ"
+    # Another friendsock process of this host serves the port, but its offer
+    # to move the connection off TCP did not come (in time) or was refused.
+    NOT_OFFERED = "not-offered"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +48,10 @@ class FriendStats:
     ``pending``: client connects waiting for their server to accept;
     ``listeners``: links made and fallbacks per listener address
     (:class:`ListenerStats`), most links first; a connect that reached no
-    listener of ours is counted under the address it connected to.
+    listener of ours is counted under the address it connected to;
+    ``cross_process``: connections to another process of this host whose
+    bytes moved off TCP, counted at each end this process holds (those
+    count in neither ``links_made`` nor ``fallbacks``).
     """
 
     links_made: int
@@ -56,6 +62,7 @@ class FriendStats:
     listeners: Mapping[str, "ListenerStats"] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({})
     )
+    cross_process: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +121,11 @@ class Shard:
     needs no lock and loses nothing, however many threads run links; a
     snapshot adds the shards up."""
 
-    __slots__ = ("made", "done", "moved", "fallbacks", "places")
+    __slots__ = ("made", "done", "moved", "across", "fallbacks", "places")
 
     def __init__(self) -> None:
         self.made = 0  # links established on this thread
+        self.across = 0  # connections moved off TCP to another process
         self.done = 0  # links whose last end closed on this thread
         self.moved = 0  # bytes read by ends on this thread
         self.fallbacks: Dict[str, int] = {}
@@ -189,6 +197,10 @@ class Counters:
         if listener is not None:
             shard.place(listener).made += 1
 
+    def moved_across(self) -> None:
+        """A connection to another process of this host moved off TCP."""
+        self.shard().across += 1
+
     @property
     def links_made(self) -> int:
         return sum(shard.made for shard in list(self._shards))
@@ -215,6 +227,7 @@ class Counters:
             fallbacks=types.MappingProxyType(dict(fallbacks)),
             pending=pending,
             listeners=_listeners(shards),
+            cross_process=sum(shard.across for shard in shards),
         )
 
     def _reset_after_fork(self) -> None:

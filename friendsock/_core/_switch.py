@@ -41,3 +41,20 @@ def is_socketless() -> bool:
     """Whether new connects may be socketless (``FRIENDSOCK_SOCKETLESS=1``
     starts it on)."""
     return _socketless
+
+
+_cross_process = os.environ.get("FRIENDSOCK_CROSS_PROCESS", "1").strip().lower() not in _OFF_VALUES
+
+
+def set_cross_process(cross_process: bool) -> None:
+    """Let connections to friendsock processes of this host (and this user)
+    move off TCP from now on; off, only a connection within this process
+    pairs. Connections already moved stay as they are."""
+    global _cross_process
+    _cross_process = bool(cross_process)
+
+
+def is_cross_process() -> bool:
+    """Whether connections may move off TCP between processes
+    (``FRIENDSOCK_CROSS_PROCESS=0`` starts it off)."""
+    return _cross_process

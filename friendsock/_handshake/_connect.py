@@ -309,16 +309,18 @@ class ConnectAttempt:
         self.fresh = True
         return sock
 
-    def bind(self, af: int, local_infos: Optional[list]) -> None:
+    def bind(self, af: int, local_infos: Optional[list], across: bool = False) -> None:
         """Bind the socket to the first of ``local_infos`` (the caller's local
         address) of the family ``af``; without them, to pair, to the
-        destination IP, and no pairing when that is not an address of ours."""
+        destination IP, and no pairing when that is not an address of ours.
+        ``across``: the listener is another process's, which must find this
+        connect by its port as it accepts: bound before connect() too."""
         sock = self._socket()
         if local_infos is not None:
             bind_local(sock, af, local_infos)
             self._aim_from(sock.getsockname()[0])
             self._check_reaches_us()
-        elif self.entry is not None:
+        elif self.entry is not None or across:
             # Bind first so the 4-tuple is known before connect(); binding
             # to the destination IP also proves it is an address of ours.
             try:

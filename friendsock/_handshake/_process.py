@@ -35,6 +35,15 @@ def current_pid() -> int:
     return _Process.pid
 
 
+def close_with_reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset (SO_LINGER 0), as ``abort()`` on TCP does."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+    except OSError:  # closed, or reset already
+        pass
+    sock.close()
+
+
 def release_sockets(pid: int, *socks: socket.socket) -> None:
     """Close the real sockets of a finished link without TIME_WAIT.
 

@@ -1,0 +1,646 @@
+"""Connections between processes of this host, on asyncio and uvloop.
+
+After the real TCP handshake, the process that accepted a connection from a
+friendsock process offers it a ``socketpair()`` end over a rendezvous
+channel (``_host._proof``); taken, both ends speak over the pair with the
+loop's own transport, wrapped to answer as the TCP connection
+(:class:`AcrossTransport`). The TCP sockets stay open, carrying no payload,
+and close with the connection: the handshake and the finish are TCP's, the
+bytes are not.
+
+Each loop has one :class:`Rendezvous`: the channel it takes offers on when
+it connects, and the channels it made to the processes it offered to, kept
+for the next connection between the same two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import os
+import socket
+from asyncio import trsock
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .._core._stats import counters
+from .._handshake._process import close_with_reset, current_pid
+from .._host import CONNECTS, LISTENERS, PortTable, Slot, is_loopback, port_table
+from .._host._proof import (
+    Message,
+    What,
+    channel_address,
+    is_stream_pair_end,
+    mirrors,
+    peer_credentials,
+    received,
+)
+from ._loop_state import loop_state
+from ._native import native
+
+# How long a connect waits for the process that accepts it to offer a
+# rendezvous; then it is TCP's (an offer that comes later is declined).
+OFFER_TIMEOUT = 1.0
+RESET = object()
+_tokens = itertools.count(1)
+
+
+class _Wait:
+    """A connect from ``port`` waiting for its offer."""
+
+    __slots__ = ("sock", "port", "decided", "peer_rcvbuf")
+
+    def __init__(self, sock: socket.socket, port: int, decided: asyncio.Future) -> None:
+        self.sock = sock
+        self.port = port
+        self.decided = decided  # its result: the pair end, or None for TCP
+        self.peer_rcvbuf = 0
+
+
+class _Channel:
+    """A channel this loop opened to another process's loop, to offer on."""
+
+    __slots__ = ("sock", "pid", "replies", "serials")
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.replies: Dict[int, asyncio.Future] = {}
+        self.serials = itertools.count(1)
+
+
+class Rendezvous:
+    """One loop's side of the rendezvous (see the module's text)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, table: PortTable) -> None:
+        self.loop = loop
+        self.table = table
+        self.pid = current_pid()
+        self.token = next(_tokens) & 0xFFFF or next(_tokens)
+        self.listener: Optional[socket.socket] = None
+        self.waits: Dict[int, _Wait] = {}
+        self.channels: Dict[Tuple[int, int], _Channel] = {}
+        self.taking: List[socket.socket] = []  # channels offers come in on
+
+    # -- the connecting side ----------------------------------------------
+    def _listen(self) -> bool:
+        if self.listener is not None:
+            return True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.bind(channel_address(self.pid, self.token))
+            sock.listen(64)
+            sock.setblocking(False)
+        except OSError:  # the name is taken: whoever squats it gets no offer of ours
+            sock.close()
+            return False
+        self.listener = sock
+        self.loop.add_reader(sock.fileno(), self._channel_opened)
+        return True
+
+    def _channel_opened(self) -> None:
+        assert self.listener is not None
+        try:
+            chan, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError:
+            return
+        try:
+            _, uid = peer_credentials(chan)
+        except OSError:
+            uid = -1
+        if uid != os.getuid():  # another user's process: never
+            chan.close()
+            return
+        chan.setblocking(False)
+        self.taking.append(chan)
+        self.loop.add_reader(chan.fileno(), self._offer_arrived, chan)
+
+    def _offer_arrived(self, chan: socket.socket) -> None:
+        try:
+            message, handed = received(chan)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            message, handed = None, []
+        if message is None and not handed:  # EOF: that process went away
+            self._drop_taking(chan)
+            return
+        taken = False
+        try:
+            if message is None or message.what is not What.OFFER or len(handed) != 2:
+                return  # not a message of ours: dropped
+            tcp, pair_end = handed
+            wait = self.waits.pop(message.client_port, None)
+            if (wait is not None and not wait.decided.done() and mirrors(wait.sock, tcp)
+                    and is_stream_pair_end(pair_end)):
+                wait.peer_rcvbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+                answer = Message(What.TAKEN, message.client_port, message.serial)
+                fds = [wait.sock.fileno()]
+            else:
+                answer = Message(What.DECLINED, message.client_port, message.serial)
+                fds = []
+                wait = None
+            try:
+                socket.send_fds(chan, [answer.encode()], fds)
+            except OSError:
+                # Unanswered, the offering side would wait: it learns no
+                # from the channel closing, and so TCP is what both take.
+                self._drop_taking(chan)
+                if wait is not None:
+                    wait.decided.set_result(None)
+                return
+            if wait is not None:
+                taken = True
+                wait.decided.set_result(pair_end)
+        finally:
+            for sock in handed:
+                if not (taken and sock is handed[1]):
+                    sock.close()
+
+    def _drop_taking(self, chan: socket.socket) -> None:
+        if chan in self.taking:
+            self.taking.remove(chan)
+            self.loop.remove_reader(chan.fileno())
+        chan.close()
+
+    def expect_offer(self, sock: socket.socket, to_port: int) -> Optional[_Wait]:
+        """Before ``connect()`` on the bound ``sock``: wait for the offer of
+        the process that accepts it, which finds the wait by the port."""
+        if not self._listen():
+            return None
+        try:
+            port = sock.getsockname()[1]
+        except OSError:
+            return None
+        if not port or port in self.waits:
+            return None
+        wait = _Wait(sock, port, self.loop.create_future())
+        self.waits[port] = wait
+        self.table.write(CONNECTS, port, self.pid, to_port, self.token)
+        return wait
+
+    async def decided(self, wait: _Wait) -> Optional[socket.socket]:
+        """The pair end the connect ``wait`` was offered and took, or None
+        for TCP: no offer in time, or anything arriving on the TCP socket
+        (a process that accepted it without friendsock)."""
+        loop = self.loop
+        fd = wait.sock.fileno()
+
+        def on_tcp() -> None:
+            if not wait.decided.done():
+                wait.decided.set_result(None)
+
+        loop.add_reader(fd, on_tcp)
+        deadline = loop.call_later(OFFER_TIMEOUT, on_tcp)
+        try:
+            return await wait.decided
+        finally:
+            deadline.cancel()
+            loop.remove_reader(fd)
+            self.end_wait(wait)
+
+    def end_wait(self, wait: _Wait) -> None:
+        """Stop waiting: an offer that comes now is declined."""
+        if self.waits.get(wait.port) is wait:
+            del self.waits[wait.port]
+        if not wait.decided.done():
+            wait.decided.set_result(None)
+        self.table.clear(CONNECTS, wait.port, self.pid)
+
+    # -- the accepting side -----------------------------------------------
+    def _channel_to(self, pid: int, token: int) -> Optional[_Channel]:
+        chan = self.channels.get((pid, token))
+        if chan is not None:
+            return chan
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.setblocking(False)
+            sock.connect(channel_address(pid, token))
+            peer_pid, uid = peer_credentials(sock)
+        except OSError:  # gone, or its backlog full: TCP
+            sock.close()
+            return None
+        if peer_pid != pid or uid != os.getuid():  # a squatter on the name
+            sock.close()
+            return None
+        chan = self.channels[pid, token] = _Channel(sock, pid)
+        self.loop.add_reader(sock.fileno(), self._reply_arrived, chan)
+        return chan
+
+    def _reply_arrived(self, chan: _Channel) -> None:
+        try:
+            message, handed = received(chan.sock)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            message, handed = None, []
+        if message is None and not handed:
+            self._drop_channel(chan)
+            return
+        waiter = chan.replies.pop(message.serial, None) if message is not None else None
+        if waiter is None or waiter.done():
+            for sock in handed:
+                sock.close()
+            return
+        waiter.set_result((message, handed))
+
+    def _drop_channel(self, chan: _Channel) -> None:
+        for key, known in list(self.channels.items()):
+            if known is chan:
+                del self.channels[key]
+                self.loop.remove_reader(chan.sock.fileno())
+        chan.sock.close()
+        replies, chan.replies = chan.replies, {}
+        for waiter in replies.values():
+            if not waiter.done():
+                waiter.set_result((None, []))
+
+    async def offer(self, conn: socket.socket, slot: Slot, client_port: int
+                    ) -> Union[None, object, Tuple[socket.socket, int]]:
+        """Offer the accepted ``conn`` to the process of the connect slot
+        ``slot``: the pair end to serve it on and the peer's receive buffer
+        if taken; None if declined or unanswerable (TCP); ``RESET`` if the
+        answer's proof failed, after the other side took it."""
+        chan = self._channel_to(slot.pid, slot.token)
+        if chan is None:
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        serial = next(chan.serials) & 0xFFFFFFFF
+        waiter = self.loop.create_future()
+        try:
+            socket.send_fds(chan.sock, [Message(What.OFFER, client_port, serial).encode()],
+                            [conn.fileno(), theirs.fileno()])
+        except OSError:
+            ours.close()
+            self._drop_channel(chan)
+            return None
+        finally:
+            theirs.close()
+        chan.replies[serial] = waiter
+        try:
+            message, handed = await waiter
+        except BaseException:
+            ours.close()
+            # Withdrawn while the answer is out: the channel closes, so the
+            # other side's end of ours reads EOF, whatever it decided.
+            self._drop_channel(chan)
+            raise
+        try:
+            if message is None or message.what is not What.TAKEN:
+                ours.close()
+                return None
+            if len(handed) != 1 or not mirrors(conn, handed[0]):
+                ours.close()
+                return RESET
+            rcvbuf = handed[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            return ours, rcvbuf
+        finally:
+            for sock in handed:
+                sock.close()
+
+    def close(self) -> None:
+        if self.pid != os.getpid():
+            return  # a forked child's copy: the parent's to close
+        for wait in list(self.waits.values()):
+            self.end_wait(wait)
+        for chan in list(self.channels.values()):
+            self._drop_channel(chan)
+        for taking in list(self.taking):
+            self._drop_taking(taking)
+        if self.listener is not None:
+            self.loop.remove_reader(self.listener.fileno())
+            self.listener.close()
+            self.listener = None
+
+
+def rendezvous(loop: asyncio.AbstractEventLoop) -> Optional[Rendezvous]:
+    """The loop's rendezvous, made on first use; None when connections do
+    not move between processes (switched off, or no port table)."""
+    table = port_table()
+    if table is None:
+        return None
+    state = loop_state(loop)
+    found = state.across
+    if found is None or found.pid != current_pid():
+        found = state.across = Rendezvous(loop, table)
+    return found
+
+
+# -- the connecting side, as create_connection takes it ---------------------
+
+
+def expect_offer(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> Optional[_Wait]:
+    """Right after ``connect()`` to ``address``, served by another friendsock
+    process: the wait for its offer (see :meth:`Rendezvous.expect_offer`),
+    or None when the connection stays TCP's."""
+    if not is_loopback(address[0]):
+        return None
+    found = rendezvous(loop)
+    return None if found is None else found.expect_offer(sock, address[1])
+
+
+def end_wait(loop: asyncio.AbstractEventLoop, wait: Optional[_Wait]) -> None:
+    """The connect failed or was withdrawn: no offer is taken for it."""
+    found = loop_state(loop).across
+    if wait is not None and found is not None:
+        found.end_wait(wait)
+
+
+async def connect_across(
+    loop: asyncio.AbstractEventLoop, protocol_factory: Any, sock: socket.socket, wait: _Wait,
+) -> Optional[Tuple[asyncio.Transport, asyncio.BaseProtocol]]:
+    """The connected ``sock``'s transport and protocol once its offer was
+    taken; None for TCP (nothing was moved)."""
+    found = loop_state(loop).across
+    if found is None:
+        return None
+    try:
+        pair_end = await found.decided(wait)
+    except BaseException:
+        sock.close()  # withdrawn: as a connect cancelled, the socket goes
+        raise
+    if pair_end is None:
+        return None
+    try:
+        protocol = protocol_factory()
+        room_like_friends(pair_end, sock, wait.peer_rcvbuf)
+        transport = await start_across(loop, pair_end, sock, protocol)
+    except BaseException:
+        pair_end.close()
+        sock.close()  # the other side sees EOF, as from a socket the loop closed
+        raise
+    return transport, protocol
+
+
+# -- front-door checks (no system call) ------------------------------------
+
+
+def listener_elsewhere(port: Any) -> bool:
+    """Whether a friendsock process other than this one serves ``port`` on
+    this host (the table's word: a hint, see ``_host._table``)."""
+    table = port_table()
+    if table is None or not isinstance(port, int) or not 0 < port < 65536:
+        return False
+    slot = table.read(LISTENERS, port)
+    if not slot.pid or slot.pid == current_pid():
+        return False
+    try:
+        os.kill(slot.pid, 0)
+    except ProcessLookupError:
+        table.clear(LISTENERS, port, slot.pid)
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def publish_listener(sock: socket.socket) -> Optional[int]:
+    """Tell this host's friendsock processes that we serve ``sock``'s port;
+    the port, to withdraw later."""
+    table = port_table()
+    if table is None:
+        return None
+    try:
+        port = sock.getsockname()[1]
+    except OSError:
+        return None
+    table.write(LISTENERS, port, current_pid())
+    return port
+
+
+def withdraw_listener(port: int) -> None:
+    table = port_table()
+    if table is not None:
+        table.clear(LISTENERS, port, current_pid())
+
+
+def connect_slot(address: Any, listener_port: int) -> Optional[Slot]:
+    """For a connection accepted from ``address`` on ``listener_port`` that
+    did not pair in this process: the slot of a friendsock process of this
+    host waiting for an offer, or None."""
+    table = port_table()
+    if table is None or not is_loopback(address[0]):
+        return None
+    slot = table.read(CONNECTS, address[1])
+    if slot.pid and slot.port == listener_port and slot.pid != current_pid():
+        return slot
+    return None
+
+
+# -- the transport ------------------------------------------------------------
+
+
+class AcrossTransport(asyncio.Transport):
+    """A connection to another process of this host, moved off TCP: the
+    loop's own transport on a socketpair end, answering as the TCP
+    connection (its names, its socket for options), which stays open
+    without payload until this closes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tcp: socket.socket,
+                 protocol: asyncio.BaseProtocol) -> None:
+        self._sockname = tcp.getsockname()
+        self._peername = tcp.getpeername()
+        super().__init__(extra={
+            "socket": trsock.TransportSocket(tcp),
+            "sockname": self._sockname,
+            "peername": self._peername,
+        })
+        self._loop = loop
+        self._tcp: Optional[socket.socket] = tcp
+        self._protocol = protocol
+        self._inner: Any = None
+        self._reset: Optional[BaseException] = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._tcp is None else (
+            "closing" if self._inner is not None and self._inner.is_closing() else "open")
+        return (f"<{self.__class__.__name__} {state} sockname={self._sockname!r} "
+                f"peername={self._peername!r}>")
+
+    # (the inner transport answers for what it does)
+    def write(self, data: Any) -> None:
+        self._inner.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        self._inner.writelines(list_of_data)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self._inner.write_eof()
+        if self._tcp is not None:
+            try:
+                self._tcp.shutdown(socket.SHUT_WR)  # the FIN, as TCP would send it
+            except OSError:
+                pass
+
+    def is_closing(self) -> bool:
+        return self._inner.is_closing()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._send_reset()
+        self._inner.abort()
+
+    def pause_reading(self) -> None:
+        self._inner.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._inner.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._inner.is_reading()
+
+    def set_write_buffer_limits(self, high: Optional[int] = None, low: Optional[int] = None) -> None:
+        self._inner.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> Tuple[int, int]:
+        return self._inner.get_write_buffer_limits()
+
+    def get_write_buffer_size(self) -> int:
+        return self._inner.get_write_buffer_size()
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+        if self._inner is not None:
+            self._inner.set_protocol(_relay_for(self, protocol))
+
+    # -- the TCP socket under it ------------------------------------------
+    def _send_reset(self) -> None:
+        """As an abort on TCP: a reset, which the other side reads on its
+        TCP socket before it reads EOF on the pair."""
+        tcp = self._tcp
+        if tcp is not None:
+            self._forget_tcp()
+            close_with_reset(tcp)
+
+    def _tcp_readable(self) -> None:
+        """The peer's TCP socket said something: a reset means it aborted;
+        its FIN comes as it closes, after EOF on the pair."""
+        error = self._tcp_error()
+        if error is None:
+            if self._tcp is not None:
+                self._loop.remove_reader(self._tcp.fileno())
+            return
+        self._reset = error
+        self._inner.abort()
+
+    def _tcp_error(self) -> Optional[BaseException]:
+        tcp = self._tcp
+        if tcp is None:
+            return None
+        try:
+            tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ECONNRESET:
+                return ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+            return exc
+        return None
+
+    def _forget_tcp(self) -> None:
+        tcp, self._tcp = self._tcp, None
+        if tcp is not None and tcp.fileno() >= 0:
+            self._loop.remove_reader(tcp.fileno())
+
+    def _started(self, inner: Any) -> None:
+        self._inner = inner
+        assert self._tcp is not None
+        self._loop.add_reader(self._tcp.fileno(), self._tcp_readable)
+
+    def _lost(self) -> None:
+        tcp = self._tcp
+        self._forget_tcp()
+        if tcp is not None:
+            tcp.close()  # the FIN (or the reset) on the wire
+
+
+class _Relay(asyncio.Protocol):
+    """What the inner transport calls: passed on to the user's protocol,
+    with :class:`AcrossTransport` as its transport."""
+
+    __slots__ = ("outer", "protocol")
+
+    def __init__(self, outer: AcrossTransport, protocol: asyncio.BaseProtocol) -> None:
+        self.outer = outer
+        self.protocol = protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.outer._inner is None:
+            self.outer._started(transport)
+        self.protocol.connection_made(self.outer)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        outer = self.outer
+        outer._lost()
+        if exc is None and outer._reset is not None:
+            exc = outer._reset  # type: ignore[assignment]
+        self.protocol.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.protocol.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.protocol.resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        self.protocol.data_received(data)  # type: ignore[attr-defined]
+
+    def eof_received(self) -> Optional[bool]:
+        reset = self.outer._tcp_error()
+        if reset is not None:  # it aborted: a reset, not EOF
+            self.outer._reset = reset
+            self.outer._inner.abort()
+            return True
+        return self.protocol.eof_received()  # type: ignore[attr-defined]
+
+
+class _BufferedRelay(_Relay, asyncio.BufferedProtocol):
+    __slots__ = ()
+
+    def get_buffer(self, sizehint: int) -> Any:
+        return self.protocol.get_buffer(sizehint)  # type: ignore[attr-defined]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.protocol.buffer_updated(nbytes)  # type: ignore[attr-defined]
+
+
+def _relay_for(outer: AcrossTransport, protocol: asyncio.BaseProtocol) -> _Relay:
+    if isinstance(protocol, asyncio.BufferedProtocol):
+        return _BufferedRelay(outer, protocol)
+    return _Relay(outer, protocol)
+
+
+def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: int) -> None:
+    """The pair end's send buffer as a friend's room: this end's SO_SNDBUF
+    plus the peer's SO_RCVBUF (the kernel doubles what it is given, as the
+    values read back already are)."""
+    try:
+        sndbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        pair_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, (sndbuf + peer_rcvbuf) // 2)
+    except OSError:
+        pass
+
+
+async def start_across(loop: asyncio.AbstractEventLoop, pair_end: socket.socket,
+                       tcp: socket.socket, protocol: asyncio.BaseProtocol) -> AcrossTransport:
+    """The transport of a connection moved onto ``pair_end``, started with
+    ``protocol`` (``connection_made`` called once it returns)."""
+    outer = AcrossTransport(loop, tcp, protocol)
+    relay = _relay_for(outer, protocol)
+    try:
+        await native(loop, "connect_accepted_socket")(lambda: relay, pair_end)
+    except BaseException:
+        outer._lost()
+        raise
+    counters.moved_across()
+    return outer

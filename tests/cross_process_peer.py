@@ -1,0 +1,157 @@
+"""The other process of ``test_cross_process``: an echo server, or a client.
+
+    python tests/cross_process_peer.py serve LOOP DOOR
+    python tests/cross_process_peer.py connect LOOP DOOR PORT SIZE SEED
+    python tests/cross_process_peer.py answer - HOW PORT
+
+LOOP is ``asyncio`` or ``uvloop``. DOOR is how friendsock is switched on:
+``api`` (``friendsock.start_server`` / ``open_connection``), ``plain``
+(asyncio's own calls, with whatever ``FRIENDSOCK_INSTALL`` did).
+
+``serve`` prints its port, echoes each connection until EOF and then
+finishes it, and prints one JSON line per connection as it ends: the
+transport's class, whether payload crossed its TCP socket (TCP_INFO), and
+the SHA-256 of what it echoed. It exits when its standard input closes.
+
+``connect`` sends SIZE bytes (a seeded random stream) with EOF, reads the
+echo and prints the same JSON line, with ``sent``: the SHA-256 it sent.
+
+``answer`` is a process that does not play by the rules: it connects to a
+friendsock server on PORT with a plain socket, writes the port table's
+connect slot for it as a friendsock client would, and answers the offer
+it gets as HOW says: ``pipe`` (TAKEN, handing a pipe over as its socket),
+``other`` (TAKEN, handing a socket of another connection), ``none`` (TAKEN,
+handing nothing), ``declined``, ``silent`` (no answer: it prints
+``offered`` and waits to be killed), or ``squatted`` (its slot names the
+pid of its parent, whose channel name it squats on). Then it sends
+``ping``, and prints what it reads back (or the error's errno name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import json
+import random
+import sys
+
+import friendsock
+from friendsock._handshake._tcp_info import payload_moved
+
+
+def _report(writer: asyncio.StreamWriter, digest: str, **extra) -> str:
+    sock = writer.get_extra_info("socket")
+    return json.dumps({
+        "transport": type(writer.transport).__name__,
+        "payload_moved": payload_moved(sock),
+        "sockname": list(writer.get_extra_info("sockname")),
+        "peername": list(writer.get_extra_info("peername")),
+        "sha256": digest,
+        **extra,
+    })
+
+
+async def serve(door: str) -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        digest = hashlib.sha256()
+        try:
+            while data := await reader.read(1 << 16):
+                digest.update(data)
+                writer.write(data)
+                await writer.drain()
+            report = _report(writer, digest.hexdigest())
+            writer.write_eof()
+        except ConnectionError as exc:
+            report = json.dumps({"error": type(exc).__name__})
+        print(report, flush=True)
+        writer.close()
+
+    start = friendsock.start_server if door == "api" else asyncio.start_server
+    server = await start(echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    stdin_closed = asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await stdin_closed
+    server.close()
+
+
+async def connect(door: str, port: int, size: int, seed: int) -> None:
+    payload = random.Random(seed).randbytes(size)
+    open_connection = friendsock.open_connection if door == "api" else asyncio.open_connection
+    reader, writer = await open_connection("127.0.0.1", port)
+    writer.write(payload)
+    writer.write_eof()
+    digest = hashlib.sha256()
+    while data := await reader.read(1 << 16):
+        digest.update(data)
+    print(_report(writer, digest.hexdigest(), sent=hashlib.sha256(payload).hexdigest()), flush=True)
+    writer.close()
+    await writer.wait_closed()
+
+
+TOKEN = 65000  # a loop token no loop of a process takes before its 65000th
+
+
+def answer(how: str, port: int) -> None:
+    import os
+    import socket
+    import time
+
+    from friendsock._host._proof import Message, What, channel_address, received
+    from friendsock._host._table import CONNECTS, PortTable
+
+    table = PortTable.open()
+    assert table is not None
+    named = os.getppid() if how == "squatted" else os.getpid()
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    channel.bind(channel_address(named, TOKEN))
+    channel.listen(1)
+    client = socket.socket()
+    client.bind(("127.0.0.1", 0))
+    table.write(CONNECTS, client.getsockname()[1], named, port, TOKEN)
+    client.connect(("127.0.0.1", port))
+    if how != "squatted":
+        offers, _ = channel.accept()
+        message, handed = received(offers)
+        assert message is not None and message.what is What.OFFER and len(handed) == 2, message
+        if how == "silent":
+            print("offered", flush=True)
+            time.sleep(60)
+        fds = []
+        if how == "pipe":
+            fds = [os.pipe()[0]]
+        elif how == "other":
+            other = socket.create_connection(("127.0.0.1", port))
+            fds = [other.fileno()]
+        what = What.DECLINED if how == "declined" else What.TAKEN
+        socket.send_fds(offers, [Message(what, message.client_port, message.serial).encode()], fds)
+    client.settimeout(10)
+    try:
+        client.sendall(b"ping")
+        client.shutdown(socket.SHUT_WR)
+        got = b""
+        while data := client.recv(100):
+            got += data
+        print(json.dumps({"read": got.decode()}), flush=True)
+    except OSError as exc:
+        print(json.dumps({"error": errno.errorcode.get(exc.errno or 0, type(exc).__name__)}), flush=True)
+    table.clear(CONNECTS, client.getsockname()[1], named)
+
+
+def main() -> None:
+    role, loop_name, door, *rest = sys.argv[1:]
+    if loop_name == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    if role == "answer":
+        answer(door, int(rest[0]))
+    elif role == "serve":
+        asyncio.run(serve(door))
+    else:
+        port, size, seed = (int(arg) for arg in rest)
+        asyncio.run(connect(door, port, size, seed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Connections between two processes of this host (asyncio and uvloop).
+
+The other process is real (``cross_process_peer.py``), on either loop. On
+the friend path its bytes move over a socketpair and the kernel's TCP_INFO
+shows no payload on either TCP socket; on the TCP path (the other process
+with ``FRIENDSOCK_CROSS_PROCESS=0``) the same test runs over TCP. A process
+that does not play by the rules ends on TCP or a reset, never a hang and
+never another connection's bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+import friendsock
+from friendsock._handshake._tcp_info import payload_moved
+
+from support import bounded
+
+PEER = str(Path(__file__).with_name("cross_process_peer.py"))
+SIZE = 1 << 21
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def peer_loop(request) -> str:
+    """The other process's loop."""
+    return request.param
+
+
+def _environment(path: str, **extra: str) -> Dict[str, str]:
+    env = dict(os.environ, **extra)
+    env.pop("FRIENDSOCK_INSTALL", None)
+    env.update(extra)
+    if path == "tcp":
+        env["FRIENDSOCK_CROSS_PROCESS"] = "0"
+    return env
+
+
+class Peer:
+    """The other process, its lines read as they come."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, *args: str, env: Dict[str, str], user: Any = None) -> "Peer":
+        as_user = {} if user is None else {"preexec_fn": lambda: os.setuid(user)}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, PEER, *args, env=env, **as_user,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        return cls(process)
+
+    async def line(self) -> str:
+        assert self.process.stdout is not None
+        text = await bounded(self.process.stdout.readline(), 20)
+        assert text, "the other process ended"
+        return text.decode().strip()
+
+    async def report(self) -> Dict[str, Any]:
+        return json.loads(await self.line())
+
+    async def finish(self) -> None:
+        if self.process.returncode is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                await bounded(self.process.wait(), 20)
+            finally:
+                if self.process.returncode is None:
+                    self.process.kill()
+                    await self.process.wait()
+
+
+async def _serving(peer_loop: str, path: str, door: str = "api", **env: str) -> "tuple[Peer, int]":
+    peer = await Peer.start("serve", peer_loop, door, env=_environment(path, **env))
+    return peer, int(await peer.line())
+
+
+async def _echoed(port: int, payload: bytes) -> Dict[str, Any]:
+    reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+    try:
+        writer.write(payload)
+        writer.write_eof()
+        digest = hashlib.sha256()
+        while data := await bounded(reader.read(1 << 16)):
+            digest.update(data)
+        return {
+            "sha256": digest.hexdigest(),
+            "payload_moved": payload_moved(writer.get_extra_info("socket")),
+            "sockname": list(writer.get_extra_info("sockname")),
+            "peername": list(writer.get_extra_info("peername")),
+        }
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_echo_to_a_server_process(peer_loop, path):
+    peer, port = await _serving(peer_loop, path)
+    try:
+        payload = random.Random(1).randbytes(SIZE)
+        ours = await _echoed(port, payload)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    sent = hashlib.sha256(payload).hexdigest()
+    assert ours["sha256"] == theirs["sha256"] == sent
+    # The kernel's word: payload crossed TCP on the TCP path only, at both ends.
+    assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
+    assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
+
+
+async def test_echo_from_a_client_process(peer_loop, path):
+    ends: List[Dict[str, Any]] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        digest = hashlib.sha256()
+        while data := await reader.read(1 << 16):
+            digest.update(data)
+            writer.write(data)
+            await writer.drain()
+        ends.append({"sha256": digest.hexdigest(),
+                     "payload_moved": payload_moved(writer.get_extra_info("socket"))})
+        writer.close()
+
+    server = await friendsock.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        peer = await Peer.start("connect", peer_loop, "api", str(port), str(SIZE), "2",
+                                env=_environment(path))
+        theirs = await peer.report()
+        await peer.finish()
+        assert peer.process.returncode == 0
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert theirs["sha256"] == theirs["sent"] == ends[0]["sha256"]
+    assert theirs["payload_moved"] is ends[0]["payload_moved"] is (path == "tcp")
+
+
+async def test_switched_on_by_the_environment(peer_loop, path):
+    """A server process written for plain asyncio, switched on with
+    ``FRIENDSOCK_INSTALL=1`` as the README says."""
+    peer, port = await _serving(peer_loop, path, door="plain", FRIENDSOCK_INSTALL="1")
+    try:
+        ours = await _echoed(port, b"over the pair" * 1000)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert ours["sha256"] == theirs["sha256"]
+    assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
+
+
+async def test_switched_off_here():
+    """``set_cross_process(False)`` in one process is enough for TCP."""
+    peer, port = await _serving("asyncio", "friend")
+    friendsock.set_cross_process(False)
+    try:
+        ours = await _echoed(port, b"x" * 1000)
+        theirs = await peer.report()
+    finally:
+        friendsock.set_cross_process(True)
+        await peer.finish()
+    assert ours["payload_moved"] is theirs["payload_moved"] is True
+
+
+async def test_a_server_without_friendsock():
+    peer, port = await _serving("asyncio", "tcp", door="plain", FRIENDSOCK="0")
+    try:
+        ours = await _echoed(port, b"y" * 1000)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert ours["sha256"] == theirs["sha256"]
+    assert ours["payload_moved"] is True
+
+
+@pytest.mark.parametrize("how, ends_on", [
+    ("pipe", "reset"),      # a descriptor that is no socket at all
+    ("other", "reset"),     # a socket of another connection
+    ("none", "reset"),      # no descriptor
+    ("declined", "tcp"),
+    ("squatted", "tcp"),    # a squatter on the channel name of the slot's pid
+])
+async def test_a_process_that_breaks_the_rules(peer_loop, how, ends_on):
+    peer, port = await _serving(peer_loop, "friend")
+    try:
+        rogue = await Peer.start("answer", "-", how, str(port), env=_environment("friend"))
+        result = await rogue.report()
+        await rogue.finish()
+        if ends_on == "tcp":
+            assert result == {"read": "ping"}
+            theirs = await peer.report()
+            assert theirs["payload_moved"] is True
+        else:
+            # Not served: reset, or (as that process holds a copy of the
+            # server's socket, which it was handed) finished unread.
+            assert result in ({"read": ""}, {"error": "ECONNRESET"}, {"error": "EPIPE"},
+                              {"error": "ENOTCONN"})
+        # The server goes on serving, and pairs the next connection.
+        ours = await _echoed(port, b"next" * 1000)
+        assert ours["payload_moved"] is False
+    finally:
+        await peer.finish()
+
+
+async def test_a_client_killed_mid_rendezvous(peer_loop):
+    peer, port = await _serving(peer_loop, "friend")
+    try:
+        rogue = await Peer.start("answer", "-", "silent", str(port), env=_environment("friend"))
+        assert await rogue.line() == "offered"
+        rogue.process.send_signal(signal.SIGKILL)
+        await bounded(rogue.process.wait())
+        # Its offer unanswered, the server serves the connection over TCP,
+        # and sees it end, with nothing sent.
+        theirs = await peer.report()
+        assert theirs["sha256"] == hashlib.sha256(b"").hexdigest()
+        ours = await _echoed(port, b"after" * 1000)
+        assert ours["payload_moved"] is False
+    finally:
+        await peer.finish()
