@@ -16,6 +16,8 @@ import json
 import os
 import random
 import signal
+import socket
+import struct
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
@@ -227,5 +229,44 @@ async def test_a_client_killed_mid_rendezvous(peer_loop):
         assert theirs["sha256"] == hashlib.sha256(b"").hexdigest()
         ours = await _echoed(port, b"after" * 1000)
         assert ours["payload_moved"] is False
+    finally:
+        await peer.finish()
+
+
+@pytest.mark.parametrize("linger", [False, True], ids=["abort", "abort-linger-0"])
+async def test_an_abort_at_the_other_end(peer_loop, path, linger):
+    """As the loop's own abort(): the socket closes (a FIN), or, with
+    SO_LINGER {1, 0} set on it, resets."""
+    peer, port = await _serving(peer_loop, path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        if linger:
+            writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+        report = await peer.report()
+        if linger:
+            assert report == {"error": "ConnectionResetError"}
+        else:
+            assert report["sha256"] == hashlib.sha256(b"ping").hexdigest()
+    finally:
+        await peer.finish()
+
+
+async def test_a_server_killed_is_eof_here(peer_loop, path):
+    peer, port = await _serving(peer_loop, path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        assert friendsock.is_friend(writer) is (path == "friend")
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        peer.process.send_signal(signal.SIGKILL)
+        await bounded(peer.process.wait())
+        # Nothing was left unread there: its sockets close as with a FIN.
+        assert await bounded(reader.read()) == b""
+        writer.close()
+        await writer.wait_closed()
     finally:
         await peer.finish()

@@ -48,13 +48,21 @@ _tokens = itertools.count(1)
 class _Wait:
     """A connect from ``port`` waiting for its offer."""
 
-    __slots__ = ("sock", "port", "decided", "peer_rcvbuf")
+    __slots__ = ("decided", "peer_rcvbuf", "port", "sock", "sockname")
 
-    def __init__(self, sock: socket.socket, port: int, decided: asyncio.Future) -> None:
+    def __init__(self, sock: socket.socket, sockname: Any, decided: asyncio.Future) -> None:
         self.sock = sock
-        self.port = port
+        self.sockname = sockname
+        self.port: int = sockname[1]
         self.decided = decided  # its result: the pair end, or None for TCP
         self.peer_rcvbuf = 0
+
+    def names(self) -> Tuple[Any, Any]:
+        """The connection's names, as its socket has them (the kernel's)."""
+        try:
+            return self.sockname, self.sock.getpeername()
+        except OSError:  # not connected: nothing mirrors it
+            return self.sockname, None
 
 
 class _Channel:
@@ -133,8 +141,8 @@ class Rendezvous:
                 return  # not a message of ours: dropped
             tcp, pair_end = handed
             wait = self.waits.pop(message.client_port, None)
-            if (wait is not None and not wait.decided.done() and mirrors(wait.sock, tcp)
-                    and is_stream_pair_end(pair_end)):
+            if (wait is not None and not wait.decided.done() and is_stream_pair_end(pair_end)
+                    and mirrors(wait.names(), tcp)):
                 wait.peer_rcvbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
                 answer = Message(What.TAKEN, message.client_port, message.serial)
                 fds = [wait.sock.fileno()]
@@ -171,12 +179,13 @@ class Rendezvous:
         if not self._listen():
             return None
         try:
-            port = sock.getsockname()[1]
+            sockname = sock.getsockname()
         except OSError:
             return None
+        port = sockname[1]
         if not port or port in self.waits:
             return None
-        wait = _Wait(sock, port, self.loop.create_future())
+        wait = _Wait(sock, sockname, self.loop.create_future())
         self.waits[port] = wait
         self.table.write(CONNECTS, port, self.pid, to_port, self.token)
         return wait
@@ -257,12 +266,14 @@ class Rendezvous:
             if not waiter.done():
                 waiter.set_result((None, []))
 
-    async def offer(self, conn: socket.socket, slot: Slot, client_port: int
+    async def offer(self, conn: socket.socket, names: Tuple[Any, Any], slot: Slot
                     ) -> Union[None, object, Tuple[socket.socket, int]]:
-        """Offer the accepted ``conn`` to the process of the connect slot
+        """Offer the accepted ``conn`` (its ``getsockname()`` and
+        ``getpeername()``: ``names``) to the process of the connect slot
         ``slot``: the pair end to serve it on and the peer's receive buffer
         if taken; None if declined or unanswerable (TCP); ``RESET`` if the
         answer's proof failed, after the other side took it."""
+        client_port = names[1][1]
         chan = self._channel_to(slot.pid, slot.token)
         if chan is None:
             return None
@@ -291,7 +302,7 @@ class Rendezvous:
             if message is None or message.what is not What.TAKEN:
                 ours.close()
                 return None
-            if len(handed) != 1 or not mirrors(conn, handed[0]):
+            if len(handed) != 1 or not mirrors(names, handed[0]):
                 ours.close()
                 return RESET
             rcvbuf = handed[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
@@ -331,14 +342,12 @@ def rendezvous(loop: asyncio.AbstractEventLoop) -> Optional[Rendezvous]:
 # -- the connecting side, as create_connection takes it ---------------------
 
 
-def expect_offer(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> Optional[_Wait]:
-    """Right after ``connect()`` to ``address``, served by another friendsock
-    process: the wait for its offer (see :meth:`Rendezvous.expect_offer`),
-    or None when the connection stays TCP's."""
-    if not is_loopback(address[0]):
-        return None
+def expect_offer(loop: asyncio.AbstractEventLoop, sock: socket.socket, port: int) -> Optional[_Wait]:
+    """Before ``connect()`` on the bound ``sock`` to a loopback ``port``
+    served by another friendsock process: the wait for its offer (see
+    :meth:`Rendezvous.expect_offer`), or None when it stays TCP's."""
     found = rendezvous(loop)
-    return None if found is None else found.expect_offer(sock, address[1])
+    return None if found is None else found.expect_offer(sock, port)
 
 
 def end_wait(loop: asyncio.AbstractEventLoop, wait: Optional[_Wait]) -> None:
@@ -484,7 +493,10 @@ class AcrossTransport(asyncio.Transport):
         self._inner.close()
 
     def abort(self) -> None:
-        self._send_reset()
+        # The TCP socket closes first, as the loop's abort() closes it: a
+        # FIN, or a reset if its user set SO_LINGER {1, 0}, which the other
+        # side finds as it reads EOF on the pair (_Relay.eof_received).
+        self._lost()
         self._inner.abort()
 
     def pause_reading(self) -> None:
@@ -514,25 +526,6 @@ class AcrossTransport(asyncio.Transport):
             self._inner.set_protocol(_relay_for(self, protocol))
 
     # -- the TCP socket under it ------------------------------------------
-    def _send_reset(self) -> None:
-        """As an abort on TCP: a reset, which the other side reads on its
-        TCP socket before it reads EOF on the pair."""
-        tcp = self._tcp
-        if tcp is not None:
-            self._forget_tcp()
-            close_with_reset(tcp)
-
-    def _tcp_readable(self) -> None:
-        """The peer's TCP socket said something: a reset means it aborted;
-        its FIN comes as it closes, after EOF on the pair."""
-        error = self._tcp_error()
-        if error is None:
-            if self._tcp is not None:
-                self._loop.remove_reader(self._tcp.fileno())
-            return
-        self._reset = error
-        self._inner.abort()
-
     def _tcp_error(self) -> Optional[BaseException]:
         tcp = self._tcp
         if tcp is None:
@@ -547,21 +540,10 @@ class AcrossTransport(asyncio.Transport):
             return exc
         return None
 
-    def _forget_tcp(self) -> None:
-        tcp, self._tcp = self._tcp, None
-        if tcp is not None and tcp.fileno() >= 0:
-            self._loop.remove_reader(tcp.fileno())
-
-    def _started(self, inner: Any) -> None:
-        self._inner = inner
-        assert self._tcp is not None
-        self._loop.add_reader(self._tcp.fileno(), self._tcp_readable)
-
     def _lost(self) -> None:
-        tcp = self._tcp
-        self._forget_tcp()
+        tcp, self._tcp = self._tcp, None
         if tcp is not None:
-            tcp.close()  # the FIN (or the reset) on the wire
+            tcp.close()  # the FIN (or reset) on the wire
 
 
 class _Relay(asyncio.Protocol):
@@ -576,7 +558,7 @@ class _Relay(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.outer._inner is None:
-            self.outer._started(transport)
+            self.outer._inner = transport
         self.protocol.connection_made(self.outer)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:

@@ -31,6 +31,7 @@ from .._handshake import (
 )
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
+from .._host import is_loopback
 from ._across import connect_across, end_wait, expect_offer
 from ._native import native
 from ._loop_state import LoopState, loop_state, post_to_loop
@@ -102,17 +103,20 @@ async def connect(
                 # As a socketless connect: the server end comes with call_soon().
                 return await start_client_end(loop, reused, reused.handle.sock, protocol_factory, tls)
         wait = None
+        # Another process on this host: a loopback destination (whatever it
+        # was named); any other goes as it would have.
+        crossing = across and is_loopback(attempt.address[0])
         try:
             sock = attempt.open(af, socktype, sproto)
-            attempt.bind(af, local_infos, across)
+            attempt.bind(af, local_infos, crossing)
             entry = attempt.entry
             if entry is not None:
                 while (started := attempt.start(loop)) is None:
                     await _room_made(loop, entry)
                 err = started
             if attempt.pending is None:
-                if across:
-                    wait = expect_offer(loop, sock, address)
+                if crossing:
+                    wait = expect_offer(loop, sock, attempt.address[1])
                 err = start_connect(sock, address)
             await _connected(loop, sock, address, err)
             attempt.connected()

@@ -243,7 +243,8 @@ class FriendServer(asyncio.AbstractServer):
         if pending is None:
             slot = connect_slot(address, entry.endpoint[1])
             if slot is not None:
-                self._loop.create_task(self._accept_across(conn, address, slot))
+                names = (sockname or entry.handle.accepted_sockname or conn.getsockname(), address)
+                self._loop.create_task(self._accept_across(conn, names, slot))
                 return
             counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
             self._loop.create_task(self._accept_native(conn, address))
@@ -348,11 +349,13 @@ class FriendServer(asyncio.AbstractServer):
         if self._loop.get_debug() and isinstance(self._loop, asyncio.BaseEventLoop):
             self._report_accept_error(exc, protocol, transport)
 
-    async def _accept_across(self, conn: socket.socket, address: Any, slot: Slot) -> None:
+    async def _accept_across(self, conn: socket.socket, names: Tuple[Any, Any], slot: Slot) -> None:
         """A client in another friendsock process of this host, which waits
-        for our offer: served over the pair it takes, else over TCP."""
+        for our offer: served over the pair it takes, else over TCP.
+        ``names``: the connection's, as ``conn`` has them."""
         across = rendezvous(self._loop)
-        offered = None if across is None else await across.offer(conn, slot, address[1])
+        offered = None if across is None else await across.offer(conn, names, slot)
+        address = names[1]
         if offered is RESET:
             # It took a pair whose proof failed: neither path is safe. (Shut
             # down first: that process holds a copy of the socket, which a

@@ -16,7 +16,7 @@ import enum
 import os
 import socket
 import struct
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 _MESSAGE = struct.Struct("<BxHI")  # what, client port, serial
 _CREDENTIALS = struct.Struct("3i")  # pid, uid, gid
@@ -64,27 +64,22 @@ def peer_credentials(sock: socket.socket) -> Tuple[int, int]:
     return pid, uid
 
 
-def mirrors(own: socket.socket, handed: socket.socket) -> bool:
-    """Whether ``handed`` is a connected TCP socket whose names are ``own``'s
-    reversed: the other end of ``own``'s connection."""
+def mirrors(own_names: Tuple[Any, Any], handed: socket.socket) -> bool:
+    """Whether ``handed`` is a connected TCP socket whose names are
+    ``own_names`` (a socket's ``getsockname()``, ``getpeername()``)
+    reversed: the other end of that socket's connection."""
+    # (family, type and proto as socket() read them from the descriptor)
+    if handed.type != socket.SOCK_STREAM or handed.proto != socket.IPPROTO_TCP:
+        return False
     try:
-        if handed.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) != socket.SOCK_STREAM:
-            return False
-        if handed.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) != socket.IPPROTO_TCP:
-            return False
-        return (handed.getsockname() == own.getpeername()
-                and handed.getpeername() == own.getsockname())
+        return (handed.getsockname(), handed.getpeername()) == own_names[::-1]
     except OSError:
         return False
 
 
 def is_stream_pair_end(sock: socket.socket) -> bool:
     """Whether ``sock`` is an ``AF_UNIX`` stream socket, as a socketpair end is."""
-    try:
-        return (sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN) == socket.AF_UNIX
-                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM)
-    except OSError:
-        return False
+    return sock.family == socket.AF_UNIX and sock.type == socket.SOCK_STREAM
 
 
 def received(sock: socket.socket) -> Tuple[Optional[Message], List[socket.socket]]:
