@@ -27,7 +27,7 @@ import pytest
 import friendsock
 from friendsock._handshake._tcp_info import payload_moved
 
-from support import bounded
+from support import bounded, tcp_connections
 
 PEER = str(Path(__file__).with_name("cross_process_peer.py"))
 SIZE = 1 << 21
@@ -268,5 +268,36 @@ async def test_a_server_killed_is_eof_here(peer_loop, path):
         assert await bounded(reader.read()) == b""
         writer.close()
         await writer.wait_closed()
+    finally:
+        await peer.finish()
+
+
+@pytest.mark.parametrize("first", ["client", "server"])
+async def test_no_time_wait_is_left(peer_loop, first):
+    """Whichever end finishes first, the connection's TCP sockets go
+    without TIME_WAIT: the client's port, bound before connect(), could
+    not be bound again for a minute."""
+    peer, port = await _serving(peer_loop, "friend")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        client_port = writer.get_extra_info("sockname")[1]
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        if first == "client":
+            writer.close()
+            await writer.wait_closed()
+            await peer.report()
+        else:
+            writer.write_eof()  # the server echoes EOF, then closes first
+            assert await bounded(reader.read()) == b""
+            await peer.report()
+            writer.close()
+            await writer.wait_closed()
+        # Bounded: both sockets are gone once the last FIN is answered.
+        for _ in range(500):
+            if not tcp_connections(client_port):
+                break
+            await asyncio.sleep(0.01)
+        assert tcp_connections(client_port) == set()
     finally:
         await peer.finish()

@@ -20,8 +20,9 @@ import errno
 import itertools
 import os
 import socket
+import struct
 from asyncio import trsock
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from .._core._stats import counters
 from .._handshake._process import close_with_reset, current_pid
@@ -41,8 +42,20 @@ from ._native import native
 # How long a connect waits for the process that accepts it to offer a
 # rendezvous; then it is TCP's (an offer that comes later is declined).
 OFFER_TIMEOUT = 1.0
+# How long the end that finished first waits for the other's FIN (see
+# Rendezvous.release).
+RELEASE_TIMEOUT = 5.0
 RESET = object()
 _tokens = itertools.count(1)
+
+
+class Offered(NamedTuple):
+    """An offer the other process took: what the accepting side serves on."""
+
+    pair_end: socket.socket
+    peer_rcvbuf: int
+    names: Tuple[Any, Any]  # the TCP socket's own, then its peer's
+    rendezvous: "Rendezvous"
 
 
 class _Wait:
@@ -89,6 +102,9 @@ class Rendezvous:
         self.waits: Dict[int, _Wait] = {}
         self.channels: Dict[Tuple[int, int], _Channel] = {}
         self.taking: List[socket.socket] = []  # channels offers come in on
+        # TCP sockets of connections that ended here first, until the other
+        # end's FIN (see release), with the timer that stops waiting.
+        self.lingering: Dict[socket.socket, asyncio.TimerHandle] = {}
 
     # -- the connecting side ----------------------------------------------
     def _listen(self) -> bool:
@@ -267,7 +283,7 @@ class Rendezvous:
                 waiter.set_result((None, []))
 
     async def offer(self, conn: socket.socket, names: Tuple[Any, Any], slot: Slot
-                    ) -> Union[None, object, Tuple[socket.socket, int]]:
+                    ) -> Union[None, object, Offered]:
         """Offer the accepted ``conn`` (its ``getsockname()`` and
         ``getpeername()``: ``names``) to the process of the connect slot
         ``slot``: the pair end to serve it on and the peer's receive buffer
@@ -306,14 +322,41 @@ class Rendezvous:
                 ours.close()
                 return RESET
             rcvbuf = handed[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-            return ours, rcvbuf
+            return Offered(ours, rcvbuf, names, self)
         finally:
             for sock in handed:
                 sock.close()
 
+    # -- the end of a connection ----------------------------------------------
+    def release(self, tcp: socket.socket, client: bool) -> None:
+        """A connection moved off ``tcp`` ended here. The accepting end
+        closes its TCP socket (a FIN); the connecting end waits for that
+        FIN and answers it with a reset, whichever finished first, so that
+        neither socket is left in TIME_WAIT, whose port a connect could
+        not bind for a minute (see expect_offer). It closes as it is if no
+        FIN comes in time (a server that keeps its end open)."""
+        if not client or tcp.fileno() < 0 or self.loop.is_closed():
+            tcp.close()
+            return
+        self.loop.add_reader(tcp.fileno(), self._finished, tcp, True)
+        self.lingering[tcp] = self.loop.call_later(RELEASE_TIMEOUT, self._finished, tcp, False)
+
+    def _finished(self, tcp: socket.socket, answered: bool) -> None:
+        timer = self.lingering.pop(tcp, None)
+        if timer is None:
+            return
+        timer.cancel()
+        self.loop.remove_reader(tcp.fileno())
+        if answered:
+            close_with_reset(tcp)
+        else:
+            tcp.close()
+
     def close(self) -> None:
         if self.pid != os.getpid():
             return  # a forked child's copy: the parent's to close
+        for tcp in list(self.lingering):
+            self._finished(tcp, False)
         for wait in list(self.waits.values()):
             self.end_wait(wait)
         for chan in list(self.channels.values()):
@@ -375,7 +418,7 @@ async def connect_across(
     try:
         protocol = protocol_factory()
         room_like_friends(pair_end, sock, wait.peer_rcvbuf)
-        transport = await start_across(loop, pair_end, sock, protocol)
+        transport = await start_across(found, pair_end, sock, wait.names(), protocol, client=True)
     except BaseException:
         pair_end.close()
         sock.close()  # the other side sees EOF, as from a socket the loop closed
@@ -447,20 +490,20 @@ class AcrossTransport(asyncio.Transport):
     connection (its names, its socket for options), which stays open
     without payload until this closes."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, tcp: socket.socket,
-                 protocol: asyncio.BaseProtocol) -> None:
-        self._sockname = tcp.getsockname()
-        self._peername = tcp.getpeername()
+    def __init__(self, rendezvous: "Rendezvous", tcp: socket.socket, names: Tuple[Any, Any],
+                 protocol: asyncio.BaseProtocol, client: bool) -> None:
+        self._sockname, self._peername = names
         super().__init__(extra={
             "socket": trsock.TransportSocket(tcp),
             "sockname": self._sockname,
             "peername": self._peername,
         })
-        self._loop = loop
+        self._rendezvous = rendezvous
         self._tcp: Optional[socket.socket] = tcp
         self._protocol = protocol
         self._inner: Any = None
         self._reset: Optional[BaseException] = None
+        self._client = client
 
     def __repr__(self) -> str:
         state = "closed" if self._tcp is None else (
@@ -479,12 +522,9 @@ class AcrossTransport(asyncio.Transport):
         return True
 
     def write_eof(self) -> None:
+        # (Not on the TCP socket: its FIN comes as the connection ends,
+        # see Rendezvous.release.)
         self._inner.write_eof()
-        if self._tcp is not None:
-            try:
-                self._tcp.shutdown(socket.SHUT_WR)  # the FIN, as TCP would send it
-            except OSError:
-                pass
 
     def is_closing(self) -> bool:
         return self._inner.is_closing()
@@ -493,10 +533,13 @@ class AcrossTransport(asyncio.Transport):
         self._inner.close()
 
     def abort(self) -> None:
-        # The TCP socket closes first, as the loop's abort() closes it: a
-        # FIN, or a reset if its user set SO_LINGER {1, 0}, which the other
-        # side finds as it reads EOF on the pair (_Relay.eof_received).
-        self._lost()
+        # As the loop's abort() on TCP: a close, which is a reset where the
+        # socket's user set SO_LINGER {1, 0}. The reset goes first, for the
+        # other end to find as it reads EOF on the pair (_Relay.eof_received).
+        tcp = self._tcp
+        if tcp is not None and _lingers_not(tcp):
+            self._tcp = None
+            tcp.close()
         self._inner.abort()
 
     def pause_reading(self) -> None:
@@ -543,7 +586,7 @@ class AcrossTransport(asyncio.Transport):
     def _lost(self) -> None:
         tcp, self._tcp = self._tcp, None
         if tcp is not None:
-            tcp.close()  # the FIN (or reset) on the wire
+            self._rendezvous.release(tcp, self._client)
 
 
 class _Relay(asyncio.Protocol):
@@ -613,16 +656,30 @@ def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: 
         pass
 
 
-async def start_across(loop: asyncio.AbstractEventLoop, pair_end: socket.socket,
-                       tcp: socket.socket, protocol: asyncio.BaseProtocol) -> AcrossTransport:
+_LINGER = struct.Struct("ii")
+
+
+def _lingers_not(tcp: socket.socket) -> bool:
+    """Whether ``tcp``'s user set SO_LINGER {1, 0}: its close is a reset."""
+    try:
+        return _LINGER.unpack(tcp.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size)) == (1, 0)
+    except OSError:
+        return False
+
+
+async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: socket.socket,
+                       names: Tuple[Any, Any], protocol: asyncio.BaseProtocol,
+                       client: bool) -> AcrossTransport:
     """The transport of a connection moved onto ``pair_end``, started with
-    ``protocol`` (``connection_made`` called once it returns)."""
-    outer = AcrossTransport(loop, tcp, protocol)
+    ``protocol`` (``connection_made`` called once it returns); ``names``:
+    the TCP socket's; ``client``: the connecting end."""
+    loop = rendezvous.loop
+    outer = AcrossTransport(rendezvous, tcp, names, protocol, client)
     relay = _relay_for(outer, protocol)
     try:
         await native(loop, "connect_accepted_socket")(lambda: relay, pair_end)
     except BaseException:
-        outer._lost()
+        outer._tcp = None  # (its caller closes it)
         raise
     counters.moved_across()
     return outer

@@ -36,6 +36,7 @@ from .._handshake._process import close_with_reset
 from .._host import Slot
 from ._across import (
     RESET,
+    Offered,
     connect_slot,
     publish_listener,
     rendezvous,
@@ -369,7 +370,7 @@ class FriendServer(asyncio.AbstractServer):
         await self._accept_native(conn, address, offered)  # type: ignore[arg-type]
 
     async def _accept_native(self, conn: socket.socket, address: Any,
-                             across: Optional[Tuple[socket.socket, int]] = None) -> None:
+                             across: Optional[Offered] = None) -> None:
         """A peer that is not a friend: the loop's own transport, counted in
         this server (``wait_closed()`` waits for it as for a friend)."""
         protocol = None
@@ -382,13 +383,13 @@ class FriendServer(asyncio.AbstractServer):
                 raise AssertionError("the server is closed")
             if across is not None:
                 # Moved to a pair with another process: counted as uvloop's are.
-                pair_end, peer_rcvbuf = across
                 counter = _LostCounter.count(protocol, self)
-                room_like_friends(pair_end, conn, peer_rcvbuf)
+                room_like_friends(across.pair_end, conn, across.peer_rcvbuf)
                 try:
-                    transport = await start_across(self._loop, pair_end, conn, protocol)
+                    transport = await start_across(across.rendezvous, across.pair_end, conn,
+                                                   across.names, protocol, client=False)
                 except BaseException:
-                    pair_end.close()
+                    across.pair_end.close()
                     if counter is not None and self in counter.servers:
                         counter.uncount(self)
                     raise
