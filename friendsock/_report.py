@@ -41,6 +41,7 @@ def since(before: FriendStats, after: FriendStats) -> FriendStats:
         fallbacks=_minus(after.fallbacks, before.fallbacks),
         pending=after.pending,
         listeners=types.MappingProxyType({s.address: s for s in listeners}),
+        cross_process=after.cross_process - before.cross_process,
     )
 
 
@@ -63,6 +64,7 @@ def as_dict(stats: FriendStats) -> Dict[str, Any]:
             address: {"links_made": s.links_made, "fallbacks": dict(s.fallbacks)}
             for address, s in stats.listeners.items()
         },
+        "cross_process": stats.cross_process,
     }
 
 
@@ -79,6 +81,7 @@ def from_dict(data: Mapping[str, Any]) -> FriendStats:
         fallbacks=types.MappingProxyType(dict(data["fallbacks"])),
         pending=data["pending"],
         listeners=types.MappingProxyType(listeners),
+        cross_process=data.get("cross_process", 0),
     )
 
 
@@ -100,6 +103,7 @@ def combined(parts: Sequence[FriendStats]) -> FriendStats:
         fallbacks=_summed(part.fallbacks for part in parts),
         pending=sum(part.pending for part in parts),
         listeners=types.MappingProxyType({s.address: s for s in listeners}),
+        cross_process=sum(part.cross_process for part in parts),
     )
 
 
@@ -130,7 +134,7 @@ def _reasons(fallbacks: Mapping[str, int]) -> str:
 def text_lines(stats: FriendStats, top: int = TOP_LISTENERS) -> List[str]:
     """The report for people: totals, then the listeners with most links."""
     fell_back = sum(stats.fallbacks.values())
-    if not stats.links_made and not fell_back:
+    if not stats.links_made and not fell_back and not stats.cross_process:
         return ["no TCP connection went through friendsock"]
     lines = [
         f"links made:  {stats.links_made:,}"
@@ -138,6 +142,8 @@ def text_lines(stats: FriendStats, top: int = TOP_LISTENERS) -> List[str]:
         f"bytes moved: {_size(stats.bytes_moved)}",
         f"fell back:   {fell_back:,}" + (f" to real TCP ({_reasons(stats.fallbacks)})" if fell_back else ""),
     ]
+    if stats.cross_process:
+        lines.insert(1, f"between processes: {stats.cross_process:,} moved off TCP")
     listeners = list(stats.listeners.values())
     if listeners:
         shown = listeners[:top]
@@ -209,7 +215,8 @@ def _report() -> None:
                     file.write("\n")
             except OSError as exc:
                 _say([f"could not write the report to {path}: {exc}"])
-        elif not (_AtExit.only_if_used and not report.links_made and not report.fallbacks):
+        elif not (_AtExit.only_if_used and not report.links_made and not report.fallbacks
+                  and not report.cross_process):
             _say(text_lines(report))
 
 

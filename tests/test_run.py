@@ -76,7 +76,8 @@ def stats():
     return {"links_made": s.links_made, "links_alive": s.links_alive,
             "bytes_moved": s.bytes_moved, "fallbacks": dict(s.fallbacks), "pending": s.pending,
             "listeners": {address: {"links_made": l.links_made, "fallbacks": dict(l.fallbacks)}
-                          for address, l in s.listeners.items()}}
+                          for address, l in s.listeners.items()},
+            "cross_process": s.cross_process}
 
 
 def done(result, name, **more):
@@ -269,6 +270,40 @@ def test_sockets_option_pairs_a_tornado_app_unchanged(tmp_path: Path, sockets: b
     assert result["intact"]
     listener = json.loads(report.read_text())["listeners"].get(f"127.0.0.1:{result['port']}")
     assert (listener or {}).get("links_made", 0) == (2 if sockets else 0)
+
+
+def test_a_server_in_another_process_is_reported(tmp_path: Path) -> None:
+    """A program run unchanged against a friendsock server in another
+    process: its connection moves off TCP, and the report says so."""
+    peer = Path(__file__).with_name("cross_process_peer.py")
+    server = subprocess.Popen([sys.executable, str(peer), "serve", "asyncio", "api"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        (tmp_path / "app.py").write_text(textwrap.dedent(f"""
+            import asyncio
+            import friendsock
+
+            async def main():
+                reader, writer = await asyncio.open_connection("127.0.0.1", {port})
+                writer.write(b"ping")
+                writer.write_eof()
+                assert await reader.read() == b"ping"
+                print(friendsock.is_friend(writer))
+                writer.close()
+
+            asyncio.run(main())
+        """))
+        report = tmp_path / "report.json"
+        done = _run(tmp_path, "--report", "stderr", "--report", f"json={report}", "app.py")
+        assert done.returncode == 0, done.stderr
+    finally:
+        server.communicate("", timeout=TIMEOUT)
+    assert done.stdout.split() == ["True"]
+    result = json.loads(report.read_text())
+    assert result["cross_process"] == 1 and result["links_made"] == 0 and result["fallbacks"] == {}
+    assert "friendsock: between processes: 1 moved off TCP" in done.stderr.splitlines()
 
 
 def test_bad_input_exits_2_with_pythons_words(tmp_path: Path) -> None:
