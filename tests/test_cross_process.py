@@ -216,11 +216,19 @@ async def test_a_process_that_breaks_the_rules(peer_loop, how, ends_on):
         await peer.finish()
 
 
-async def test_a_client_killed_mid_rendezvous(peer_loop):
+@pytest.mark.parametrize("stopped_first", [False, True], ids=["killed", "stopped-then-killed"])
+async def test_a_client_killed_mid_rendezvous(peer_loop, stopped_first):
     peer, port = await _serving(peer_loop, "friend")
     try:
         rogue = await Peer.start("answer", "-", "silent", str(port), env=_environment("friend"))
         assert await rogue.line() == "offered"
+        if stopped_first:
+            # While it is stopped with the offer unanswered, the server
+            # serves (and pairs) every other connection.
+            rogue.process.send_signal(signal.SIGSTOP)
+            ours = await _echoed(port, b"meanwhile" * 1000)
+            assert ours["payload_moved"] is False
+            assert (await peer.report())["sha256"] == ours["sha256"]
         rogue.process.send_signal(signal.SIGKILL)
         await bounded(rogue.process.wait())
         # Its offer unanswered, the server serves the connection over TCP,
@@ -301,3 +309,47 @@ async def test_no_time_wait_is_left(peer_loop, first):
         assert tcp_connections(client_port) == set()
     finally:
         await peer.finish()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a process of another user needs root to make")
+async def test_a_process_of_another_user_gets_no_channel():
+    """A process of another uid that reaches this loop's rendezvous channel
+    (it can: abstract names are not files) is cut off before it says
+    anything."""
+    from friendsock._asyncio._across import rendezvous
+    from friendsock._host._proof import Message, What, channel_address
+
+    across = rendezvous(asyncio.get_running_loop())
+    assert across is not None and across._listen()
+    name = channel_address(across.pid, across.token)  # (the name has our uid in it)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: another user from here on
+        verdict = b"?"
+        try:
+            os.close(read_fd)
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as chan:
+                chan.settimeout(10)
+                chan.connect(name)
+                try:
+                    chan.send(Message(What.OFFER, 1, 1).encode())
+                    verdict = b"closed" if chan.recv(64) == b"" else b"answered"
+                except (BrokenPipeError, ConnectionResetError):  # closed before it read
+                    verdict = b"closed"
+        except BaseException as exc:  # (said, not raised: the child must exit)
+            verdict = repr(exc).encode()
+        finally:
+            os.write(write_fd, verdict)
+            os._exit(0)
+    os.close(write_fd)
+
+    def verdict() -> bytes:
+        with open(read_fd, "rb") as pipe:
+            said = pipe.read()
+        os.waitpid(pid, 0)
+        return said
+
+    assert await bounded(asyncio.get_running_loop().run_in_executor(None, verdict)) == b"closed"
+    assert across.taking == []
