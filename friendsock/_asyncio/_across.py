@@ -156,9 +156,12 @@ class Rendezvous:
             if message is None or message.what is not What.OFFER or len(handed) != 2:
                 return  # not a message of ours: dropped
             tcp, pair_end = handed
-            wait = self.waits.pop(message.client_port, None)
+            wait = self.waits.get(message.client_port)
             if (wait is not None and not wait.decided.done() and is_stream_pair_end(pair_end)
                     and mirrors(wait.names(), tcp)):
+                # (Only an offer with its proof ends the wait: one without
+                # leaves it for the process that holds the other end.)
+                del self.waits[message.client_port]
                 wait.peer_rcvbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
                 answer = Message(What.TAKEN, message.client_port, message.serial)
                 fds = [wait.sock.fileno()]
