@@ -322,6 +322,61 @@ def test_option_pairs_with_zero_test_changes(pytester, mode, uvloop):
     result.assert_outcomes(passed=3)
 
 
+# A test whose server runs in a subprocess, switched on as the README says
+# for a process that is not under pytest: FRIENDSOCK_INSTALL=1.
+SUBPROCESS_SERVER_TEST = """
+import asyncio
+import os
+import sys
+
+import pytest
+
+SERVER = (
+    "import asyncio, sys\\n"
+    "async def main():\\n"
+    "    async def echo(reader, writer):\\n"
+    "        writer.write(await reader.read(100))\\n"
+    "        await writer.drain()\\n"
+    "        writer.close()\\n"
+    "    server = await asyncio.start_server(echo, '127.0.0.1', 0)\\n"
+    "    print(server.sockets[0].getsockname()[1], flush=True)\\n"
+    "    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)\\n"
+    "asyncio.run(main())\\n"
+)
+
+
+@pytest.mark.asyncio
+async def test_a_server_in_a_subprocess(friendsock):
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVER, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, env=dict(os.environ, FRIENDSOCK_INSTALL="1"))
+    try:
+        port = int(await asyncio.wait_for(server.stdout.readline(), 20))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"ping")
+        writer.write_eof()
+        assert await asyncio.wait_for(reader.read(), 20) == b"ping"
+        friendsock.assert_paired(writer)
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        server.stdin.close()
+        await asyncio.wait_for(server.wait(), 20)
+"""
+
+
+@pytest.mark.parametrize("uvloop", [False, True], ids=["default-loop", "uvloop"])
+def test_a_server_in_a_subprocess_pairs(pytester, uvloop):
+    """Between processes: the test's client (paired by the plugin) and its
+    server in a subprocess (FRIENDSOCK_INSTALL=1) move the connection off
+    TCP; the summary counts it."""
+    make_project(pytester, mode="strict", uvloop=uvloop)
+    pytester.makepyfile(test_subprocess_server=SUBPROCESS_SERVER_TEST)
+    result = run(pytester, "--friendsock", "test_subprocess_server.py")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*between processes: 1 moved off TCP*"])
+
+
 def test_the_summary_counts_every_xdist_worker(pytester):
     """Under pytest-xdist the tests run in worker processes: the summary is
     theirs, summed, the same as without xdist."""
