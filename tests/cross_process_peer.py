@@ -3,6 +3,7 @@
     python tests/cross_process_peer.py serve LOOP DOOR
     python tests/cross_process_peer.py connect LOOP DOOR PORT SIZE SEED
     python tests/cross_process_peer.py answer - HOW PORT
+    python tests/cross_process_peer.py starttls LOOP - PORT CA_FILE
 
 LOOP is ``asyncio`` or ``uvloop``. DOOR is how friendsock is switched on:
 ``api`` (``friendsock.start_server`` / ``open_connection``), ``plain``
@@ -89,6 +90,33 @@ async def connect(door: str, port: int, size: int, seed: int) -> None:
     await writer.wait_closed()
 
 
+async def starttls(port: int, ca_file: str) -> None:
+    """A client that upgrades its connection to TLS after a plaintext
+    exchange (STARTTLS), through friendsock's start_tls."""
+    import ssl
+
+    got: "asyncio.Queue[bytes]" = asyncio.Queue()
+
+    class Client(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            got.put_nowait(data)
+
+    protocol = Client()
+    transport, _ = await friendsock.create_connection(lambda: protocol, "127.0.0.1", port)
+    kind = type(transport).__name__
+    transport.write(b"STARTTLS\n")
+    assert await got.get() == b"GO\n"
+    context = ssl.create_default_context(cafile=ca_file)
+    tls = await friendsock.start_tls(transport, protocol, context, server_hostname="localhost")
+    tls.write(b"secret\n")
+    answer = b""
+    while not answer.endswith(b"\n"):
+        answer += await got.get()
+    print(json.dumps({"transport": kind, "answer": answer.decode(),
+                      "cipher": bool(tls.get_extra_info("cipher"))}), flush=True)
+    tls.close()
+
+
 TOKEN = 65000  # a loop token no loop of a process takes before its 65000th
 
 
@@ -146,6 +174,8 @@ def main() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     if role == "answer":
         answer(door, int(rest[0]))
+    elif role == "starttls":
+        asyncio.run(starttls(int(rest[0]), rest[1]))
     elif role == "serve":
         asyncio.run(serve(door))
     else:

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+import trustme
 
 import friendsock
 from friendsock._handshake._tcp_info import payload_moved
 
-from support import bounded, tcp_connections
+from support import bounded, port_of, tcp_connections, tls_contexts
 
 PEER = str(Path(__file__).with_name("cross_process_peer.py"))
 SIZE = 1 << 21
@@ -358,3 +359,107 @@ async def test_a_process_of_another_user_gets_no_channel():
 
     assert await bounded(asyncio.get_running_loop().run_in_executor(None, verdict)) == b"closed"
     assert across.taking == []
+
+
+async def test_a_tls_server_is_not_moved_off_its_tls(path):
+    """A server with ssl= in this process: a client in another process that
+    speaks plaintext gets its handshake's failure, as over TCP, and the
+    server's handler never sees its bytes."""
+    server_context, _ = tls_contexts(trustme.CA())
+    seen: List[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.read(100))
+        writer.close()
+
+    server = await friendsock.start_server(handle, "127.0.0.1", 0, ssl=server_context)
+    try:
+        peer = await Peer.start("connect", "asyncio", "api", str(port_of(server)), "100", "4",
+                                env=_environment(path))
+        theirs = await peer.report()
+        await peer.finish()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert seen == []
+    assert theirs["sha256"] == hashlib.sha256(b"").hexdigest()
+    assert theirs["payload_moved"] is True  # its plaintext went to the TLS server over TCP
+
+
+async def test_a_dual_stack_listener_moves_ipv4_clients(peer_loop, path):
+    """A listener on :: that takes IPv4 too names an IPv4 client's end
+    ::ffff:127.0.0.1; the proof takes it for the same 4-tuple."""
+    sock = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    ends: List[bool] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+        ends.append(payload_moved(writer.get_extra_info("socket")))
+        writer.close()
+
+    server = await friendsock.start_server(echo, sock=sock)
+    try:
+        peer = await Peer.start("connect", peer_loop, "api", str(sock.getsockname()[1]), "1000", "5",
+                                env=_environment(path))
+        theirs = await peer.report()
+        await peer.finish()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert theirs["sha256"] == theirs["sent"]
+    assert theirs["payload_moved"] is ends[0] is (path == "tcp")
+
+
+async def test_starttls_between_processes(peer_loop, path, tmp_path):
+    """STARTTLS (a plaintext exchange, then TLS on the same connection)
+    through friendsock's start_tls, at both ends, on either loop."""
+    ca = trustme.CA()
+    server_context, _ = tls_contexts(ca)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    loop = asyncio.get_running_loop()
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            assert data == b"STARTTLS\n"
+            self.transport.write(b"GO\n")
+            loop.create_task(self.upgrade())
+
+        async def upgrade(self) -> None:
+            answering = Answer()
+            answering.answer_on(await friendsock.start_tls(self.transport, answering, server_context,
+                                                           server_side=True))
+
+    class Answer(asyncio.Protocol):
+        """Answers over TLS (what came before start_tls returned, then)."""
+
+        transport: Any = None
+        early = b""
+
+        def answer_on(self, transport: Any) -> None:
+            self.transport = transport
+            if self.early:
+                self.data_received(self.early)
+
+        def data_received(self, data: bytes) -> None:
+            if self.transport is None:
+                self.early += data
+            else:
+                self.transport.write(b"secret:" + data)
+
+    server = await friendsock.create_server(Server, "127.0.0.1", 0)
+    try:
+        peer = await Peer.start("starttls", peer_loop, "-", str(port_of(server)), str(ca_file),
+                                env=_environment(path))
+        theirs = await peer.report()
+        await peer.finish()
+        assert peer.process.returncode == 0
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert (theirs["answer"], theirs["cipher"]) == ("secret:secret\n", True)
+    assert (theirs["transport"] == "AcrossTransport") is (path == "friend")

@@ -16,6 +16,7 @@ for the next connection between the same two.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import errno
 import itertools
 import os
@@ -26,7 +27,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from .._core._stats import counters
 from .._handshake._process import close_with_reset, current_pid
-from .._host import CONNECTS, LISTENERS, PortTable, Slot, is_loopback, port_table
+from .._host import CONNECTS, LISTENERS, PortTable, Slot, is_loopback, opened_table, port_table
 from .._host._proof import (
     Message,
     What,
@@ -42,6 +43,8 @@ from ._native import native
 # How long a connect waits for the process that accepts it to offer a
 # rendezvous; then it is TCP's (an offer that comes later is declined).
 OFFER_TIMEOUT = 1.0
+# Messages read from a channel in one loop callback, at most.
+_MESSAGES_PER_TURN = 64
 # How long the end that finished first waits for the other's FIN (see
 # Rendezvous.release).
 RELEASE_TIMEOUT = 5.0
@@ -139,18 +142,23 @@ class Rendezvous:
             return
         chan.setblocking(False)
         self.taking.append(chan)
-        self.loop.add_reader(chan.fileno(), self._offer_arrived, chan)
+        self.loop.add_reader(chan.fileno(), self._offers_arrived, chan)
 
-    def _offer_arrived(self, chan: socket.socket) -> None:
-        try:
-            message, handed = received(chan)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            message, handed = None, []
-        if message is None and not handed:  # EOF: that process went away
-            self._drop_taking(chan)
-            return
+    def _offers_arrived(self, chan: socket.socket) -> None:
+        for _ in range(_MESSAGES_PER_TURN):
+            try:
+                message, handed = received(chan)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                message, handed = None, []
+            if message is None and not handed:  # EOF: that process went away
+                self._drop_taking(chan)
+                return
+            self._offer_arrived(chan, message, handed)
+
+    def _offer_arrived(self, chan: socket.socket, message: Optional[Message],
+                       handed: List[socket.socket]) -> None:
         taken = False
         try:
             if message is None or message.what is not What.OFFER or len(handed) != 2:
@@ -254,25 +262,28 @@ class Rendezvous:
             sock.close()
             return None
         chan = self.channels[pid, token] = _Channel(sock, pid)
-        self.loop.add_reader(sock.fileno(), self._reply_arrived, chan)
+        self.loop.add_reader(sock.fileno(), self._replies_arrived, chan)
         return chan
 
-    def _reply_arrived(self, chan: _Channel) -> None:
-        try:
-            message, handed = received(chan.sock)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            message, handed = None, []
-        if message is None and not handed:
-            self._drop_channel(chan)
-            return
-        waiter = chan.replies.pop(message.serial, None) if message is not None else None
-        if waiter is None or waiter.done():
-            for sock in handed:
-                sock.close()
-            return
-        waiter.set_result((message, handed))
+    def _replies_arrived(self, chan: _Channel) -> None:
+        # All that came, before anything else: an answer read late is one
+        # its offer's connection waits for.
+        for _ in range(_MESSAGES_PER_TURN):
+            try:
+                message, handed = received(chan.sock)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                message, handed = None, []
+            if message is None and not handed:  # EOF: every answer before it was read
+                self._drop_channel(chan)
+                return
+            waiter = chan.replies.pop(message.serial, None) if message is not None else None
+            if waiter is None or waiter.done():
+                for sock in handed:
+                    sock.close()
+                continue
+            waiter.set_result((message, handed))
 
     def _drop_channel(self, chan: _Channel) -> None:
         for key, known in list(self.channels.items()):
@@ -302,9 +313,13 @@ class Rendezvous:
         try:
             socket.send_fds(chan.sock, [Message(What.OFFER, client_port, serial).encode()],
                             [conn.fileno(), theirs.fileno()])
-        except OSError:
+        except OSError as exc:
+            # Not sent: the other side never saw this offer, so TCP is what
+            # both take. The channel goes only if that process is gone (a
+            # full one keeps the answers to offers sent before).
             ours.close()
-            self._drop_channel(chan)
+            if not isinstance(exc, (BlockingIOError, InterruptedError)) and exc.errno != errno.ENOBUFS:
+                self._drop_channel(chan)
             return None
         finally:
             theirs.close()
@@ -312,10 +327,13 @@ class Rendezvous:
         try:
             message, handed = await waiter
         except BaseException:
+            # Withdrawn while the answer is out (the server closing): the
+            # pair end closes, so the other side reads EOF on it if it took
+            # the offer, and the TCP socket's close if not; the answer,
+            # when it comes, is dropped. The channel stays, for the
+            # answers to the other offers on it.
+            chan.replies.pop(serial, None)
             ours.close()
-            # Withdrawn while the answer is out: the channel closes, so the
-            # other side's end of ours reads EOF, whatever it decided.
-            self._drop_channel(chan)
             raise
         try:
             if message is None or message.what is not What.TAKEN:
@@ -432,6 +450,10 @@ async def connect_across(
 # -- front-door checks (no system call) ------------------------------------
 
 
+# A listener slot's loop token field says which loopback families it serves.
+_SERVES_V4, _SERVES_V6 = 1, 2
+
+
 def listener_elsewhere(port: Any) -> bool:
     """Whether a friendsock process other than this one serves ``port`` on
     this host (the table's word: a hint, see ``_host._table``)."""
@@ -458,15 +480,32 @@ def publish_listener(sock: socket.socket) -> Optional[int]:
     if table is None:
         return None
     try:
-        port = sock.getsockname()[1]
+        host, port = sock.getsockname()[:2]
+        if sock.family != socket.AF_INET6:
+            serves = _SERVES_V4
+        elif host == "::" and not sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY):
+            serves = _SERVES_V4 | _SERVES_V6  # (dual-stack: IPv4 clients too)
+        else:
+            serves = _SERVES_V6
     except OSError:
         return None
-    table.write(LISTENERS, port, current_pid())
+    table.write(LISTENERS, port, current_pid(), token=serves)
     return port
 
 
-def withdraw_listener(port: int) -> None:
+def serves_family(port: int, family: int) -> bool:
+    """Whether the listener the table has on ``port`` takes connections of
+    ``family`` (a plain server of the other family may share the port)."""
     table = port_table()
+    if table is None:
+        return False
+    wanted = _SERVES_V6 if family == socket.AF_INET6 else _SERVES_V4
+    return bool(table.read(LISTENERS, port).token & wanted)
+
+
+def withdraw_listener(port: int) -> None:
+    """(Also once switched off since: the slot must not outlive the server.)"""
+    table = opened_table()
     if table is not None:
         table.clear(LISTENERS, port, current_pid())
 
@@ -493,6 +532,9 @@ class AcrossTransport(asyncio.Transport):
     connection (its names, its socket for options), which stays open
     without payload until this closes."""
 
+    # asyncio's start_tls() takes it (set_protocol, pause/resume_reading).
+    _start_tls_compatible = True
+
     def __init__(self, rendezvous: "Rendezvous", tcp: socket.socket, names: Tuple[Any, Any],
                  protocol: asyncio.BaseProtocol, client: bool) -> None:
         self._sockname, self._peername = names
@@ -502,9 +544,12 @@ class AcrossTransport(asyncio.Transport):
             "peername": self._peername,
         })
         self._rendezvous = rendezvous
+        # What a TLS layer's callbacks run in, on uvloop (see _tls._app_transport).
+        self._context = contextvars.copy_context()
         self._tcp: Optional[socket.socket] = tcp
         self._protocol = protocol
         self._inner: Any = None
+        self._relay: Any = None  # what the inner transport calls (_Relay)
         self._reset: Optional[BaseException] = None
         self._client = client
 
@@ -545,6 +590,13 @@ class AcrossTransport(asyncio.Transport):
             tcp.close()
         self._inner.abort()
 
+    def _force_close(self, exc: Optional[BaseException]) -> None:
+        # What uvloop's TLS layer calls on a fatal error: an abort whose
+        # connection_lost() carries ``exc``.
+        if exc is not None and self._reset is None:
+            self._reset = exc
+        self.abort()
+
     def pause_reading(self) -> None:
         self._inner.pause_reading()
 
@@ -569,7 +621,11 @@ class AcrossTransport(asyncio.Transport):
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol
         if self._inner is not None:
-            self._inner.set_protocol(_relay_for(self, protocol))
+            # The relay of the kind the inner transport reads for, which
+            # passes either kind of protocol on (uvloop's transports keep
+            # the way of reading they started with).
+            self._relay = type(self._relay)(self, protocol)
+            self._inner.set_protocol(self._relay)
 
     # -- the TCP socket under it ------------------------------------------
     def _tcp_error(self) -> Optional[BaseException]:
@@ -621,7 +677,19 @@ class _Relay(asyncio.Protocol):
         self.protocol.resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        self.protocol.data_received(data)  # type: ignore[attr-defined]
+        receive = getattr(self.protocol, "data_received", None)
+        if receive is not None:
+            receive(data)
+            return
+        # A protocol that reads into its own buffers, set on a transport
+        # that delivers bytes (uvloop keeps a stream's first way of reading).
+        view = memoryview(data)
+        while view:
+            buffer = memoryview(self.protocol.get_buffer(len(view)))  # type: ignore[attr-defined]
+            size = min(len(buffer), len(view))
+            buffer[:size] = view[:size]
+            self.protocol.buffer_updated(size)  # type: ignore[attr-defined]
+            view = view[size:]
 
     def eof_received(self) -> Optional[bool]:
         reset = self.outer._tcp_error()
@@ -633,17 +701,28 @@ class _Relay(asyncio.Protocol):
 
 
 class _BufferedRelay(_Relay, asyncio.BufferedProtocol):
-    __slots__ = ()
+    __slots__ = ("_buffer",)
 
     def get_buffer(self, sizehint: int) -> Any:
-        return self.protocol.get_buffer(sizehint)  # type: ignore[attr-defined]
+        get_buffer = getattr(self.protocol, "get_buffer", None)
+        if get_buffer is not None:
+            return get_buffer(sizehint)
+        # A protocol that takes bytes, set on a transport that reads into
+        # buffers (see _Relay.data_received).
+        self._buffer = bytearray(max(sizehint, 1) if sizehint > 0 else 65536)
+        return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.protocol.buffer_updated(nbytes)  # type: ignore[attr-defined]
+        if hasattr(self.protocol, "buffer_updated"):
+            self.protocol.buffer_updated(nbytes)
+        else:
+            self.protocol.data_received(bytes(self._buffer[:nbytes]))  # type: ignore[attr-defined]
 
 
 def _relay_for(outer: AcrossTransport, protocol: asyncio.BaseProtocol) -> _Relay:
-    if isinstance(protocol, asyncio.BufferedProtocol):
+    # (uvloop's TLS layer reads into buffers without being a BufferedProtocol)
+    if isinstance(protocol, asyncio.BufferedProtocol) or (
+            hasattr(protocol, "get_buffer") and not hasattr(protocol, "data_received")):
         return _BufferedRelay(outer, protocol)
     return _Relay(outer, protocol)
 
@@ -678,7 +757,7 @@ async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: soc
     the TCP socket's; ``client``: the connecting end."""
     loop = rendezvous.loop
     outer = AcrossTransport(rendezvous, tcp, names, protocol, client)
-    relay = _relay_for(outer, protocol)
+    relay = outer._relay = _relay_for(outer, protocol)
     try:
         await native(loop, "connect_accepted_socket")(lambda: relay, pair_end)
     except BaseException:

@@ -32,7 +32,7 @@ from .._handshake import (
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from .._host import is_loopback
-from ._across import connect_across, end_wait, expect_offer
+from ._across import connect_across, end_wait, expect_offer, serves_family
 from ._native import native
 from ._loop_state import LoopState, loop_state, post_to_loop
 from ._tls import TLSOptions, start_tls_end
@@ -105,7 +105,7 @@ async def connect(
         wait = None
         # Another process on this host: a loopback destination (whatever it
         # was named); any other goes as it would have.
-        crossing = across and is_loopback(attempt.address[0])
+        crossing = across and is_loopback(attempt.address[0]) and serves_family(attempt.address[1], af)
         try:
             sock = attempt.open(af, socktype, sproto)
             attempt.bind(af, local_infos, crossing)

@@ -33,7 +33,7 @@ from .._handshake import (
     register_listener,
 )
 from .._handshake._process import close_with_reset
-from .._host import Slot
+from .._host import Slot, port_table
 from ._across import (
     RESET,
     Offered,
@@ -192,7 +192,8 @@ class FriendServer(asyncio.AbstractServer):
         for sock in self._sockets:
             listen_unregistered(sock, self._backlog)
             entry = register_listener(sock, self._state, owner=self._loop, exclusive=self._exclusive)
-            port = publish_listener(sock)
+            # (Not a TLS server's: its clients must do TLS, not move off it.)
+            port = publish_listener(sock) if self._tls is None else None
             if port is not None:
                 self._published.append(port)
             entry.handle.socketless_accept = self._socketless_accepted
@@ -242,7 +243,9 @@ class FriendServer(asyncio.AbstractServer):
     def _accepted(self, conn: socket.socket, address: Any, entry: Entry) -> None:
         pending, sockname = claim_accepted(conn, address, hold=True, listener=entry.handle)
         if pending is None:
-            slot = connect_slot(address, entry.endpoint[1])
+            slot = connect_slot(address, entry.endpoint[1]) if self._published else None
+            if slot is None and self._published and port_table() is None:
+                self._withdraw()  # switched off since: clients must not wait for an offer
             if slot is not None:
                 names = (sockname or entry.handle.accepted_sockname or conn.getsockname(), address)
                 self._loop.create_task(self._accept_across(conn, names, slot))
@@ -435,6 +438,8 @@ class FriendServer(asyncio.AbstractServer):
         except BaseException as exc:
             if transport is None:
                 conn.close()  # (uvloop detaches a socket it took: no double close)
+                if across is not None:
+                    across.pair_end.close()
             if self._sockets is None and isinstance(exc, AssertionError):
                 self._late_for(protocol, transport, exc)
             elif handshaking:
@@ -495,10 +500,13 @@ class FriendServer(asyncio.AbstractServer):
                            if isinstance(end, FriendTransport) and end._server is self]
             return [*friend_ends, *self._clients.copy()]  # type: ignore[list-item]
 
-    def _forget_listeners(self) -> None:
+    def _withdraw(self) -> None:
         for port in self._published:
             withdraw_listener(port)
         self._published = []
+
+    def _forget_listeners(self) -> None:
+        self._withdraw()
         taken, self._taken = self._taken, None
         for entry in self._entries + ([taken] if taken is not None else []):
             forget_listener(entry)

@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover - a Python built without ssl
 # For methods whose ssl= argument hides the module.
 _ssl = ssl
 
+from ._across import AcrossTransport
 from ._native import native
 from ._transport import FRIEND_END_INFO, FriendTransport
 
@@ -42,12 +43,13 @@ _MAX_LAYERS = 8
 
 
 def rides_friend_link(transport: Any) -> bool:
-    """Whether ``transport`` is a friend end, or an asyncio TLS transport
-    (friendsock's own STARTTLS) running over one: what friendsock's
+    """Whether ``transport`` is a friend end (in this process or moved
+    between processes), or an asyncio TLS transport (friendsock's own
+    STARTTLS) running over one: what friendsock's
     ``start_tls`` upgrades itself on uvloop (whose own takes uvloop's TLS
     transports, over whatever they run)."""
     for _ in range(_MAX_LAYERS):
-        if isinstance(transport, FriendTransport):
+        if isinstance(transport, (FriendTransport, AcrossTransport)):
             return True
         if not isinstance(transport, sslproto._SSLProtocolTransport):
             return False

@@ -27,4 +27,9 @@ def port_table() -> Optional[PortTable]:
     return _table
 
 
-__all__ = ["CONNECTS", "LISTENERS", "PortTable", "Slot", "is_loopback", "port_table"]
+def opened_table() -> Optional[PortTable]:
+    """The table if this process opened it, switched on or not now."""
+    return _table
+
+
+__all__ = ["CONNECTS", "LISTENERS", "PortTable", "Slot", "is_loopback", "opened_table", "port_table"]

@@ -72,9 +72,18 @@ def mirrors(own_names: Tuple[Any, Any], handed: socket.socket) -> bool:
     if handed.type != socket.SOCK_STREAM or handed.proto != socket.IPPROTO_TCP:
         return False
     try:
-        return (handed.getsockname(), handed.getpeername()) == own_names[::-1]
+        theirs = (_endpoint(handed.getsockname()), _endpoint(handed.getpeername()))
     except OSError:
         return False
+    own = own_names[1], own_names[0]
+    return None not in own and theirs == (_endpoint(own[0]), _endpoint(own[1]))
+
+
+def _endpoint(name: Any) -> Tuple[str, int]:
+    """A socket name as (host, port), an IPv4-mapped IPv6 host as IPv4: a
+    dual-stack listener's side names an IPv4 client's connection so."""
+    host = name[0].removeprefix("::ffff:") if name[0].startswith("::ffff:") and "." in name[0] else name[0]
+    return host, name[1]
 
 
 def is_stream_pair_end(sock: socket.socket) -> bool:
