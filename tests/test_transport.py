@@ -1489,8 +1489,12 @@ async def test_connect_refused(friends):
     port = server.sockets[0].getsockname()[1]
     server.close()
     await wait(server.wait_closed())
-    with pytest.raises(ConnectionRefusedError):
-        await wait(friendsock.create_connection(Recorder, "127.0.0.1", port, friends=friends))
+    # Held, not listening: a server of another test (another worker) cannot
+    # take the port meanwhile and answer the connect.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        with pytest.raises(ConnectionRefusedError):
+            await wait(friendsock.create_connection(Recorder, "127.0.0.1", port, friends=friends))
 
 
 async def test_unresolvable_host(friends):
