@@ -433,6 +433,9 @@ async def connect_across(
         pair_end = await found.decided(wait)
     except BaseException:
         sock.close()  # withdrawn: as a connect cancelled, the socket goes
+        taken = wait.decided
+        if taken.done() and not taken.cancelled() and taken.result() is not None:
+            taken.result().close()  # (taken in the turn it was withdrawn)
         raise
     if pair_end is None:
         return None

@@ -358,7 +358,10 @@ class FriendServer(asyncio.AbstractServer):
         for our offer: served over the pair it takes, else over TCP.
         ``names``: the connection's, as ``conn`` has them."""
         across = rendezvous(self._loop)
-        offered = None if across is None else await across.offer(conn, names, slot)
+        try:
+            offered = None if across is None else await across.offer(conn, names, slot)
+        except OSError:  # no descriptor left for the pair, say: not offered, so TCP
+            offered = None
         address = names[1]
         if offered is RESET:
             # It took a pair whose proof failed: neither path is safe. (Shut
