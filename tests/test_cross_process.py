@@ -52,8 +52,11 @@ def _environment(path: str, **extra: str) -> Dict[str, str]:
 class Peer:
     """The other process, its lines read as they come."""
 
+    started: List["Peer"] = []  # (each test's, killed after it if still running)
+
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
+        Peer.started.append(self)
 
     @classmethod
     async def start(cls, *args: str, env: Dict[str, str], user: Any = None) -> "Peer":
@@ -82,6 +85,17 @@ class Peer:
                 if self.process.returncode is None:
                     self.process.kill()
                     await self.process.wait()
+
+
+@pytest.fixture(autouse=True)
+def no_peer_left():
+    """A test that failed before it finished its other processes does not
+    leave them running."""
+    yield
+    for peer in Peer.started:
+        if peer.process.returncode is None:
+            peer.process.kill()
+    Peer.started.clear()
 
 
 async def _serving(peer_loop: str, path: str, door: str = "api", **env: str) -> "tuple[Peer, int]":
