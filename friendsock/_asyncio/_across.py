@@ -45,11 +45,13 @@ from ._native import native
 OFFER_TIMEOUT = 1.0
 # Messages read from a channel in one loop callback, at most.
 _MESSAGES_PER_TURN = 64
-# How long the end that finished first waits for the other's FIN (see
-# Rendezvous.release).
+# How long the connecting end, once done, waits for the accepting end's FIN
+# (see Rendezvous.release).
 RELEASE_TIMEOUT = 5.0
+# What Rendezvous.offer returns when the other side took the offer and then
+# failed its proof: the connection is reset, served on neither path.
 RESET = object()
-_tokens = itertools.count(1)
+_tokens = itertools.count(1)  # each loop's rendezvous name in this process
 
 
 class Offered(NamedTuple):
@@ -105,7 +107,7 @@ class Rendezvous:
         self.waits: Dict[int, _Wait] = {}
         self.channels: Dict[Tuple[int, int], _Channel] = {}
         self.taking: List[socket.socket] = []  # channels offers come in on
-        # TCP sockets of connections that ended here first, until the other
+        # TCP sockets of this loop's connecting ends, done, until the accepting
         # end's FIN (see release), with the timer that stops waiting.
         self.lingering: Dict[socket.socket, asyncio.TimerHandle] = {}
 
