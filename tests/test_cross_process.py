@@ -160,7 +160,7 @@ async def test_echo_from_a_client_process(peer_loop, path):
         assert peer.process.returncode == 0
     finally:
         server.close()
-        await server.wait_closed()
+        await bounded(server.wait_closed())
     assert theirs["sha256"] == theirs["sent"] == ends[0]["sha256"]
     assert theirs["payload_moved"] is ends[0]["payload_moved"] is (path == "tcp")
 
@@ -394,7 +394,7 @@ async def test_a_tls_server_is_not_moved_off_its_tls(path):
         await peer.finish()
     finally:
         server.close()
-        await server.wait_closed()
+        await bounded(server.wait_closed())
     assert seen == []
     assert theirs["sha256"] == hashlib.sha256(b"").hexdigest()
     assert theirs["payload_moved"] is True  # its plaintext went to the TLS server over TCP
@@ -420,7 +420,7 @@ async def test_a_dual_stack_listener_moves_ipv4_clients(peer_loop, path):
         await peer.finish()
     finally:
         server.close()
-        await server.wait_closed()
+        await bounded(server.wait_closed())
     assert theirs["sha256"] == theirs["sent"]
     assert theirs["payload_moved"] is ends[0] is (path == "tcp")
 
@@ -474,6 +474,6 @@ async def test_starttls_between_processes(peer_loop, path, tmp_path):
         assert peer.process.returncode == 0
     finally:
         server.close()
-        await server.wait_closed()
+        await bounded(server.wait_closed())
     assert (theirs["answer"], theirs["cipher"]) == ("secret:secret\n", True)
     assert (theirs["transport"] == "AcrossTransport") is (path == "friend")

@@ -23,7 +23,7 @@ import os
 import socket
 import struct
 from asyncio import trsock
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from .._core._stats import counters
 from .._handshake._process import close_with_reset, current_pid
@@ -555,6 +555,7 @@ class AcrossTransport(asyncio.Transport):
         self._protocol = protocol
         self._inner: Any = None
         self._relay: Any = None  # what the inner transport calls (_Relay)
+        self._on_lost: Optional[Callable[[], Any]] = None
         self._reset: Optional[BaseException] = None
         self._client = client
 
@@ -673,7 +674,12 @@ class _Relay(asyncio.Protocol):
         outer._lost()
         if exc is None and outer._reset is not None:
             exc = outer._reset  # type: ignore[assignment]
-        self.protocol.connection_lost(exc)
+        try:
+            self.protocol.connection_lost(exc)
+        finally:
+            on_lost, outer._on_lost = outer._on_lost, None
+            if on_lost is not None:
+                on_lost()
 
     def pause_writing(self) -> None:
         self.protocol.pause_writing()
@@ -756,12 +762,14 @@ def _lingers_not(tcp: socket.socket) -> bool:
 
 async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: socket.socket,
                        names: Tuple[Any, Any], protocol: asyncio.BaseProtocol,
-                       client: bool) -> AcrossTransport:
+                       client: bool, on_lost: Optional[Callable[[], Any]] = None) -> AcrossTransport:
     """The transport of a connection moved onto ``pair_end``, started with
     ``protocol`` (``connection_made`` called once it returns); ``names``:
-    the TCP socket's; ``client``: the connecting end."""
+    the TCP socket's; ``client``: the connecting end; ``on_lost``: called
+    once the connection is lost (its server counts it so)."""
     loop = rendezvous.loop
     outer = AcrossTransport(rendezvous, tcp, names, protocol, client)
+    outer._on_lost = on_lost
     relay = outer._relay = _relay_for(outer, protocol)
     try:
         await native(loop, "connect_accepted_socket")(lambda: relay, pair_end)

@@ -388,18 +388,20 @@ class FriendServer(asyncio.AbstractServer):
             if self._sockets is None:  # refused (see _attach), before a transport half-made
                 raise AssertionError("the server is closed")
             if across is not None:
-                # Moved to a pair with another process: counted as uvloop's are.
-                counter = _LostCounter.count(protocol, self)
+                # Moved to a pair with another process: the transport itself
+                # detaches as it is lost, whatever protocol it has by then
+                # (STARTTLS replaces it).
+                self._attach()
                 room_like_friends(across.pair_end, conn, across.peer_rcvbuf)
                 try:
                     transport = await start_across(across.rendezvous, across.pair_end, conn,
-                                                   across.names, protocol, client=False)
+                                                   across.names, protocol, client=False,
+                                                   on_lost=self._detach)
                 except BaseException:
                     across.pair_end.close()
-                    if counter is not None and self in counter.servers:
-                        counter.uncount(self)
+                    self._detach()
                     raise
-                if _CLOSES_CLIENTS and counter is not None:
+                if _CLOSES_CLIENTS:
                     self._clients.add(transport)
             elif isinstance(self._loop, selector_events.BaseSelectorEventLoop):
                 # What asyncio.Server's own accept does: the transport
