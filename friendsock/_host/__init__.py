@@ -18,13 +18,24 @@ _opened = False
 def port_table() -> Optional[PortTable]:
     """This user's port table, or None when connections stay in-process:
     switched off, or no safe table to be had."""
-    global _table, _opened
     if not (is_enabled() and is_cross_process()):
         return None
     if not _opened:
-        _opened = True
-        _table = PortTable.open()
+        _open()
     return _table
+
+
+def _open() -> None:
+    global _table, _opened
+    _opened = True
+    _table = PortTable.open()
+
+
+# Opened as friendsock is imported, not at a first connect: that one runs on
+# an event loop, where opening a file is a blocking call (blockbuster, which
+# aiohttp's and anyio's suites run, fails it).
+if is_enabled() and is_cross_process():
+    _open()
 
 
 def opened_table() -> Optional[PortTable]:

@@ -23,6 +23,7 @@ import mmap
 import os
 import stat
 import struct
+import sys
 import time
 from typing import NamedTuple, Optional
 
@@ -31,6 +32,11 @@ _PORTS = 1 << 16
 _REGION = _SLOT.size * _PORTS
 LISTENERS, CONNECTS = range(2)
 _SIZE = 2 * _REGION
+
+
+# The map keeps no descriptor of its own where Python lets it (3.13+); before
+# that it keeps one, for the process's life.
+_NO_FD_KEPT = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 class Slot(NamedTuple):
@@ -63,7 +69,8 @@ class PortTable:
                 return None  # another user's, or one others may write
             if info.st_size < _SIZE:
                 os.ftruncate(fd, _SIZE)
-            return cls(mmap.mmap(fd, _SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
+            return cls(mmap.mmap(fd, _SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                                 **_NO_FD_KEPT))
         except (OSError, ValueError):
             return None
         finally:
