@@ -10,7 +10,10 @@ Paths:
   ``friendsock.create_connection`` in the client: the TCP handshake, then
   the bytes over a socketpair between the two;
 - ``in-process``: friendsock's in-process link (a friendsock server in the
-  client's own process), for reference.
+  client's own process), for reference;
+- ``tcp-via-friendsock`` (only when asked for): friendsock's
+  ``create_connection`` to the plain TCP server, which runs no friendsock:
+  what friendsock costs a connection to such a process.
 
 Tests:
 
@@ -24,7 +27,7 @@ A cell is a warm-up round, then ``--rounds`` rounds of ``--seconds`` per
 path; printed: the median, min-max, and the median over TCP's.
 
     python benchmarks/cross_process.py [--loops asyncio,uvloop]
-        [--tests rr,stream,crr] [--paths tcp,unix,friends,in-process]
+        [--tests rr,stream,crr] [--paths tcp,unix,friends,in-process[,tcp-via-friendsock]]
         [--seconds 0.5] [--rounds 5] [--json FILE]
 """
 
@@ -45,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import friendsock
 
-PATHS = ("tcp", "unix", "friends", "in-process")
+PATHS = ("tcp", "unix", "friends", "in-process")  # (and, when asked for, tcp-via-friendsock)
 TESTS = ("rr", "stream", "crr")
 _COUNT = struct.Struct("!Q")
 MESSAGE = b"m" * 64
@@ -206,6 +209,7 @@ async def measure(tests: List[str], paths: List[str], seconds: float, rounds: in
         "unix": lambda: loop.create_unix_connection(Client, unix_path),
         "friends": lambda: friendsock.create_connection(Client, "127.0.0.1", ports["friends"]),
         "in-process": lambda: friendsock.create_connection(Client, "127.0.0.1", own_port),
+        "tcp-via-friendsock": lambda: friendsock.create_connection(Client, "127.0.0.1", ports["tcp"]),
     }
     runs = {"rr": rr, "stream": stream, "crr": crr}
     results: Dict[str, Dict[str, List[float]]] = {}
