@@ -103,6 +103,23 @@ async def _serving(peer_loop: str, path: str, door: str = "api", **env: str) -> 
     return peer, int(await peer.line())
 
 
+async def _client_report(server: Any, *args: str, path: str,
+                         exit_checked: bool = True) -> Dict[str, Any]:
+    """The other process run as a client (``args``) of ``server``, a server
+    of this process: its report once it has finished (and exited 0, where
+    ``exit_checked``); the server is closed after, whatever happened."""
+    try:
+        peer = await Peer.start(*args, env=_environment(path))
+        theirs = await peer.report()
+        await peer.finish()
+        if exit_checked:
+            assert peer.process.returncode == 0
+    finally:
+        server.close()
+        await bounded(server.wait_closed())
+    return theirs
+
+
 async def _echoed(port: int, payload: bytes) -> Dict[str, Any]:
     reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
     try:
@@ -152,15 +169,8 @@ async def test_echo_from_a_client_process(peer_loop, path):
 
     server = await friendsock.start_server(echo, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    try:
-        peer = await Peer.start("connect", peer_loop, "api", str(port), str(SIZE), "2",
-                                env=_environment(path))
-        theirs = await peer.report()
-        await peer.finish()
-        assert peer.process.returncode == 0
-    finally:
-        server.close()
-        await bounded(server.wait_closed())
+    theirs = await _client_report(server, "connect", peer_loop, "api", str(port), str(SIZE), "2",
+                                  path=path)
     assert theirs["sha256"] == theirs["sent"] == ends[0]["sha256"]
     assert theirs["payload_moved"] is ends[0]["payload_moved"] is (path == "tcp")
 
@@ -387,14 +397,8 @@ async def test_a_tls_server_is_not_moved_off_its_tls(path):
         writer.close()
 
     server = await friendsock.start_server(handle, "127.0.0.1", 0, ssl=server_context)
-    try:
-        peer = await Peer.start("connect", "asyncio", "api", str(port_of(server)), "100", "4",
-                                env=_environment(path))
-        theirs = await peer.report()
-        await peer.finish()
-    finally:
-        server.close()
-        await bounded(server.wait_closed())
+    theirs = await _client_report(server, "connect", "asyncio", "api", str(port_of(server)), "100",
+                                  "4", path=path, exit_checked=False)
     assert seen == []
     assert theirs["sha256"] == hashlib.sha256(b"").hexdigest()
     assert theirs["payload_moved"] is True  # its plaintext went to the TLS server over TCP
@@ -413,14 +417,8 @@ async def test_a_dual_stack_listener_moves_ipv4_clients(peer_loop, path):
         writer.close()
 
     server = await friendsock.start_server(echo, sock=sock)
-    try:
-        peer = await Peer.start("connect", peer_loop, "api", str(sock.getsockname()[1]), "1000", "5",
-                                env=_environment(path))
-        theirs = await peer.report()
-        await peer.finish()
-    finally:
-        server.close()
-        await bounded(server.wait_closed())
+    theirs = await _client_report(server, "connect", peer_loop, "api", str(sock.getsockname()[1]),
+                                  "1000", "5", path=path, exit_checked=False)
     assert theirs["sha256"] == theirs["sent"]
     assert theirs["payload_moved"] is ends[0] is (path == "tcp")
 
@@ -466,14 +464,7 @@ async def test_starttls_between_processes(peer_loop, path, tmp_path):
                 self.transport.write(b"secret:" + data)
 
     server = await friendsock.create_server(Server, "127.0.0.1", 0)
-    try:
-        peer = await Peer.start("starttls", peer_loop, "-", str(port_of(server)), str(ca_file),
-                                env=_environment(path))
-        theirs = await peer.report()
-        await peer.finish()
-        assert peer.process.returncode == 0
-    finally:
-        server.close()
-        await bounded(server.wait_closed())
+    theirs = await _client_report(server, "starttls", peer_loop, "-", str(port_of(server)),
+                                  str(ca_file), path=path)
     assert (theirs["answer"], theirs["cipher"]) == ("secret:secret\n", True)
     assert (theirs["transport"] == "AcrossTransport") is (path == "friend")
