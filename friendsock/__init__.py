@@ -61,7 +61,9 @@ def links() -> List[LinkInfo]:
     """A snapshot of the live friend links, one :class:`LinkInfo` each, in
     the order they were made: both addresses, each direction's state and
     bytes queued and moved, each end's buffers, paused reading/writing,
-    thread and loop, and the link's age (like ``ss -tni`` for friends)."""
+    thread and loop, and the link's age (like ``ss -tni`` for friends).
+    A connection to another process of this host that moved off TCP is
+    listed as this process's end sees it, with ``peer_pid``."""
     return _live_snapshot()
 
 

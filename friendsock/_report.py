@@ -42,7 +42,17 @@ def since(before: FriendStats, after: FriendStats) -> FriendStats:
         pending=after.pending,
         listeners=types.MappingProxyType({s.address: s for s in listeners}),
         cross_process=after.cross_process - before.cross_process,
+        cross_process_peers=_by_count({
+            pid: count - before.cross_process_peers.get(pid, 0)
+            for pid, count in after.cross_process_peers.items()
+        }),
     )
+
+
+def _by_count(counts: Mapping[int, int]) -> Mapping[int, int]:
+    """Per-process counts, the most first, those above zero only."""
+    ordered = sorted(((pid, n) for pid, n in counts.items() if n > 0), key=lambda item: (-item[1], item[0]))
+    return types.MappingProxyType(dict(ordered))
 
 
 def _minus(now: Mapping[str, int], then: Mapping[str, int]) -> Mapping[str, int]:
@@ -65,6 +75,7 @@ def as_dict(stats: FriendStats) -> Dict[str, Any]:
             for address, s in stats.listeners.items()
         },
         "cross_process": stats.cross_process,
+        "cross_process_peers": {str(pid): count for pid, count in stats.cross_process_peers.items()},
     }
 
 
@@ -82,6 +93,8 @@ def from_dict(data: Mapping[str, Any]) -> FriendStats:
         pending=data["pending"],
         listeners=types.MappingProxyType(listeners),
         cross_process=data.get("cross_process", 0),
+        cross_process_peers=_by_count({int(pid): count for pid, count
+                                       in data.get("cross_process_peers", {}).items()}),
     )
 
 
@@ -104,11 +117,12 @@ def combined(parts: Sequence[FriendStats]) -> FriendStats:
         pending=sum(part.pending for part in parts),
         listeners=types.MappingProxyType({s.address: s for s in listeners}),
         cross_process=sum(part.cross_process for part in parts),
+        cross_process_peers=_by_count(_summed(part.cross_process_peers for part in parts)),
     )
 
 
-def _summed(counts: Iterable[Mapping[str, int]]) -> Mapping[str, int]:
-    total: Dict[str, int] = {}
+def _summed(counts: Iterable[Mapping[Any, int]]) -> Mapping[Any, int]:
+    total: Dict[Any, int] = {}
     for each in counts:
         for reason, count in each.items():
             total[reason] = total.get(reason, 0) + count
@@ -143,7 +157,8 @@ def text_lines(stats: FriendStats, top: int = TOP_LISTENERS) -> List[str]:
         f"fell back:   {fell_back:,}" + (f" to real TCP ({_reasons(stats.fallbacks)})" if fell_back else ""),
     ]
     if stats.cross_process:
-        lines.insert(1, f"between processes: {stats.cross_process:,} moved off TCP")
+        lines.insert(1, f"between processes: {stats.cross_process:,} moved off TCP"
+                     + _peer_list(stats.cross_process_peers))
     listeners = list(stats.listeners.values())
     if listeners:
         shown = listeners[:top]
@@ -155,6 +170,15 @@ def text_lines(stats: FriendStats, top: int = TOP_LISTENERS) -> List[str]:
         if len(listeners) > top:
             lines.append(f"... and {len(listeners) - top:,} more addresses (a JSON report lists them all)")
     return lines
+
+
+def _peer_list(peers: Mapping[int, int], top: int = 5) -> str:
+    """`` (pid 4242: 20, pid 4243: 18)``: the other ends' processes."""
+    if not peers:
+        return ""
+    shown = ", ".join(f"pid {pid}: {count:,}" for pid, count in list(peers.items())[:top])
+    more = f", {len(peers) - top:,} more" if len(peers) > top else ""
+    return f" ({shown}{more})"
 
 
 # -- the report at exit ------------------------------------------------------

@@ -11,8 +11,9 @@ LOOP is ``asyncio`` or ``uvloop``. DOOR is how friendsock is switched on:
 
 ``serve`` prints its port, echoes each connection until EOF and then
 finishes it, and prints one JSON line per connection as it ends: the
-transport's class, whether payload crossed its TCP socket (TCP_INFO), and
-the SHA-256 of what it echoed. It exits when its standard input closes.
+transport's class, whether payload crossed its TCP socket (TCP_INFO), the
+SHA-256 of what it echoed, what ``friendsock.links()`` lists for it
+(before its EOF is sent back) and the counts per other process. It exits when its standard input closes.
 
 ``connect`` sends SIZE bytes (a seeded random stream) with EOF, reads the
 echo and prints the same JSON line, with ``sent``: the SHA-256 it sent.
@@ -43,14 +44,29 @@ from friendsock._handshake._tcp_info import payload_moved
 
 def _report(writer: asyncio.StreamWriter, digest: str, **extra) -> str:
     sock = writer.get_extra_info("socket")
+    sockname = list(writer.get_extra_info("sockname"))
     return json.dumps({
         "transport": type(writer.transport).__name__,
         "payload_moved": payload_moved(sock),
-        "sockname": list(writer.get_extra_info("sockname")),
+        "sockname": sockname,
         "peername": list(writer.get_extra_info("peername")),
         "sha256": digest,
+        "link": _link_of(sockname),
+        "peers": {str(pid): count for pid, count in friendsock.stats().cross_process_peers.items()},
         **extra,
     })
+
+
+def _link_of(sockname: list) -> "dict | None":
+    """What friendsock.links() says of the connection whose end here is
+    ``sockname``, if it lists it."""
+    for link in friendsock.links():
+        if sockname in (list(link.client.address), list(link.server.address)):
+            return {"peer_pid": link.peer_pid, "client": list(link.client.address),
+                    "server": list(link.server.address), "listener": link.listener,
+                    "to_server": [link.to_server.state, link.to_server.queued, link.to_server.moved],
+                    "to_client": [link.to_client.state, link.to_client.queued, link.to_client.moved]}
+    return None
 
 
 async def serve(door: str) -> None:

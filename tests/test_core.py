@@ -571,3 +571,34 @@ def test_since_counts_an_address_counted_afresh_from_zero() -> None:
     # An address counted all along shows its difference.
     stats.link_made(listener)
     assert since(middle, stats.snapshot(pending=0)).listeners["127.0.0.1:8000"].links_made == 1
+
+
+def test_moves_between_processes_are_counted_per_process() -> None:
+    """Per other process, the most first; past MAX_PEERS processes those
+    counted least go, the totals keep every one; since(), the report's
+    JSON and the text report carry the counts."""
+    from friendsock._core._stats import MAX_PEERS, Counters
+    from friendsock._report import as_dict, combined, from_dict, since, text_lines
+
+    stats = Counters()
+    for _ in range(3):
+        stats.moved_across(4242)
+    stats.moved_across(4343)
+    before = stats.snapshot(pending=0)
+    assert dict(before.cross_process_peers) == {4242: 3, 4343: 1}
+    assert list(before.cross_process_peers) == [4242, 4343]
+    for pid in range(100_000, 100_000 + MAX_PEERS):  # one each: the least counted go first
+        stats.moved_across(pid)
+    after = stats.snapshot(pending=0)
+    assert after.cross_process == 4 + MAX_PEERS
+    assert len(after.cross_process_peers) <= MAX_PEERS
+    assert after.cross_process_peers[4242] == 3 and 100_000 + MAX_PEERS - 1 in after.cross_process_peers
+    delta = since(before, after)
+    assert delta.cross_process == MAX_PEERS and 4242 not in delta.cross_process_peers
+    assert from_dict(as_dict(after)).cross_process_peers == after.cross_process_peers
+    both = combined([before, before])
+    assert dict(both.cross_process_peers) == {4242: 6, 4343: 2}
+    assert text_lines(both)[1] == "between processes: 8 moved off TCP (pid 4242: 6, pid 4343: 2)"
+    many = text_lines(after)[1]
+    assert many.startswith(f"between processes: {4 + MAX_PEERS:,} moved off TCP (pid 4242: 3, ")
+    assert many.endswith(f", {len(after.cross_process_peers) - 5:,} more)")

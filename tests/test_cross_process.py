@@ -154,6 +154,48 @@ async def test_echo_to_a_server_process(peer_loop, path):
     assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
 
 
+async def test_links_and_stats_name_the_other_process(peer_loop, path):
+    """``links()`` in either process lists the connection with the other
+    process's id and each direction's bytes counted at its end, until it
+    closes; ``stats()`` counts it per process. Over TCP, neither does."""
+    peer, port = await _serving(peer_loop, path)
+    before = friendsock.stats().cross_process_peers.get(peer.process.pid, 0)
+    payload = b"counted" * 10_000
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.write(payload)
+        writer.write_eof()
+        assert await bounded(reader.read()) == payload
+        sockname = list(writer.get_extra_info("sockname"))
+        ours = [link for link in friendsock.links() if list(link.client.address) == sockname]
+        writer.close()
+        await bounded(writer.wait_closed())
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert not [link for link in friendsock.links() if list(link.client.address) == sockname]
+    counted = friendsock.stats().cross_process_peers.get(peer.process.pid, 0) - before
+    if path == "tcp":
+        assert ours == [] and theirs["link"] is None and counted == 0
+        assert str(os.getpid()) not in theirs["peers"]
+        return
+    [link] = ours
+    server = [link.server.address[0], port]
+    assert link.peer_pid == peer.process.pid and list(link.server.address) == server
+    assert link.listener == f"127.0.0.1:{port}"
+    assert (link.to_server.state, link.to_server.queued, link.to_server.moved) == ("eof", 0, len(payload))
+    assert (link.to_client.state, link.to_client.queued, link.to_client.moved) == ("eof", 0, len(payload))
+    assert link.client.closed is False and link.server.closed is True  # (its EOF came)
+    assert link.server.paused_reading is None and link.server.thread is None
+    # Theirs, at our EOF and before sending theirs: all ours read, all echoed.
+    assert theirs["link"]["peer_pid"] == os.getpid()
+    assert theirs["link"]["client"] == sockname and theirs["link"]["server"] == server
+    assert theirs["link"]["to_server"] == ["eof", 0, len(payload)]
+    state, queued, moved = theirs["link"]["to_client"]
+    assert state == "open" and queued + moved == len(payload)
+    assert counted == 1 and theirs["peers"][str(os.getpid())] >= 1
+
+
 async def test_echo_from_a_client_process(peer_loop, path):
     ends: List[Dict[str, Any]] = []
 

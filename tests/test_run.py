@@ -77,7 +77,8 @@ def stats():
             "bytes_moved": s.bytes_moved, "fallbacks": dict(s.fallbacks), "pending": s.pending,
             "listeners": {address: {"links_made": l.links_made, "fallbacks": dict(l.fallbacks)}
                           for address, l in s.listeners.items()},
-            "cross_process": s.cross_process}
+            "cross_process": s.cross_process,
+            "cross_process_peers": {str(pid): n for pid, n in s.cross_process_peers.items()}}
 
 
 def done(result, name, **more):
@@ -303,7 +304,8 @@ def test_a_server_in_another_process_is_reported(tmp_path: Path) -> None:
     assert done.stdout.split() == ["True"]
     result = json.loads(report.read_text())
     assert result["cross_process"] == 1 and result["links_made"] == 0 and result["fallbacks"] == {}
-    assert "friendsock: between processes: 1 moved off TCP" in done.stderr.splitlines()
+    assert result["cross_process_peers"] == {str(server.pid): 1}
+    assert f"friendsock: between processes: 1 moved off TCP (pid {server.pid}: 1)" in done.stderr.splitlines()
 
 
 def test_bad_input_exits_2_with_pythons_words(tmp_path: Path) -> None:

@@ -18,13 +18,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import errno
+import fcntl
 import itertools
 import os
 import socket
 import struct
+import termios
+import threading
+import time
 from asyncio import trsock
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
+from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._stats import counters
 from .._handshake._process import close_with_reset, current_pid
 from .._host import CONNECTS, LISTENERS, PortTable, Slot, is_loopback, opened_table, port_table
@@ -37,7 +42,7 @@ from .._host._proof import (
     peer_credentials,
     received,
 )
-from ._loop_state import loop_state
+from ._loop_state import loop_name, loop_state
 from ._native import native
 
 # How long a connect waits for the process that accepts it to offer a
@@ -54,11 +59,25 @@ RESET = object()
 _tokens = itertools.count(1)  # each loop's rendezvous name in this process
 
 
+class Peer(NamedTuple):
+    """The other end: its process, and its TCP socket's buffer sizes as
+    the connection moved (read from the socket it handed over)."""
+
+    pid: int
+    sndbuf: int
+    rcvbuf: int
+
+
+def _peer(pid: int, handed: socket.socket) -> Peer:
+    return Peer(pid, handed.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                handed.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+
+
 class Offered(NamedTuple):
     """An offer the other process took: what the accepting side serves on."""
 
     pair_end: socket.socket
-    peer_rcvbuf: int
+    peer: Peer
     names: Tuple[Any, Any]  # the TCP socket's own, then its peer's
     rendezvous: "Rendezvous"
 
@@ -66,14 +85,14 @@ class Offered(NamedTuple):
 class _Wait:
     """A connect from ``port`` waiting for its offer."""
 
-    __slots__ = ("decided", "peer_rcvbuf", "port", "sock", "sockname")
+    __slots__ = ("decided", "peer", "port", "sock", "sockname")
 
     def __init__(self, sock: socket.socket, sockname: Any, decided: asyncio.Future) -> None:
         self.sock = sock
         self.sockname = sockname
         self.port: int = sockname[1]
         self.decided = decided  # its result: the pair end, or None for TCP
-        self.peer_rcvbuf = 0
+        self.peer = Peer(0, 0, 0)  # (the offering process, once taken)
 
     def names(self) -> Tuple[Any, Any]:
         """The connection's names, as its socket has them (the kernel's)."""
@@ -136,17 +155,17 @@ class Rendezvous:
         except OSError:
             return
         try:
-            _, uid = peer_credentials(chan)
+            pid, uid = peer_credentials(chan)
         except OSError:
-            uid = -1
+            pid, uid = 0, -1
         if uid != os.getuid():  # another user's process: never
             chan.close()
             return
         chan.setblocking(False)
         self.taking.append(chan)
-        self.loop.add_reader(chan.fileno(), self._offers_arrived, chan)
+        self.loop.add_reader(chan.fileno(), self._offers_arrived, chan, pid)
 
-    def _offers_arrived(self, chan: socket.socket) -> None:
+    def _offers_arrived(self, chan: socket.socket, pid: int) -> None:
         for _ in range(_MESSAGES_PER_TURN):
             try:
                 message, handed = received(chan)
@@ -157,9 +176,9 @@ class Rendezvous:
             if message is None and not handed:  # EOF: that process went away
                 self._drop_taking(chan)
                 return
-            self._offer_arrived(chan, message, handed)
+            self._offer_arrived(chan, pid, message, handed)
 
-    def _offer_arrived(self, chan: socket.socket, message: Optional[Message],
+    def _offer_arrived(self, chan: socket.socket, pid: int, message: Optional[Message],
                        handed: List[socket.socket]) -> None:
         taken = False
         try:
@@ -172,7 +191,7 @@ class Rendezvous:
                 # (Only an offer with its proof ends the wait: one without
                 # leaves it for the process that holds the other end.)
                 del self.waits[message.client_port]
-                wait.peer_rcvbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+                wait.peer = _peer(pid, tcp)
                 answer = Message(What.TAKEN, message.client_port, message.serial)
                 fds = [wait.sock.fileno()]
             else:
@@ -344,8 +363,7 @@ class Rendezvous:
             if len(handed) != 1 or not mirrors(names, handed[0]):
                 ours.close()
                 return RESET
-            rcvbuf = handed[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-            return Offered(ours, rcvbuf, names, self)
+            return Offered(ours, _peer(chan.pid, handed[0]), names, self)
         finally:
             for sock in handed:
                 sock.close()
@@ -443,8 +461,8 @@ async def connect_across(
         return None
     try:
         protocol = protocol_factory()
-        room_like_friends(pair_end, sock, wait.peer_rcvbuf)
-        transport = await start_across(found, pair_end, sock, wait.names(), protocol, client=True)
+        transport = await start_across(found, pair_end, sock, wait.names(), protocol, wait.peer,
+                                       client=True)
     except BaseException:
         pair_end.close()
         sock.close()  # the other side sees EOF, as from a socket the loop closed
@@ -531,7 +549,7 @@ def connect_slot(address: Any, listener_port: int) -> Optional[Slot]:
 # -- the transport ------------------------------------------------------------
 
 
-class AcrossTransport(asyncio.Transport):
+class AcrossTransport(asyncio.Transport, AcrossEnd):
     """A connection to another process of this host, moved off TCP: the
     loop's own transport on a socketpair end, answering as the TCP
     connection (its names, its socket for options), which stays open
@@ -541,7 +559,7 @@ class AcrossTransport(asyncio.Transport):
     _start_tls_compatible = True
 
     def __init__(self, rendezvous: "Rendezvous", tcp: socket.socket, names: Tuple[Any, Any],
-                 protocol: asyncio.BaseProtocol, client: bool) -> None:
+                 protocol: asyncio.BaseProtocol, peer: Peer, client: bool) -> None:
         self._sockname, self._peername = names
         super().__init__(extra={
             "socket": trsock.TransportSocket(tcp),
@@ -558,6 +576,15 @@ class AcrossTransport(asyncio.Transport):
         self._on_lost: Optional[Callable[[], Any]] = None
         self._reset: Optional[BaseException] = None
         self._client = client
+        # For friendsock.links(): what this end can tell of the link.
+        self._peer = peer
+        self._born = time.monotonic()
+        self._thread = threading.current_thread().name
+        self._sent = 0  # bytes given to write()
+        self._received = 0  # bytes passed to the protocol
+        self._eof_sent = False
+        self._eof_came = False
+        self._paused_writing = False
 
     def __repr__(self) -> str:
         state = "closed" if self._tcp is None else (
@@ -568,9 +595,12 @@ class AcrossTransport(asyncio.Transport):
     # (the inner transport answers for what it does)
     def write(self, data: Any) -> None:
         self._inner.write(data)
+        self._sent += len(data) if type(data) is bytes else memoryview(data).nbytes
 
     def writelines(self, list_of_data: Any) -> None:
+        list_of_data = list(list_of_data)  # (an iterator is read once)
         self._inner.writelines(list_of_data)
+        self._sent += sum(memoryview(data).nbytes for data in list_of_data)
 
     def can_write_eof(self) -> bool:
         return True
@@ -579,6 +609,7 @@ class AcrossTransport(asyncio.Transport):
         # (Not on the TCP socket: its FIN comes as the connection ends,
         # see Rendezvous.release.)
         self._inner.write_eof()
+        self._eof_sent = True
 
     def is_closing(self) -> bool:
         return self._inner.is_closing()
@@ -651,7 +682,37 @@ class AcrossTransport(asyncio.Transport):
     def _lost(self) -> None:
         tcp, self._tcp = self._tcp, None
         if tcp is not None:
+            live_across.discard(self)
             self._rendezvous.release(tcp, self._client)
+
+    def link_info(self, now: float) -> Optional[LinkInfo]:
+        tcp, inner = self._tcp, self._inner
+        if tcp is None or inner is None:
+            return None
+        try:
+            sndbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            rcvbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            waiting = _bytes_to_read(inner.get_extra_info("socket"))
+        except OSError:  # closed meanwhile
+            return None
+        closing = inner.is_closing()
+        own = EndInfo(address=tuple(self._sockname), sndbuf=sndbuf, rcvbuf=rcvbuf, closed=closing,
+                      paused_reading=not closing and not inner.is_reading(),
+                      paused_writing=self._paused_writing, thread=self._thread,
+                      scheduler=loop_name(self._rendezvous.loop))
+        peer = EndInfo(address=tuple(self._peername), sndbuf=self._peer.sndbuf,
+                       rcvbuf=self._peer.rcvbuf, closed=self._eof_came, paused_reading=None,
+                       paused_writing=None, thread=None, scheduler=None)
+        unsent = inner.get_write_buffer_size()
+        reset = self._reset is not None
+        sent = DirectionInfo("reset" if reset else "eof" if self._eof_sent else "open",
+                             unsent, self._sent - unsent, False)
+        received = DirectionInfo("reset" if reset else "eof" if self._eof_came else "open",
+                                 waiting, self._received, closing)
+        server = self._peername if self._client else self._sockname
+        return link_between_processes(client_side=self._client, own=own, peer=peer, sent=sent,
+                                      received=received, age=now - self._born,
+                                      listener=(server[0], server[1]), peer_pid=self._peer.pid)
 
 
 class _Relay(asyncio.Protocol):
@@ -682,12 +743,15 @@ class _Relay(asyncio.Protocol):
                 on_lost()
 
     def pause_writing(self) -> None:
+        self.outer._paused_writing = True
         self.protocol.pause_writing()
 
     def resume_writing(self) -> None:
+        self.outer._paused_writing = False
         self.protocol.resume_writing()
 
     def data_received(self, data: bytes) -> None:
+        self.outer._received += len(data)
         receive = getattr(self.protocol, "data_received", None)
         if receive is not None:
             receive(data)
@@ -708,6 +772,7 @@ class _Relay(asyncio.Protocol):
             self.outer._reset = reset
             self.outer._inner.abort()
             return True
+        self.outer._eof_came = True
         return self.protocol.eof_received()  # type: ignore[attr-defined]
 
 
@@ -724,6 +789,7 @@ class _BufferedRelay(_Relay, asyncio.BufferedProtocol):
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.outer._received += nbytes
         if hasattr(self.protocol, "buffer_updated"):
             self.protocol.buffer_updated(nbytes)
         else:
@@ -750,6 +816,13 @@ def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: 
 
 
 _LINGER = struct.Struct("ii")
+_QUEUED = struct.Struct("i")
+
+
+def _bytes_to_read(pair_end: Any) -> int:
+    """Bytes waiting in ``pair_end``'s receive queue (``SIOCINQ``)."""
+    found = fcntl.ioctl(pair_end.fileno(), termios.FIONREAD, bytes(_QUEUED.size))
+    return _QUEUED.unpack(found)[0]
 
 
 def _lingers_not(tcp: socket.socket) -> bool:
@@ -761,14 +834,16 @@ def _lingers_not(tcp: socket.socket) -> bool:
 
 
 async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: socket.socket,
-                       names: Tuple[Any, Any], protocol: asyncio.BaseProtocol,
+                       names: Tuple[Any, Any], protocol: asyncio.BaseProtocol, peer: Peer,
                        client: bool, on_lost: Optional[Callable[[], Any]] = None) -> AcrossTransport:
     """The transport of a connection moved onto ``pair_end``, started with
     ``protocol`` (``connection_made`` called once it returns); ``names``:
-    the TCP socket's; ``client``: the connecting end; ``on_lost``: called
-    once the connection is lost (its server counts it so)."""
+    the TCP socket's; ``peer``: the other end; ``client``: the connecting
+    end; ``on_lost``: called once the connection is lost (its server
+    counts it so)."""
     loop = rendezvous.loop
-    outer = AcrossTransport(rendezvous, tcp, names, protocol, client)
+    room_like_friends(pair_end, tcp, peer.rcvbuf)
+    outer = AcrossTransport(rendezvous, tcp, names, protocol, peer, client)
     outer._on_lost = on_lost
     relay = outer._relay = _relay_for(outer, protocol)
     try:
@@ -776,5 +851,6 @@ async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: soc
     except BaseException:
         outer._tcp = None  # (its caller closes it)
         raise
-    counters.moved_across()
+    counters.moved_across(peer.pid)
+    live_across.add(outer)
     return outer

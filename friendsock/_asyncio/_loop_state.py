@@ -187,6 +187,11 @@ def post_to_loop(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> 
         pass
 
 
+def loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    """The loop as ``friendsock.links()`` names an end's scheduler."""
+    return f"{type(loop).__module__}.{type(loop).__qualname__} at {id(loop):#x}"
+
+
 def loop_state(loop: asyncio.AbstractEventLoop) -> LoopState:
     """The loop's state, made on first use (on the loop's own thread)."""
     ref = _states.get(loop)

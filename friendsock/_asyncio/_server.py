@@ -40,7 +40,6 @@ from ._across import (
     connect_slot,
     publish_listener,
     rendezvous,
-    room_like_friends,
     start_across,
     withdraw_listener,
 )
@@ -392,11 +391,10 @@ class FriendServer(asyncio.AbstractServer):
                 # detaches as it is lost, whatever protocol it has by then
                 # (STARTTLS replaces it).
                 self._attach()
-                room_like_friends(across.pair_end, conn, across.peer_rcvbuf)
                 try:
                     transport = await start_across(across.rendezvous, across.pair_end, conn,
-                                                   across.names, protocol, client=False,
-                                                   on_lost=self._detach)
+                                                   across.names, protocol, across.peer,
+                                                   client=False, on_lost=self._detach)
                 except BaseException:
                     across.pair_end.close()
                     self._detach()

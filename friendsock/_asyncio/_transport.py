@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 from .._core._addresses import shared_host
 from .._core._link import LinkEnd
 from .._friend_socket import FriendSocket, UvloopFriendSocket, copy_buffer_sizes
-from ._loop_state import LoopState, loop_state
+from ._loop_state import LoopState, loop_name, loop_state
 from ._transport_reads import ReadSide
 from ._transport_writes import WriteSide
 
@@ -207,9 +207,7 @@ class FriendTransport(ReadSide, WriteSide):
 
     def _describe_end(self) -> Tuple[bool, bool, str]:
         """For friendsock.links(): paused reading, paused writing, the loop."""
-        loop = self._loop
-        return (self._paused_reading, self._protocol_paused,
-                f"{type(loop).__module__}.{type(loop).__qualname__} at {id(loop):#x}")
+        return (self._paused_reading, self._protocol_paused, loop_name(self._loop))
 
     def _remote_hooks(self) -> Tuple[Callable[[], None], Callable[[], None]]:
         """The hooks the friend's thread calls: one wake-up of our loop per

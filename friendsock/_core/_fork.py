@@ -43,6 +43,9 @@ class Part(enum.IntEnum):
     BLOCKING = 7
     # Capture files: a child writes nothing into its parent's.
     CAPTURE = 8
+    # The ends of links to other processes (links()): the child's copies
+    # are the parent's connections, not the child's.
+    LIVE_ACROSS = 9
 
 
 _hooks: Dict[Part, Tuple[Hook, Hook, Hook]] = {}

@@ -1,5 +1,7 @@
 """The typed snapshot of the live friend links (``friendsock.links()``):
-what each end and direction of each link in :data:`live_links` says now."""
+what each end and direction of each link in :data:`live_links` says now,
+and of each link to another process of this host in
+:data:`live_across` (of which this process holds one end)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import threading
 import time
 from typing import Any, List, Optional, Tuple
 
+from ._alive import LiveLinks
 from ._channel import Channel
+from ._fork import Part, on_fork
 from ._link import Link, LinkEnd, live_links
 from ._stats import format_address
 
@@ -25,6 +29,11 @@ class EndInfo:
     the writer waits for room (``pause_writing()``, a ``send_all`` blocked);
     ``thread``: the name of the thread the end reads on (None: not reading
     yet); ``scheduler``: its event loop, as its adapter names it.
+
+    An end held by another process (see ``LinkInfo.peer_pid``) shows what
+    this process knows of it: its address, its buffers as they were when
+    the connection moved off TCP, ``closed`` once its EOF came; its paused
+    states, thread and scheduler are None.
     """
 
     address: Tuple[Any, ...]
@@ -32,7 +41,7 @@ class EndInfo:
     rcvbuf: int
     closed: bool
     paused_reading: Optional[bool]
-    paused_writing: bool
+    paused_writing: Optional[bool]
     thread: Optional[str]
     scheduler: Optional[str]
 
@@ -42,7 +51,14 @@ class DirectionInfo:
     """One direction of a friend link: ``state`` is ``"open"``, ``"eof"``
     (the writer shut down; the reader gets EOF after the bytes) or
     ``"reset"``; ``queued``: bytes written and not read yet; ``moved``:
-    bytes read so far; ``reader_closed``: the reading end is gone."""
+    bytes read so far; ``reader_closed``: the reading end is gone.
+
+    Between processes (``LinkInfo.peer_pid``), each side counts at its own
+    end. Out of this process: ``queued``, bytes still in its transport's
+    buffer; ``moved``, bytes handed on to the kernel (read by the other
+    process, or waiting in the kernel for it); ``reader_closed`` False, as
+    far as this process can tell. Into it: ``queued``, bytes waiting in its
+    socket's receive queue; ``moved``, bytes it read."""
 
     state: str
     queued: int
@@ -58,7 +74,9 @@ class LinkInfo:
     ``to_client``: its directions (:class:`DirectionInfo`); ``age``: seconds
     since it was established; ``listener``: the listener address it came
     in on; ``threaded``: its ends run on different threads; ``captured``:
-    it is written to a capture (``friendsock.capture``).
+    it is written to a capture (``friendsock.capture``); ``peer_pid``: for
+    a link to another process of this host, that process's id (None: both
+    ends are this process's).
     """
 
     client: EndInfo
@@ -69,6 +87,7 @@ class LinkInfo:
     listener: Optional[str]
     threaded: bool
     captured: bool
+    peer_pid: Optional[int] = None
 
     def __str__(self) -> str:
         def end(info: EndInfo) -> str:
@@ -77,7 +96,8 @@ class LinkInfo:
         def flow(info: DirectionInfo) -> str:
             return f"{info.state} queued={info.queued} moved={info.moved}"
 
-        return (f"{end(self.client)} -> {end(self.server)} age={self.age:.1f}s "
+        peer = f" peer_pid={self.peer_pid}" if self.peer_pid is not None else ""
+        return (f"{end(self.client)} -> {end(self.server)} age={self.age:.1f}s{peer} "
                 f"[c->s {flow(self.to_server)}] [s->c {flow(self.to_client)}]")
 
 
@@ -124,7 +144,48 @@ def _link_info(link: Link, now: float) -> Optional[LinkInfo]:
     )
 
 
+class AcrossEnd:
+    """What an adapter's end of a link to another process answers for
+    :func:`snapshot` (its transport, say, registered in :data:`live_across`
+    while it is open)."""
+
+    def link_info(self, now: float) -> Optional[LinkInfo]:
+        """The link as this end sees it now; None once it is done."""
+        raise NotImplementedError
+
+
+# The ends this process holds of links to other processes (by weak
+# reference, as live_links: an abandoned transport's collection closes it).
+live_across: "LiveLinks[AcrossEnd]" = LiveLinks()
+on_fork(Part.LIVE_ACROSS, after_in_child=live_across._reset_after_fork)
+
+
+def link_between_processes(*, client_side: bool, own: EndInfo, peer: EndInfo,
+                           sent: DirectionInfo, received: DirectionInfo, age: float,
+                           listener: Optional[Tuple[str, Any]], peer_pid: int) -> LinkInfo:
+    """A link to process ``peer_pid`` as this process's end ``own`` sees
+    it: ``client_side``, that end connected; ``sent``/``received``: its
+    directions out and in."""
+    return LinkInfo(
+        client=own if client_side else peer,
+        server=peer if client_side else own,
+        to_server=sent if client_side else received,
+        to_client=received if client_side else sent,
+        age=age,
+        listener=format_address(listener) if listener is not None else None,
+        threaded=False,
+        captured=False,
+        peer_pid=peer_pid,
+    )
+
+
 def snapshot() -> List[LinkInfo]:
-    """Each live link (:data:`live_links`) as it is now."""
+    """Each live link (:data:`live_links`, :data:`live_across`) as it is
+    now, the oldest first."""
     now = time.monotonic()
-    return [info for link in live_links.links() if (info := _link_info(link, now)) is not None]
+    found = [info for link in live_links.links() if (info := _link_info(link, now)) is not None]
+    across = [info for end in live_across.links() if (info := end.link_info(now)) is not None]
+    if across:
+        found.extend(across)
+        found.sort(key=lambda info: -info.age)  # (stable: links made together keep their order)
+    return found

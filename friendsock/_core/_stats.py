@@ -51,7 +51,10 @@ class FriendStats:
     listener of ours is counted under the address it connected to;
     ``cross_process``: connections to another process of this host whose
     bytes moved off TCP, counted at each end this process holds (those
-    count in neither ``links_made`` nor ``fallbacks``).
+    count in neither ``links_made`` nor ``fallbacks``);
+    ``cross_process_peers``: the same per process id of the other end, the
+    most first (for at most :data:`MAX_PEERS` processes per thread: past
+    that, those counted least are dropped).
     """
 
     links_made: int
@@ -63,6 +66,9 @@ class FriendStats:
         default_factory=lambda: types.MappingProxyType({})
     )
     cross_process: int = 0
+    cross_process_peers: Mapping[int, int] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +97,10 @@ class ListenerStats:
 # every test, and the last ones' counts are the ones asked for. (The totals
 # count every link.)
 MAX_PLACES = 1024
+# Per-peer counts of connections moved to other processes are kept for at
+# most this many process ids per thread (a supervisor may start a process
+# per job; the totals count every one).
+MAX_PEERS = 256
 
 
 def format_address(key: Tuple[str, Any]) -> str:
@@ -121,11 +131,12 @@ class Shard:
     needs no lock and loses nothing, however many threads run links; a
     snapshot adds the shards up."""
 
-    __slots__ = ("made", "done", "moved", "across", "fallbacks", "places")
+    __slots__ = ("made", "done", "moved", "across", "peers", "fallbacks", "places")
 
     def __init__(self) -> None:
         self.made = 0  # links established on this thread
         self.across = 0  # connections moved off TCP to another process
+        self.peers: Dict[int, int] = {}  # the same per process id (at most MAX_PEERS)
         self.done = 0  # links whose last end closed on this thread
         self.moved = 0  # bytes read by ends on this thread
         self.fallbacks: Dict[str, int] = {}
@@ -197,9 +208,18 @@ class Counters:
         if listener is not None:
             shard.place(listener).made += 1
 
-    def moved_across(self) -> None:
-        """A connection to another process of this host moved off TCP."""
-        self.shard().across += 1
+    def moved_across(self, peer_pid: int) -> None:
+        """A connection to process ``peer_pid`` of this host moved off TCP."""
+        shard = self.shard()
+        shard.across += 1
+        peers = shard.peers
+        count = peers.get(peer_pid, 0)
+        if not count and len(peers) >= MAX_PEERS:
+            # The quarter counted least goes. A new dict, as for places: a
+            # snapshot copies the one it finds.
+            kept = sorted(peers.items(), key=lambda item: item[1])[MAX_PEERS // 4:]
+            shard.peers = peers = dict(kept)
+        peers[peer_pid] = count + 1
 
     @property
     def links_made(self) -> int:
@@ -228,6 +248,7 @@ class Counters:
             pending=pending,
             listeners=_listeners(shards),
             cross_process=sum(shard.across for shard in shards),
+            cross_process_peers=_peers(shards),
         )
 
     def _reset_after_fork(self) -> None:
@@ -236,6 +257,13 @@ class Counters:
         # live on (and never closes them, see the adapters' pid checks).
         self._lock = threading.Lock()
         self.shard().done += self.links_alive
+
+
+def _peers(shards: List[Shard]) -> Mapping[int, int]:
+    counts: collections.Counter[int] = collections.Counter()
+    for shard in shards:
+        counts.update(dict(shard.peers))  # dict(): one atomic copy
+    return types.MappingProxyType(dict(counts.most_common()))
 
 
 def _listeners(shards: List[Shard]) -> Mapping[str, ListenerStats]:
