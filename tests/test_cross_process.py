@@ -29,6 +29,7 @@ import friendsock
 from friendsock._handshake._tcp_info import payload_moved
 
 from support import bounded, port_of, tcp_connections, tls_contexts
+from test_capture import check_tcp_shape, read_capture, tshark_check
 
 PEER = str(Path(__file__).with_name("cross_process_peer.py"))
 SIZE = 1 << 21
@@ -187,6 +188,7 @@ async def test_links_and_stats_name_the_other_process(peer_loop, path):
     assert (link.to_client.state, link.to_client.queued, link.to_client.moved) == ("eof", 0, len(payload))
     assert link.client.closed is False and link.server.closed is True  # (its EOF came)
     assert link.server.paused_reading is None and link.server.thread is None
+    assert link.captured is False
     # Theirs, at our EOF and before sending theirs: all ours read, all echoed.
     assert theirs["link"]["peer_pid"] == os.getpid()
     assert theirs["link"]["client"] == sockname and theirs["link"]["server"] == server
@@ -194,6 +196,56 @@ async def test_links_and_stats_name_the_other_process(peer_loop, path):
     state, queued, moved = theirs["link"]["to_client"]
     assert state == "open" and queued + moved == len(payload)
     assert counted == 1 and theirs["peers"][str(os.getpid())] >= 1
+
+
+async def test_a_capture_here_shows_a_connection_to_a_server_process(peer_loop, path, tmp_path):
+    """A capture in the client's process writes the connection as its
+    in-process links are written: the handshake, each side's bytes, a FIN
+    each way; Wireshark follows it. Over TCP it is not in the capture
+    (tcpdump sees that one)."""
+    peer, port = await _serving(peer_loop, path)
+    pcap = str(tmp_path / "client.pcap")
+    payload = random.Random(3).randbytes(300_000)
+    try:
+        with friendsock.capture(pcap) as running:
+            ours = await _echoed(port, payload)
+            theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert ours["sha256"] == theirs["sha256"]
+    streams = read_capture(pcap)
+    if path == "tcp":
+        assert streams == {} and running.links == 0
+        return
+    assert running.links == 1
+    stream = streams[(tuple(ours["sockname"]), tuple(ours["peername"]))]
+    assert stream.up.data == payload and stream.down.data == payload
+    check_tcp_shape(stream)
+    tshark_check(pcap, {0: (payload, payload)})
+
+
+async def test_a_capture_here_shows_a_connection_from_a_client_process(peer_loop, path, tmp_path):
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    pcap = str(tmp_path / "server.pcap")
+    with friendsock.capture(pcap) as running:
+        server = await friendsock.start_server(echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        theirs = await _client_report(server, "connect", peer_loop, "api", str(port), "100000", "4",
+                                      path=path)
+    assert theirs["sha256"] == theirs["sent"]
+    streams = read_capture(pcap)
+    if path == "tcp":
+        assert streams == {} and running.links == 0
+        return
+    payload = random.Random(4).randbytes(100_000)
+    stream = streams[(tuple(theirs["sockname"]), tuple(theirs["peername"]))]
+    assert stream.up.data == payload and stream.down.data == payload
+    check_tcp_shape(stream)
 
 
 async def test_echo_from_a_client_process(peer_loop, path):
@@ -309,25 +361,35 @@ async def test_a_client_killed_mid_rendezvous(peer_loop, stopped_first):
 
 
 @pytest.mark.parametrize("linger", [False, True], ids=["abort", "abort-linger-0"])
-async def test_an_abort_at_the_other_end(peer_loop, path, linger):
+async def test_an_abort_at_the_other_end(peer_loop, path, linger, tmp_path):
     """As the loop's own abort(): the socket closes (a FIN), or, with
-    SO_LINGER {1, 0} set on it, resets."""
+    SO_LINGER {1, 0} set on it, resets; a capture here shows which."""
     peer, port = await _serving(peer_loop, path)
+    pcap = str(tmp_path / "abort.pcap")
     try:
-        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
-        writer.write(b"ping")
-        assert await bounded(reader.readexactly(4)) == b"ping"
-        if linger:
-            writer.get_extra_info("socket").setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        writer.transport.abort()
-        report = await peer.report()
+        with friendsock.capture(pcap):
+            reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+            writer.write(b"ping")
+            assert await bounded(reader.readexactly(4)) == b"ping"
+            if linger:
+                writer.get_extra_info("socket").setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            report = await peer.report()
         if linger:
             assert report == {"error": "ConnectionResetError"}
         else:
             assert report["sha256"] == hashlib.sha256(b"ping").hexdigest()
     finally:
         await peer.finish()
+    streams = read_capture(pcap)
+    if path == "tcp":
+        assert streams == {}
+        return
+    [stream] = streams.values()
+    assert stream.up.data == stream.down.data == b"ping"
+    assert (stream.up.rst, stream.up.fin) == (linger, not linger)
+    assert stream.events[-2 if not linger else -1] == ("client", "RA" if linger else "FA")
 
 
 async def test_a_server_killed_is_eof_here(peer_loop, path):

@@ -30,7 +30,9 @@ from asyncio import trsock
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
+from .._core._pcap import CLIENT, SERVER
 from .._core._stats import counters
+from .._core._tap import StreamTap, stream_tap_for
 from .._handshake._process import close_with_reset, current_pid
 from .._host import CONNECTS, LISTENERS, PortTable, Slot, is_loopback, opened_table, port_table
 from .._host._proof import (
@@ -585,6 +587,10 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         self._eof_sent = False
         self._eof_came = False
         self._paused_writing = False
+        # The capture's tap while one runs (friendsock.capture): this end's
+        # side and the other's, as the segments name them.
+        self._tap: Optional[StreamTap] = None
+        self._side, self._other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
 
     def __repr__(self) -> str:
         state = "closed" if self._tcp is None else (
@@ -595,12 +601,25 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
     # (the inner transport answers for what it does)
     def write(self, data: Any) -> None:
         self._inner.write(data)
-        self._sent += len(data) if type(data) is bytes else memoryview(data).nbytes
+        self._wrote(data)
 
     def writelines(self, list_of_data: Any) -> None:
         list_of_data = list(list_of_data)  # (an iterator is read once)
         self._inner.writelines(list_of_data)
-        self._sent += sum(memoryview(data).nbytes for data in list_of_data)
+        for data in list_of_data:
+            self._wrote(data)
+
+    def _wrote(self, data: Any) -> None:
+        """Count what the inner transport took (and capture it)."""
+        if type(data) is not bytes:
+            view = memoryview(data)
+            self._sent += view.nbytes
+            if self._tap is not None:
+                self._tap.data(self._side, view.tobytes())
+            return
+        self._sent += len(data)
+        if self._tap is not None:
+            self._tap.data(self._side, data)
 
     def can_write_eof(self) -> bool:
         return True
@@ -610,6 +629,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         # see Rendezvous.release.)
         self._inner.write_eof()
         self._eof_sent = True
+        if self._tap is not None:
+            self._tap.fin(self._side)
 
     def is_closing(self) -> bool:
         return self._inner.is_closing()
@@ -625,6 +646,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         if tcp is not None and _lingers_not(tcp):
             self._tcp = None
             tcp.close()
+            if self._tap is not None:
+                self._tap.reset(self._side)
         self._inner.abort()
 
     def _force_close(self, exc: Optional[BaseException]) -> None:
@@ -632,6 +655,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         # connection_lost() carries ``exc``.
         if exc is not None and self._reset is None:
             self._reset = exc
+            if self._tap is not None:
+                self._tap.reset(self._side)
         self.abort()
 
     def pause_reading(self) -> None:
@@ -679,8 +704,14 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
             return exc
         return None
 
-    def _lost(self) -> None:
+    def _lost(self, exc: Optional[BaseException]) -> None:
         tcp, self._tcp = self._tcp, None
+        tap = self._tap
+        if tap is not None:
+            if exc is not None:  # the other end is gone with bytes unread
+                tap.reset(self._other_side)
+            else:
+                tap.fin(self._side)  # (after all this end wrote, as close() flushes)
         if tcp is not None:
             live_across.discard(self)
             self._rendezvous.release(tcp, self._client)
@@ -712,7 +743,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         server = self._peername if self._client else self._sockname
         return link_between_processes(client_side=self._client, own=own, peer=peer, sent=sent,
                                       received=received, age=now - self._born,
-                                      listener=(server[0], server[1]), peer_pid=self._peer.pid)
+                                      listener=(server[0], server[1]), peer_pid=self._peer.pid,
+                                      captured=self._tap is not None)
 
 
 class _Relay(asyncio.Protocol):
@@ -732,9 +764,9 @@ class _Relay(asyncio.Protocol):
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         outer = self.outer
-        outer._lost()
         if exc is None and outer._reset is not None:
             exc = outer._reset  # type: ignore[assignment]
+        outer._lost(exc)
         try:
             self.protocol.connection_lost(exc)
         finally:
@@ -751,7 +783,10 @@ class _Relay(asyncio.Protocol):
         self.protocol.resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        self.outer._received += len(data)
+        outer = self.outer
+        outer._received += len(data)
+        if outer._tap is not None:
+            outer._tap.data(outer._other_side, data)
         receive = getattr(self.protocol, "data_received", None)
         if receive is not None:
             receive(data)
@@ -773,6 +808,8 @@ class _Relay(asyncio.Protocol):
             self.outer._inner.abort()
             return True
         self.outer._eof_came = True
+        if self.outer._tap is not None:
+            self.outer._tap.fin(self.outer._other_side)
         return self.protocol.eof_received()  # type: ignore[attr-defined]
 
 
@@ -782,14 +819,20 @@ class _BufferedRelay(_Relay, asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> Any:
         get_buffer = getattr(self.protocol, "get_buffer", None)
         if get_buffer is not None:
-            return get_buffer(sizehint)
+            buffer = get_buffer(sizehint)
+            if self.outer._tap is not None:
+                self._buffer = buffer  # (what buffer_updated's bytes are read from)
+            return buffer
         # A protocol that takes bytes, set on a transport that reads into
         # buffers (see _Relay.data_received).
         self._buffer = bytearray(max(sizehint, 1) if sizehint > 0 else 65536)
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.outer._received += nbytes
+        outer = self.outer
+        outer._received += nbytes
+        if outer._tap is not None:
+            outer._tap.data(outer._other_side, bytes(memoryview(self._buffer).cast("B")[:nbytes]))
         if hasattr(self.protocol, "buffer_updated"):
             self.protocol.buffer_updated(nbytes)
         else:
@@ -844,6 +887,7 @@ async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: soc
     loop = rendezvous.loop
     room_like_friends(pair_end, tcp, peer.rcvbuf)
     outer = AcrossTransport(rendezvous, tcp, names, protocol, peer, client)
+    outer._tap = stream_tap_for(*(names if client else names[::-1]))
     outer._on_lost = on_lost
     relay = outer._relay = _relay_for(outer, protocol)
     try:

@@ -162,7 +162,8 @@ on_fork(Part.LIVE_ACROSS, after_in_child=live_across._reset_after_fork)
 
 def link_between_processes(*, client_side: bool, own: EndInfo, peer: EndInfo,
                            sent: DirectionInfo, received: DirectionInfo, age: float,
-                           listener: Optional[Tuple[str, Any]], peer_pid: int) -> LinkInfo:
+                           listener: Optional[Tuple[str, Any]], peer_pid: int,
+                           captured: bool) -> LinkInfo:
     """A link to process ``peer_pid`` as this process's end ``own`` sees
     it: ``client_side``, that end connected; ``sent``/``received``: its
     directions out and in."""
@@ -174,7 +175,7 @@ def link_between_processes(*, client_side: bool, own: EndInfo, peer: EndInfo,
         age=age,
         listener=format_address(listener) if listener is not None else None,
         threaded=False,
-        captured=False,
+        captured=captured,
         peer_pid=peer_pid,
     )
 

@@ -107,6 +107,48 @@ class LinkTap:
         return True
 
 
+class StreamTap:
+    """The capture of a link to another process of this host, as this
+    process's end sees it (``sender`` below: ``CLIENT`` or ``SERVER``):
+    each side's bytes once this end handed them on or read them, each FIN
+    and reset as this end learns of it. The other process may capture the
+    same link into a file of its own."""
+
+    __slots__ = ("link", "finished")
+
+    def __init__(self, link: LinkTap) -> None:
+        self.link = link
+        self.finished = [False, False]  # a FIN or reset written, per sender
+        link.established()
+
+    def data(self, sender: int, data: Buffer) -> None:
+        link = self.link
+        with link.sink.lock:
+            if link._open() and not self.finished[sender]:
+                link.sink.write(link.flow.data(sender, data, time.time_ns()))
+
+    def fin(self, sender: int) -> None:
+        link = self.link
+        with link.sink.lock:
+            if link._open() and not self.finished[sender]:
+                self.finished[sender] = True
+                link.sink.write(link.flow.fin(sender, time.time_ns()))
+
+    def reset(self, sender: int) -> None:
+        link = self.link
+        with link.sink.lock:
+            if link._open():
+                link.dead = True
+                link.sink.write(link.flow.reset(sender, time.time_ns()))
+
+
+def stream_tap_for(client: Any, server: Any) -> Optional[StreamTap]:
+    """A tap for a link to another process, from ``client`` to ``server``
+    (socket addresses), if a capture is running, else None."""
+    link = tap_for(client, server)
+    return None if link is None else StreamTap(link)
+
+
 class DirectionTap:
     """What one channel's writer put on the wire, and what it holds back.
 
