@@ -317,6 +317,43 @@ async def test_several_listening_sockets(friends):
         server.close()
 
 
+class _PassingCallsOn:
+    """A wrapper that passes every call on to its socket, as gunicorn's
+    listening sockets do (uvicorn's workers hand them to create_server)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def __getattr__(self, name: str):
+        return getattr(self.sock, name)
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["socket", "patched-socket"])
+async def test_a_wrapper_that_passes_calls_on_is_served(friends, patched):
+    """The loop's own server takes such a wrapper for ``sock=``; so does
+    friendsock's, its socket listening once, registered once."""
+    if patched:
+        friendsock.patch_socket()
+    try:
+        sock = socket.socket()
+    finally:
+        if patched:
+            friendsock.unpatch_socket()
+    with sock:
+        sock.bind((LOCALHOST, 0))
+        echoes = Echoes()
+        server = await friendsock.create_server(echoes, sock=_PassingCallsOn(sock), friends=friends)
+        try:
+            port = port_of(server)
+            before = friendsock.stats().listeners.get(f"{LOCALHOST}:{port}")
+            await check_pairs(port, friends, echoes)
+            made = friendsock.stats().listeners.get(f"{LOCALHOST}:{port}")
+            assert before is None and (made.links_made if made else 0) == (1 if friends else 0)
+        finally:
+            server.close()
+            await bounded(server.wait_closed())
+
+
 # -- arguments, as asyncio takes them -----------------------------------------
 
 

@@ -353,7 +353,17 @@ def listen_unregistered(sock: socket.socket, *backlog: int) -> None:
     """``listen()`` for code that registers the listener itself (an event
     loop's or trio's server through friendsock): never the patched class's
     registration as well."""
-    _ss.listen(sock, *backlog)
+    if isinstance(sock, _ss):
+        _ss.listen(sock, *backlog)
+        return
+    # A wrapper that passes calls on to a socket (gunicorn's listeners,
+    # handed to uvicorn's create_server): the socket under it listens, as
+    # the loop's own server would have it, and still not through the class.
+    real = _ss(fileno=sock.fileno())
+    try:
+        real.listen(*backlog)
+    finally:
+        real.detach()
 
 
 def patchable_class() -> Callable[..., socket.socket]:
