@@ -35,21 +35,20 @@ from .._core._stats import counters
 from .._core._tap import StreamTap, stream_tap_for
 from .._handshake._process import close_with_reset, current_pid
 from .._host import CONNECTS, LISTENERS, PortTable, Slot, is_loopback, opened_table, port_table
-from .._host._proof import (
-    Message,
-    What,
-    channel_address,
-    is_stream_pair_end,
-    mirrors,
-    peer_credentials,
-    received,
+from .._host._offers import (
+    OFFER_TIMEOUT,
+    ConnectWait,
+    Peer,
+    accept_channel,
+    answer_offer,
+    channel_listener,
+    next_token,
+    peer_of,
 )
+from .._host._proof import Message, What, channel_address, mirrors, peer_credentials, received
 from ._loop_state import loop_name, loop_state
 from ._native import native
 
-# How long a connect waits for the process that accepts it to offer a
-# rendezvous; then it is TCP's (an offer that comes later is declined).
-OFFER_TIMEOUT = 1.0
 # Messages read from a channel in one loop callback, at most.
 _MESSAGES_PER_TURN = 64
 # How long the connecting end, once done, waits for the accepting end's FIN
@@ -58,21 +57,6 @@ RELEASE_TIMEOUT = 5.0
 # What Rendezvous.offer returns when the other side took the offer and then
 # failed its proof: the connection is reset, served on neither path.
 RESET = object()
-_tokens = itertools.count(1)  # each loop's rendezvous name in this process
-
-
-class Peer(NamedTuple):
-    """The other end: its process, and its TCP socket's buffer sizes as
-    the connection moved (read from the socket it handed over)."""
-
-    pid: int
-    sndbuf: int
-    rcvbuf: int
-
-
-def _peer(pid: int, handed: socket.socket) -> Peer:
-    return Peer(pid, handed.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
-                handed.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
 
 
 class Offered(NamedTuple):
@@ -84,24 +68,14 @@ class Offered(NamedTuple):
     rendezvous: "Rendezvous"
 
 
-class _Wait:
-    """A connect from ``port`` waiting for its offer."""
+class _Wait(ConnectWait):
+    """A connect on a loop waiting for its offer."""
 
-    __slots__ = ("decided", "peer", "port", "sock", "sockname")
+    __slots__ = ("decided",)
 
     def __init__(self, sock: socket.socket, sockname: Any, decided: asyncio.Future) -> None:
-        self.sock = sock
-        self.sockname = sockname
-        self.port: int = sockname[1]
+        super().__init__(sock, sockname)
         self.decided = decided  # its result: the pair end, or None for TCP
-        self.peer = Peer(0, 0, 0)  # (the offering process, once taken)
-
-    def names(self) -> Tuple[Any, Any]:
-        """The connection's names, as its socket has them (the kernel's)."""
-        try:
-            return self.sockname, self.sock.getpeername()
-        except OSError:  # not connected: nothing mirrors it
-            return self.sockname, None
 
 
 class _Channel:
@@ -123,7 +97,7 @@ class Rendezvous:
         self.loop = loop
         self.table = table
         self.pid = current_pid()
-        self.token = next(_tokens) & 0xFFFF or next(_tokens)
+        self.token = next_token()
         self.listener: Optional[socket.socket] = None
         self.waits: Dict[int, _Wait] = {}
         self.channels: Dict[Tuple[int, int], _Channel] = {}
@@ -136,13 +110,8 @@ class Rendezvous:
     def _listen(self) -> bool:
         if self.listener is not None:
             return True
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.bind(channel_address(self.pid, self.token))
-            sock.listen(64)
-            sock.setblocking(False)
-        except OSError:  # the name is taken: whoever squats it gets no offer of ours
-            sock.close()
+        sock = channel_listener(self.pid, self.token)
+        if sock is None:
             return False
         self.listener = sock
         self.loop.add_reader(sock.fileno(), self._channel_opened)
@@ -150,22 +119,11 @@ class Rendezvous:
 
     def _channel_opened(self) -> None:
         assert self.listener is not None
-        try:
-            chan, _ = self.listener.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return
-        except OSError:
-            return
-        try:
-            pid, uid = peer_credentials(chan)
-        except OSError:
-            pid, uid = 0, -1
-        if uid != os.getuid():  # another user's process: never
-            chan.close()
-            return
-        chan.setblocking(False)
-        self.taking.append(chan)
-        self.loop.add_reader(chan.fileno(), self._offers_arrived, chan, pid)
+        opened = accept_channel(self.listener)
+        if opened is not None:
+            chan, pid = opened
+            self.taking.append(chan)
+            self.loop.add_reader(chan.fileno(), self._offers_arrived, chan, pid)
 
     def _offers_arrived(self, chan: socket.socket, pid: int) -> None:
         for _ in range(_MESSAGES_PER_TURN):
@@ -182,40 +140,20 @@ class Rendezvous:
 
     def _offer_arrived(self, chan: socket.socket, pid: int, message: Optional[Message],
                        handed: List[socket.socket]) -> None:
-        taken = False
+        wait = self.waits.get(message.client_port) if message is not None else None
+        if wait is not None and wait.decided.done():
+            wait = None
         try:
-            if message is None or message.what is not What.OFFER or len(handed) != 2:
-                return  # not a message of ours: dropped
-            tcp, pair_end = handed
-            wait = self.waits.get(message.client_port)
-            if (wait is not None and not wait.decided.done() and is_stream_pair_end(pair_end)
-                    and mirrors(wait.names(), tcp)):
-                # (Only an offer with its proof ends the wait: one without
-                # leaves it for the process that holds the other end.)
-                del self.waits[message.client_port]
-                wait.peer = _peer(pid, tcp)
-                answer = Message(What.TAKEN, message.client_port, message.serial)
-                fds = [wait.sock.fileno()]
-            else:
-                answer = Message(What.DECLINED, message.client_port, message.serial)
-                fds = []
-                wait = None
-            try:
-                socket.send_fds(chan, [answer.encode()], fds)
-            except OSError:
-                # Unanswered, the offering side would wait: it learns no
-                # from the channel closing, and so TCP is what both take.
-                self._drop_taking(chan)
-                if wait is not None:
-                    wait.decided.set_result(None)
-                return
-            if wait is not None:
-                taken = True
-                wait.decided.set_result(pair_end)
-        finally:
-            for sock in handed:
-                if not (taken and sock is handed[1]):
-                    sock.close()
+            pair_end = answer_offer(chan, pid, message, handed, wait)
+        except OSError:
+            # Unanswered, the offering side would wait: it learns no from
+            # the channel closing, and so TCP is what both take.
+            self._drop_taking(chan)
+            return
+        if pair_end is not None:
+            assert wait is not None
+            del self.waits[wait.port]
+            wait.decided.set_result(pair_end)
 
     def _drop_taking(self, chan: socket.socket) -> None:
         if chan in self.taking:
@@ -365,7 +303,7 @@ class Rendezvous:
             if len(handed) != 1 or not mirrors(names, handed[0]):
                 ours.close()
                 return RESET
-            return Offered(ours, _peer(chan.pid, handed[0]), names, self)
+            return Offered(ours, peer_of(chan.pid, handed[0]), names, self)
         finally:
             for sock in handed:
                 sock.close()

@@ -1,0 +1,127 @@
+"""The connecting side of a rendezvous, whatever waits on it (an event
+loop, a blocking socket's thread): the channel listener offers come in on,
+the connect that waits for one, and the answer to an offer. No event loop
+here: each waiting side calls these from its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from typing import Any, List, NamedTuple, Optional, Tuple
+
+from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials
+
+# How long a connect waits for the process that accepts it to offer a
+# rendezvous; then it is TCP's (an offer that comes later is declined).
+OFFER_TIMEOUT = 1.0
+
+_tokens = itertools.count(1)  # the rendezvous names of this process's waiting sides
+
+
+def next_token() -> int:
+    """A rendezvous token no other waiting side of this process has (the
+    port table's slot keeps 16 bits of it)."""
+    return next(_tokens) & 0xFFFF or next(_tokens)
+
+
+class Peer(NamedTuple):
+    """The other end: its process, and its TCP socket's buffer sizes as
+    the connection moved (read from the socket it handed over)."""
+
+    pid: int
+    sndbuf: int
+    rcvbuf: int
+
+
+def peer_of(pid: int, handed: socket.socket) -> Peer:
+    return Peer(pid, handed.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                handed.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+
+
+class ConnectWait:
+    """A connect from the bound ``sock`` (its address ``sockname``)
+    waiting for the offer of the process that accepts it, which finds it
+    by its port."""
+
+    __slots__ = ("peer", "port", "sock", "sockname")
+
+    def __init__(self, sock: socket.socket, sockname: Any) -> None:
+        self.sock = sock
+        self.sockname = sockname
+        self.port: int = sockname[1]
+        self.peer = Peer(0, 0, 0)  # (the offering process, once taken)
+
+    def names(self) -> Tuple[Any, Any]:
+        """The connection's names, as its socket has them (the kernel's)."""
+        try:
+            return self.sockname, self.sock.getpeername()
+        except OSError:  # not connected: nothing mirrors it
+            return self.sockname, None
+
+
+def channel_listener(pid: int, token: int) -> Optional[socket.socket]:
+    """The listening channel socket of the waiting side ``token`` of
+    process ``pid`` (non-blocking); None when its name is taken: whoever
+    squats it gets no offer of ours."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.bind(channel_address(pid, token))
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def accept_channel(listener: socket.socket) -> Optional[Tuple[socket.socket, int]]:
+    """A channel another process opened to ``listener``, non-blocking, and
+    that process's id; None for nothing to accept, or a process of
+    another user (closed at once: never)."""
+    try:
+        chan, _ = listener.accept()
+    except OSError:  # (BlockingIOError, ConnectionAbortedError ...)
+        return None
+    try:
+        pid, uid = peer_credentials(chan)
+    except OSError:
+        pid, uid = 0, -1
+    if uid != os.getuid():
+        chan.close()
+        return None
+    chan.setblocking(False)
+    return chan, pid
+
+
+def answer_offer(chan: socket.socket, pid: int, message: Optional[Message],
+                 handed: List[socket.socket], wait: Optional[ConnectWait]) -> Optional[socket.socket]:
+    """Answer what came on ``chan`` from process ``pid`` (``message`` and
+    the sockets ``handed`` with it) for ``wait``, the connect still
+    waiting at the message's port (None if none is): the pair end taken,
+    its TAKEN sent with the connect's own socket as proof (``wait.peer``
+    set); None when declined, the offer not one for ``wait``. An offer
+    without its proof (its socket not the other end of ``wait``'s
+    connection) is declined and leaves ``wait`` waiting, for the process
+    that holds the other end. Raises OSError when the answer cannot be
+    sent (nothing taken). Every socket handed is closed but the pair end
+    returned."""
+    taken: Optional[socket.socket] = None
+    try:
+        if message is None or message.what is not What.OFFER or len(handed) != 2:
+            return None  # not a message of ours: dropped
+        tcp, pair_end = handed
+        if wait is not None and is_stream_pair_end(pair_end) and mirrors(wait.names(), tcp):
+            peer = peer_of(pid, tcp)
+            socket.send_fds(chan, [Message(What.TAKEN, message.client_port, message.serial).encode()],
+                            [wait.sock.fileno()])
+            wait.peer = peer
+            taken = pair_end
+        else:
+            socket.send_fds(chan, [Message(What.DECLINED, message.client_port, message.serial).encode()], [])
+        return taken
+    finally:
+        for sock in handed:
+            if sock is not taken:
+                sock.close()
