@@ -4,6 +4,7 @@
     python tests/cross_process_peer.py connect LOOP DOOR PORT SIZE SEED
     python tests/cross_process_peer.py answer - HOW PORT
     python tests/cross_process_peer.py starttls LOOP - PORT CA_FILE
+    python tests/cross_process_peer.py shared LOOP -
 
 LOOP is ``asyncio`` or ``uvloop``. DOOR is how friendsock is switched on:
 ``api`` (``friendsock.start_server`` / ``open_connection``), ``plain``
@@ -35,7 +36,9 @@ import asyncio
 import errno
 import hashlib
 import json
+import os
 import random
+import socket
 import sys
 
 import friendsock
@@ -182,6 +185,56 @@ def answer(how: str, port: int) -> None:
     table.clear(CONNECTS, client.getsockname()[1], named)
 
 
+def shared() -> None:
+    """Two processes serving one listening socket, as a pre-fork server's
+    workers do: this one and a child forked after the socket was made,
+    which starts serving (publishing the port) last. Prints the port and
+    both pids; ``stop`` on standard input stops the child's server and
+    the child, this one serving on until EOF."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    go_r, go_w = os.pipe()  # here to the child: serve now
+    started_r, started_w = os.pipe()  # the child to here: serving
+    stop_r, stop_w = os.pipe()  # here to the child: stop
+    child = os.fork()
+    if child == 0:
+        async def serve_in_child() -> None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, os.read, go_r, 1)
+            server = await friendsock.start_server(_echo_with_pid, sock=listener)
+            os.write(started_w, b"x")
+            await loop.run_in_executor(None, os.read, stop_r, 1)
+            server.close()
+            await server.wait_closed()
+
+        try:
+            asyncio.run(serve_in_child())
+        finally:
+            os._exit(0)
+
+    async def serve_here() -> None:
+        loop = asyncio.get_running_loop()
+        server = await friendsock.start_server(_echo_with_pid, sock=listener)
+        os.write(go_w, b"x")
+        await loop.run_in_executor(None, os.read, started_r, 1)
+        print(json.dumps({"port": listener.getsockname()[1], "first": os.getpid(), "last": child}),
+              flush=True)
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            if line.strip() == "stop":
+                os.write(stop_w, b"x")
+                await loop.run_in_executor(None, os.waitpid, child, 0)
+                print("stopped", flush=True)
+        server.close()
+
+    asyncio.run(serve_here())
+
+
+async def _echo_with_pid(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Each line back, after this process's id."""
+    while line := await reader.readline():
+        writer.write(f"{os.getpid()} ".encode() + line)
+    writer.close()
+
+
 def main() -> None:
     role, loop_name, door, *rest = sys.argv[1:]
     if loop_name == "uvloop":
@@ -194,6 +247,8 @@ def main() -> None:
         asyncio.run(starttls(int(rest[0]), rest[1]))
     elif role == "serve":
         asyncio.run(serve(door))
+    elif role == "shared":
+        shared()
     else:
         port, size, seed = (int(arg) for arg in rest)
         asyncio.run(connect(door, port, size, seed))

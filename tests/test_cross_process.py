@@ -248,6 +248,40 @@ async def test_a_capture_here_shows_a_connection_from_a_client_process(peer_loop
     check_tcp_shape(stream)
 
 
+async def test_a_listener_two_processes_share_stays_published(peer_loop, path):
+    """Two processes serve one listening socket (a pre-fork server's
+    workers), and the one that published the port last stops serving. Its
+    sibling publishes the port again at its next accept: after that one
+    connection over TCP, its clients move off TCP again."""
+    peer = await Peer.start("shared", peer_loop, "-", env=_environment(path))
+
+    async def served_by() -> "tuple[int, bool]":
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", shared["port"]))
+        try:
+            writer.write(b"which\n")
+            pid, echoed = (await bounded(reader.readline())).split()
+            assert echoed == b"which"
+            return int(pid), friendsock.is_friend(writer)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    try:
+        shared = await peer.report()
+        first = await served_by()
+        assert peer.process.stdin is not None
+        peer.process.stdin.write(b"stop\n")
+        await peer.process.stdin.drain()
+        assert await peer.line() == "stopped"
+        after = [await served_by() for _ in range(4)]
+    finally:
+        await peer.finish()
+    assert first[0] in (shared["first"], shared["last"]) and first[1] is (path == "friend")
+    assert [pid for pid, _ in after] == [shared["first"]] * 4
+    friend = path == "friend"
+    assert [is_friend for _, is_friend in after] == [False, friend, friend, friend]
+
+
 async def test_echo_from_a_client_process(peer_loop, path):
     ends: List[Dict[str, Any]] = []
 

@@ -456,6 +456,16 @@ def publish_listener(sock: socket.socket) -> Optional[int]:
     return port
 
 
+def republish_if_cleared(sock: socket.socket, port: int) -> None:
+    """Publish ``sock`` (served here, its port ``port`` published once) again
+    if the table's slot was emptied meanwhile: by a process sharing the
+    listener that stopped serving it (withdraw_listener), or found dead by a
+    client. Only its clients that connected before then went over TCP."""
+    table = port_table()
+    if table is not None and not table.read(LISTENERS, port).pid:
+        publish_listener(sock)
+
+
 def serves_family(port: int, family: int) -> bool:
     """Whether the listener the table has on ``port`` takes connections of
     ``family`` (a plain server of the other family may share the port)."""

@@ -40,6 +40,7 @@ from ._across import (
     connect_slot,
     publish_listener,
     rendezvous,
+    republish_if_cleared,
     start_across,
     withdraw_listener,
 )
@@ -211,6 +212,8 @@ class FriendServer(asyncio.AbstractServer):
 
     def _accept_batch(self, sock: socket.socket, entry: Entry) -> None:
         handle = entry.handle
+        if self._published:
+            republish_if_cleared(sock, entry.endpoint[1])
         for _ in range(self._backlog):
             try:
                 conn, address = accept_from(sock, handle)
