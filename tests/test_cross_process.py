@@ -161,6 +161,7 @@ async def test_links_and_stats_name_the_other_process(peer_loop, path):
     closes; ``stats()`` counts it per process. Over TCP, neither does."""
     peer, port = await _serving(peer_loop, path)
     before = friendsock.stats().cross_process_peers.get(peer.process.pid, 0)
+    bytes_before = friendsock.stats().bytes_moved
     payload = b"counted" * 10_000
     try:
         reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
@@ -176,6 +177,8 @@ async def test_links_and_stats_name_the_other_process(peer_loop, path):
         await peer.finish()
     assert not [link for link in friendsock.links() if list(link.client.address) == sockname]
     counted = friendsock.stats().cross_process_peers.get(peer.process.pid, 0) - before
+    read_here = friendsock.stats().bytes_moved - bytes_before
+    assert read_here == (len(payload) if path == "friend" else 0)
     if path == "tcp":
         assert ours == [] and theirs["link"] is None and counted == 0
         assert str(os.getpid()) not in theirs["peers"]

@@ -549,7 +549,10 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
     # (the inner transport answers for what it does)
     def write(self, data: Any) -> None:
         self._inner.write(data)
-        self._wrote(data)
+        if type(data) is bytes and self._tap is None:
+            self._sent += len(data)
+        else:
+            self._wrote(data)
 
     def writelines(self, list_of_data: Any) -> None:
         list_of_data = list(list_of_data)  # (an iterator is read once)
@@ -662,6 +665,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
                 tap.fin(self._side)  # (after all this end wrote, as close() flushes)
         if tcp is not None:
             live_across.discard(self)
+            counters.read_across(self._received)
             self._rendezvous.release(tcp, self._client)
 
     def link_info(self, now: float) -> Optional[LinkInfo]:

@@ -44,14 +44,15 @@ class FriendStats:
 
     ``links_made``: friend links ever paired; ``links_alive``: links with at
     least one end still open; ``bytes_moved``: payload bytes delivered over
-    friend links; ``fallbacks``: connections that took real TCP, by reason;
+    friend links (and those this process read over connections moved to
+    another process, counted as each ends); ``fallbacks``: connections that took real TCP, by reason;
     ``pending``: client connects waiting for their server to accept;
     ``listeners``: links made and fallbacks per listener address
     (:class:`ListenerStats`), most links first; a connect that reached no
     listener of ours is counted under the address it connected to;
     ``cross_process``: connections to another process of this host whose
-    bytes moved off TCP, counted at each end this process holds (those
-    count in neither ``links_made`` nor ``fallbacks``);
+    bytes moved off TCP, counted at each end this process held, open or
+    since closed (those count in neither ``links_made`` nor ``fallbacks``);
     ``cross_process_peers``: the same per process id of the other end, the
     most first (for at most :data:`MAX_PEERS` processes per thread: past
     that, those counted least are dropped).
@@ -207,6 +208,11 @@ class Counters:
         shard.made += 1
         if listener is not None:
             shard.place(listener).made += 1
+
+    def read_across(self, count: int) -> None:
+        """A connection moved to another process ended, ``count`` bytes read
+        over it here."""
+        self.shard().moved += count
 
     def moved_across(self, peer_pid: int) -> None:
         """A connection to process ``peer_pid`` of this host moved off TCP."""
