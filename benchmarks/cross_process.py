@@ -21,13 +21,16 @@ Tests:
 - ``stream``: 64 KiB writes one way, flow control honoured, for
   ``--seconds``; the rate is the server's count of bytes received (sent
   back at EOF) over the client's clock;
-- ``crr``: connect, 64 B request and response, close, per second.
+- ``crr``: connect, 64 B request and response, close, per second;
+- ``agg``: 64 B round trips per second in all over 64 connections open
+  at once, one outstanding on each (the one client process's loop
+  driving them all, as a service's pool of kept connections does).
 
 A cell is a warm-up round, then ``--rounds`` rounds of ``--seconds`` per
 path; printed: the median, min-max, and the median over TCP's.
 
     python benchmarks/cross_process.py [--loops asyncio,uvloop]
-        [--tests rr,stream,crr] [--paths tcp,unix,friends,in-process[,tcp-via-friendsock]]
+        [--tests rr,stream,crr,agg] [--paths tcp,unix,friends,in-process[,tcp-via-friendsock]]
         [--seconds 0.5] [--rounds 5] [--json FILE]
 """
 
@@ -49,7 +52,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import friendsock
 
 PATHS = ("tcp", "unix", "friends", "in-process")  # (and, when asked for, tcp-via-friendsock)
-TESTS = ("rr", "stream", "crr")
+TESTS = ("rr", "stream", "crr", "agg")
+AGG_CONNECTIONS = 64
 _COUNT = struct.Struct("!Q")
 MESSAGE = b"m" * 64
 CHUNK = b"s" * (1 << 16)
@@ -196,7 +200,30 @@ async def crr(connect: Connect, seconds: float) -> float:
     return done / (time.perf_counter() - start)
 
 
-UNITS = {"rr": "/s", "stream": "MB/s", "crr": "/s"}
+async def agg(connect: Connect, seconds: float) -> float:
+    opened = [await connect() for _ in range(AGG_CONNECTIONS)]
+    for transport, _ in opened:
+        transport.write(b"e")
+    end = time.perf_counter() + seconds
+
+    async def round_trips(transport: Any, client: Client) -> int:
+        done = 0
+        while time.perf_counter() < end:
+            transport.write(MESSAGE)
+            if await client.read(64) != MESSAGE:
+                raise AssertionError("agg: the response differs from the request")
+            done += 1
+        return done
+
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(round_trips(t, c) for t, c in opened))
+    elapsed = time.perf_counter() - start
+    for transport, _ in opened:
+        transport.close()
+    return sum(counts) / elapsed
+
+
+UNITS = {"rr": "/s", "stream": "MB/s", "crr": "/s", "agg": "/s"}
 
 
 async def measure(tests: List[str], paths: List[str], seconds: float, rounds: int,
@@ -211,7 +238,7 @@ async def measure(tests: List[str], paths: List[str], seconds: float, rounds: in
         "in-process": lambda: friendsock.create_connection(Client, "127.0.0.1", own_port),
         "tcp-via-friendsock": lambda: friendsock.create_connection(Client, "127.0.0.1", ports["tcp"]),
     }
-    runs = {"rr": rr, "stream": stream, "crr": crr}
+    runs = {"rr": rr, "stream": stream, "crr": crr, "agg": agg}
     results: Dict[str, Dict[str, List[float]]] = {}
     for test in tests:
         cell = results[test] = {path: [] for path in paths}
@@ -255,6 +282,8 @@ def _use_loop(loop_name: str) -> None:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    else:
+        asyncio.set_event_loop_policy(None)  # (the loop before may have been uvloop's)
 
 
 def main() -> None:
