@@ -34,16 +34,19 @@ from .._core._pcap import CLIENT, SERVER
 from .._core._stats import counters
 from .._core._tap import StreamTap, stream_tap_for
 from .._handshake._process import close_with_reset, current_pid
-from .._host import CONNECTS, LISTENERS, PortTable, Slot, is_loopback, opened_table, port_table
+from .._host import CONNECTS, PortTable, Slot, port_table
 from .._host._offers import (
     OFFER_TIMEOUT,
+    RELEASE_TIMEOUT,
     ConnectWait,
     Peer,
     accept_channel,
     answer_offer,
     channel_listener,
     next_token,
+    closes_with_reset,
     peer_of,
+    room_like_friends,
 )
 from .._host._proof import Message, What, channel_address, mirrors, peer_credentials, received
 from ._loop_state import loop_name, loop_state
@@ -51,9 +54,6 @@ from ._native import native
 
 # Messages read from a channel in one loop callback, at most.
 _MESSAGES_PER_TURN = 64
-# How long the connecting end, once done, waits for the accepting end's FIN
-# (see Rendezvous.release).
-RELEASE_TIMEOUT = 5.0
 # What Rendezvous.offer returns when the other side took the offer and then
 # failed its proof: the connection is reset, served on neither path.
 RESET = object()
@@ -410,92 +410,6 @@ async def connect_across(
     return transport, protocol
 
 
-# -- front-door checks (no system call) ------------------------------------
-
-
-# A listener slot's loop token field says which loopback families it serves.
-_SERVES_V4, _SERVES_V6 = 1, 2
-
-
-def listener_elsewhere(port: Any) -> bool:
-    """Whether a friendsock process other than this one serves ``port`` on
-    this host (the table's word: a hint, see ``_host._table``)."""
-    table = port_table()
-    if table is None or not isinstance(port, int) or not 0 < port < 65536:
-        return False
-    slot = table.read(LISTENERS, port)
-    if not slot.pid or slot.pid == current_pid():
-        return False
-    try:
-        os.kill(slot.pid, 0)
-    except ProcessLookupError:
-        table.clear(LISTENERS, port, slot.pid)
-        return False
-    except OSError:
-        pass
-    return True
-
-
-def publish_listener(sock: socket.socket) -> Optional[int]:
-    """Tell this host's friendsock processes that we serve ``sock``'s port;
-    the port, to withdraw later."""
-    table = port_table()
-    if table is None:
-        return None
-    try:
-        host, port = sock.getsockname()[:2]
-        if sock.family != socket.AF_INET6:
-            serves = _SERVES_V4
-        elif host == "::" and not sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY):
-            serves = _SERVES_V4 | _SERVES_V6  # (dual-stack: IPv4 clients too)
-        else:
-            serves = _SERVES_V6
-    except OSError:
-        return None
-    table.write(LISTENERS, port, current_pid(), token=serves)
-    return port
-
-
-def republish_if_cleared(sock: socket.socket, port: int) -> None:
-    """Publish ``sock`` (served here, its port ``port`` published once) again
-    if the table's slot was emptied meanwhile: by a process sharing the
-    listener that stopped serving it (withdraw_listener), or found dead by a
-    client. Only its clients that connected before then went over TCP."""
-    table = port_table()
-    if table is not None and not table.read(LISTENERS, port).pid:
-        publish_listener(sock)
-
-
-def serves_family(port: int, family: int) -> bool:
-    """Whether the listener the table has on ``port`` takes connections of
-    ``family`` (a plain server of the other family may share the port)."""
-    table = port_table()
-    if table is None:
-        return False
-    wanted = _SERVES_V6 if family == socket.AF_INET6 else _SERVES_V4
-    return bool(table.read(LISTENERS, port).token & wanted)
-
-
-def withdraw_listener(port: int) -> None:
-    """(Also once switched off since: the slot must not outlive the server.)"""
-    table = opened_table()
-    if table is not None:
-        table.clear(LISTENERS, port, current_pid())
-
-
-def connect_slot(address: Any, listener_port: int) -> Optional[Slot]:
-    """For a connection accepted from ``address`` on ``listener_port`` that
-    did not pair in this process: the slot of a friendsock process of this
-    host waiting for an offer, or None."""
-    table = port_table()
-    if table is None or not is_loopback(address[0]):
-        return None
-    slot = table.read(CONNECTS, address[1])
-    if slot.pid and slot.port == listener_port and slot.pid != current_pid():
-        return slot
-    return None
-
-
 # -- the transport ------------------------------------------------------------
 
 
@@ -594,7 +508,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         # socket's user set SO_LINGER {1, 0}. The reset goes first, for the
         # other end to find as it reads EOF on the pair (_Relay.eof_received).
         tcp = self._tcp
-        if tcp is not None and _lingers_not(tcp):
+        if tcp is not None and closes_with_reset(tcp):
             self._tcp = None
             tcp.close()
             if self._tap is not None:
@@ -799,18 +713,6 @@ def _relay_for(outer: AcrossTransport, protocol: asyncio.BaseProtocol) -> _Relay
     return _Relay(outer, protocol)
 
 
-def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: int) -> None:
-    """The pair end's send buffer as a friend's room: this end's SO_SNDBUF
-    plus the peer's SO_RCVBUF (the kernel doubles what it is given, as the
-    values read back already are)."""
-    try:
-        sndbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
-        pair_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, (sndbuf + peer_rcvbuf) // 2)
-    except OSError:
-        pass
-
-
-_LINGER = struct.Struct("ii")
 _QUEUED = struct.Struct("i")
 
 
@@ -818,14 +720,6 @@ def _bytes_to_read(pair_end: Any) -> int:
     """Bytes waiting in ``pair_end``'s receive queue (``SIOCINQ``)."""
     found = fcntl.ioctl(pair_end.fileno(), termios.FIONREAD, bytes(_QUEUED.size))
     return _QUEUED.unpack(found)[0]
-
-
-def _lingers_not(tcp: socket.socket) -> bool:
-    """Whether ``tcp``'s user set SO_LINGER {1, 0}: its close is a reset."""
-    try:
-        return _LINGER.unpack(tcp.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size)) == (1, 0)
-    except OSError:
-        return False
 
 
 async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: socket.socket,

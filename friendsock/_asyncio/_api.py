@@ -16,7 +16,8 @@ from .._blocking._listen import take_listener
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._handshake import fallback_address, is_tcp_socket, why_not_friends
-from ._across import AcrossTransport, listener_elsewhere
+from .._host._ports import listener_elsewhere
+from ._across import AcrossTransport
 from ._adoption import adopt_paired_socket
 from ._native import loop_own_connects, native
 from ._pairing import connect

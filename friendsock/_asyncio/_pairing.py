@@ -32,7 +32,8 @@ from .._handshake import (
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from .._host import is_loopback
-from ._across import connect_across, end_wait, expect_offer, serves_family
+from .._host._ports import serves_family
+from ._across import connect_across, end_wait, expect_offer
 from ._native import native
 from ._loop_state import LoopState, loop_state, post_to_loop
 from ._tls import TLSOptions, start_tls_end

@@ -34,16 +34,8 @@ from .._handshake import (
 )
 from .._handshake._process import close_with_reset
 from .._host import Slot, port_table
-from ._across import (
-    RESET,
-    Offered,
-    connect_slot,
-    publish_listener,
-    rendezvous,
-    republish_if_cleared,
-    start_across,
-    withdraw_listener,
-)
+from .._host._ports import connect_slot, publish_listener, republish_if_cleared, withdraw_listener
+from ._across import RESET, Offered, rendezvous, start_across
 from ._adoption import hold_for_client
 from ._loop_state import loop_state
 from ._tls import TLSOptions, begin_tls_end

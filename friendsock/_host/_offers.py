@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import struct
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials
@@ -16,6 +17,11 @@ from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors,
 # How long a connect waits for the process that accepts it to offer a
 # rendezvous; then it is TCP's (an offer that comes later is declined).
 OFFER_TIMEOUT = 1.0
+# How long the connecting end, once done, waits for the accepting end's FIN
+# before it closes its TCP socket: the accepting end closes first (a FIN),
+# and the connecting end answers with a reset, so that neither socket is
+# left in TIME_WAIT, whose port a connect that binds first could not take.
+RELEASE_TIMEOUT = 5.0
 
 _tokens = itertools.count(1)  # the rendezvous names of this process's waiting sides
 
@@ -125,3 +131,27 @@ def answer_offer(chan: socket.socket, pid: int, message: Optional[Message],
         for sock in handed:
             if sock is not taken:
                 sock.close()
+
+
+def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: int) -> None:
+    """The pair end's send buffer as a friend's room: this end's SO_SNDBUF
+    plus the peer's SO_RCVBUF (the kernel doubles what it is given, as the
+    values read back already are)."""
+    try:
+        sndbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        pair_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, (sndbuf + peer_rcvbuf) // 2)
+    except OSError:
+        pass
+
+
+_LINGER = struct.Struct("ii")
+
+
+def closes_with_reset(tcp: socket.socket) -> bool:
+    """Whether ``tcp``'s user set SO_LINGER {1, 0}: its close is a reset,
+    which the other end of a moved connection must see first (as the
+    abort it is) and then EOF on the pair."""
+    try:
+        return _LINGER.unpack(tcp.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size)) == (1, 0)
+    except OSError:
+        return False

@@ -1,0 +1,98 @@
+"""What the port table says of listeners and connects, as every side of
+a rendezvous reads and writes it: a friendsock listener publishes its port
+(with the loopback families it serves) and withdraws it; a connect asks
+whether another friendsock process serves its destination; an accepting
+side finds the connect slot of its client. Memory reads and writes, and
+the one system call that tells a stale slot's process is gone."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Optional
+
+from .._handshake._process import current_pid
+from . import CONNECTS, LISTENERS, Slot, is_loopback, opened_table, port_table
+
+
+# A listener slot's loop token field says which loopback families it serves.
+_SERVES_V4, _SERVES_V6 = 1, 2
+
+
+def listener_elsewhere(port: Any) -> bool:
+    """Whether a friendsock process other than this one serves ``port`` on
+    this host (the table's word: a hint, see ``_host._table``)."""
+    table = port_table()
+    if table is None or not isinstance(port, int) or not 0 < port < 65536:
+        return False
+    slot = table.read(LISTENERS, port)
+    if not slot.pid or slot.pid == current_pid():
+        return False
+    try:
+        os.kill(slot.pid, 0)
+    except ProcessLookupError:
+        table.clear(LISTENERS, port, slot.pid)
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def publish_listener(sock: socket.socket) -> Optional[int]:
+    """Tell this host's friendsock processes that we serve ``sock``'s port;
+    the port, to withdraw later."""
+    table = port_table()
+    if table is None:
+        return None
+    try:
+        host, port = sock.getsockname()[:2]
+        if sock.family != socket.AF_INET6:
+            serves = _SERVES_V4
+        elif host == "::" and not sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY):
+            serves = _SERVES_V4 | _SERVES_V6  # (dual-stack: IPv4 clients too)
+        else:
+            serves = _SERVES_V6
+    except OSError:
+        return None
+    table.write(LISTENERS, port, current_pid(), token=serves)
+    return port
+
+
+def republish_if_cleared(sock: socket.socket, port: int) -> None:
+    """Publish ``sock`` (served here, its port ``port`` published once) again
+    if the table's slot was emptied meanwhile: by a process sharing the
+    listener that stopped serving it (withdraw_listener), or found dead by a
+    client. Only its clients that connected before then went over TCP."""
+    table = port_table()
+    if table is not None and not table.read(LISTENERS, port).pid:
+        publish_listener(sock)
+
+
+def serves_family(port: int, family: int) -> bool:
+    """Whether the listener the table has on ``port`` takes connections of
+    ``family`` (a plain server of the other family may share the port)."""
+    table = port_table()
+    if table is None:
+        return False
+    wanted = _SERVES_V6 if family == socket.AF_INET6 else _SERVES_V4
+    return bool(table.read(LISTENERS, port).token & wanted)
+
+
+def withdraw_listener(port: int) -> None:
+    """(Also once switched off since: the slot must not outlive the server.)"""
+    table = opened_table()
+    if table is not None:
+        table.clear(LISTENERS, port, current_pid())
+
+
+def connect_slot(address: Any, listener_port: int) -> Optional[Slot]:
+    """For a connection accepted from ``address`` on ``listener_port`` that
+    did not pair in this process: the slot of a friendsock process of this
+    host waiting for an offer, or None."""
+    table = port_table()
+    if table is None or not is_loopback(address[0]):
+        return None
+    slot = table.read(CONNECTS, address[1])
+    if slot.pid and slot.port == listener_port and slot.pid != current_pid():
+        return slot
+    return None
