@@ -45,15 +45,14 @@ from .._host._offers import (
     channel_listener,
     next_token,
     closes_with_reset,
+    messages_waiting,
     peer_of,
     room_like_friends,
 )
-from .._host._proof import Message, What, channel_address, mirrors, peer_credentials, received
+from .._host._proof import Message, What, channel_address, mirrors, peer_credentials
 from ._loop_state import loop_name, loop_state
 from ._native import native
 
-# Messages read from a channel in one loop callback, at most.
-_MESSAGES_PER_TURN = 64
 # What Rendezvous.offer returns when the other side took the offer and then
 # failed its proof: the connection is reset, served on neither path.
 RESET = object()
@@ -126,13 +125,7 @@ class Rendezvous:
             self.loop.add_reader(chan.fileno(), self._offers_arrived, chan, pid)
 
     def _offers_arrived(self, chan: socket.socket, pid: int) -> None:
-        for _ in range(_MESSAGES_PER_TURN):
-            try:
-                message, handed = received(chan)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                message, handed = None, []
+        for message, handed in messages_waiting(chan):
             if message is None and not handed:  # EOF: that process went away
                 self._drop_taking(chan)
                 return
@@ -229,13 +222,7 @@ class Rendezvous:
     def _replies_arrived(self, chan: _Channel) -> None:
         # All that came, before anything else: an answer read late is one
         # its offer's connection waits for.
-        for _ in range(_MESSAGES_PER_TURN):
-            try:
-                message, handed = received(chan.sock)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                message, handed = None, []
+        for message, handed in messages_waiting(chan.sock):
             if message is None and not handed:  # EOF: every answer before it was read
                 self._drop_channel(chan)
                 return

@@ -10,9 +10,12 @@ import itertools
 import os
 import socket
 import struct
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Tuple
 
-from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials
+from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
+
+# Messages read from a channel in one go, at most (the rest wait their turn).
+MESSAGES_PER_TURN = 64
 
 # How long a connect waits for the process that accepts it to offer a
 # rendezvous; then it is TCP's (an offer that comes later is declined).
@@ -99,6 +102,22 @@ def accept_channel(listener: socket.socket) -> Optional[Tuple[socket.socket, int
         return None
     chan.setblocking(False)
     return chan, pid
+
+
+def messages_waiting(chan: socket.socket) -> Iterator[Tuple[Optional[Message], List[socket.socket]]]:
+    """The messages waiting on the non-blocking ``chan`` (at most
+    :data:`MESSAGES_PER_TURN`), each with the sockets it carried; at EOF
+    (the other process went away), ``(None, [])`` last."""
+    for _ in range(MESSAGES_PER_TURN):
+        try:
+            message, handed = received(chan)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            message, handed = None, []
+        yield message, handed
+        if message is None and not handed:
+            return
 
 
 def answer_offer(chan: socket.socket, pid: int, message: Optional[Message],
