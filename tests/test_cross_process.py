@@ -11,14 +11,17 @@ never another connection's bytes.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
 import random
+import select
 import signal
 import socket
 import struct
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -467,19 +470,24 @@ async def test_no_time_wait_is_left(peer_loop, first):
             await peer.report()
             writer.close()
             await writer.wait_closed()
-        # Bounded: both sockets are gone once the last FIN is answered.
-        # (Only this connection's: another test's may have the port too.)
-        def left() -> set:
-            return {pair for pair in tcp_connections(client_port)
-                    if {int(end.rsplit(":", 1)[1], 16) for end in pair} == {client_port, port}}
-
-        for _ in range(500):
-            if not left():
-                break
-            await asyncio.sleep(0.01)
-        assert left() == set()
+        assert await _connection_gone(client_port, port)
     finally:
         await peer.finish()
+
+
+async def _connection_gone(client_port: int, port: int) -> bool:
+    """Whether the kernel holds no socket of the connection between the two
+    ports within a bound: both go once the last FIN is answered. (Only this
+    connection's: another test's may have one of the ports too.)"""
+    def left() -> set:
+        return {pair for pair in tcp_connections(client_port)
+                if {int(end.rsplit(":", 1)[1], 16) for end in pair} == {client_port, port}}
+
+    for _ in range(500):
+        if not left():
+            return True
+        await asyncio.sleep(0.01)
+    return not left()
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="a process of another user needs root to make")
@@ -609,3 +617,192 @@ async def test_starttls_between_processes(peer_loop, path, tmp_path):
                                   str(ca_file), path=path)
     assert (theirs["answer"], theirs["cipher"]) == ("secret:secret\n", True)
     assert (theirs["transport"] == "AcrossTransport") is (path == "friend")
+
+
+# -- blocking sockets (patch_socket) --------------------------------------------------
+
+
+@pytest.fixture
+def socket_patched():
+    """Blocking sockets pair (``patch_socket()``) for the test."""
+    friendsock.patch_socket()
+    try:
+        yield
+    finally:
+        friendsock.unpatch_socket()
+
+
+def _blocking_echo(port: int, payload: bytes, host: str) -> Dict[str, Any]:
+    """A blocking client, as ``socket.create_connection`` makes one: the
+    payload sent from a second thread while this one reads the echo."""
+    sock = socket.create_connection((host, port), timeout=20)
+    with sock:
+        names = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername())}
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        quiet = select.select([sock], [], [], 0)[0] == []
+        sender = threading.Thread(target=sock.sendall, args=(payload,))
+        sender.start()
+        digest = hashlib.sha256()
+        with sock.makefile("rb") as stream:
+            left = len(payload)
+            while left:
+                data = stream.read1(min(left, 1 << 16))
+                assert data, "EOF before the whole echo"
+                digest.update(data)
+                left -= len(data)
+            sender.join(20)
+            sock.shutdown(socket.SHUT_WR)
+            eof = stream.read() == b""
+        try:  # finished both ways: TCP's socket is closed
+            sock.getpeername()
+            finished = "connected"
+        except OSError as exc:
+            finished = errno.errorcode[exc.errno or 0]
+        return {
+            "sha256": digest.hexdigest(), "eof": eof, "quiet": quiet, "finished": finished,
+            "friend": friendsock.is_friend(sock), "family": sock.family,
+            "nodelay": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
+            "payload_moved": payload_moved(sock), **names,
+        }
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_blocking_client_to_a_server_process(peer_loop, path, host):
+    """A blocking socket's connection moves off TCP as a transport's does:
+    its descriptor carries the bytes, its names and options are TCP's."""
+    peer, port = await _serving(peer_loop, path)
+    before = friendsock.stats().cross_process_peers.get(peer.process.pid, 0)
+    payload = random.Random(5).randbytes(SIZE)
+    try:
+        ours = await bounded(asyncio.to_thread(_blocking_echo, port, payload, host), 30)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert ours["sha256"] == theirs["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert ours["eof"] and ours["quiet"] and ours["nodelay"] and ours["family"] == socket.AF_INET
+    assert ours["finished"] == "ENOTCONN"
+    assert ours["friend"] is (path == "friend")
+    assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
+    assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
+    moved = friendsock.stats().cross_process_peers.get(peer.process.pid, 0) - before
+    assert moved == (1 if path == "friend" else 0)
+
+
+def _blocking_abort(port: int) -> int:
+    """Connect, exchange, then close with SO_LINGER {1, 0}; the client port."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    sock.sendall(b"ping")
+    assert sock.recv(4) == b"ping"
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client_port = sock.getsockname()[1]
+    sock.close()
+    return client_port
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_blocking_client_resets_as_tcp_does(peer_loop, path):
+    peer, port = await _serving(peer_loop, path)
+    try:
+        await bounded(asyncio.to_thread(_blocking_abort, port), 30)
+        assert await peer.report() == {"error": "ConnectionResetError"}
+    finally:
+        await peer.finish()
+
+
+def _blocking_ping(port: int) -> int:
+    """Connect, exchange, close as a client does; the client port."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+        assert friendsock.is_friend(sock)
+        return sock.getsockname()[1]
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_blocking_client_leaves_no_time_wait(peer_loop):
+    """Its TCP socket is let go of by friendsock's own thread: answered
+    with a reset once the server's FIN comes, so no port is left in
+    TIME_WAIT."""
+    peer, port = await _serving(peer_loop, "friend")
+    try:
+        client_port = await bounded(asyncio.to_thread(_blocking_ping, port), 30)
+        await peer.report()
+        assert await _connection_gone(client_port, port)
+    finally:
+        await peer.finish()
+
+
+async def test_run_with_sockets_moves_a_blocking_client(tmp_path):
+    """``python -m friendsock run --sockets``: an unchanged program whose
+    ``urllib`` (``http.client``) asks a friendsock server of another process."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()).strip():
+            pass
+        body = b"over the pair"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                     % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    server = await friendsock.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    (tmp_path / "app.py").write_text(
+        "import urllib.request\n"
+        f"print(urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=20).read().decode())\n")
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "friendsock", "run", "--sockets", "app.py", cwd=str(tmp_path),
+            env=_environment("friend"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await bounded(process.communicate(), 30)
+    finally:
+        server.close()
+        await bounded(server.wait_closed())
+    assert process.returncode == 0, err.decode()
+    assert out.decode().split() == ["over", "the", "pair"]
+    assert f"friendsock: between processes: 1 moved off TCP (pid {os.getpid()}: 1)" in err.decode().splitlines()
+
+
+_FORKING_CLIENT = """
+import os, socket, sys
+import friendsock
+
+friendsock.patch_socket()
+
+def ask(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        return sock.recv(4) == b"ping" and friendsock.is_friend(sock)
+
+port = int(sys.argv[1])
+before = ask(port)
+child = os.fork()
+if child == 0:
+    os._exit(0 if ask(port) else 3)
+_, status = os.waitpid(child, 0)
+print(before, os.waitstatus_to_exitcode(status), ask(port))
+"""
+
+
+async def test_a_blocking_client_forks(tmp_path):
+    """A process whose blocking connections moved forks: the child's own
+    connections move too (a rendezvous of its own), and the parent's go on."""
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+        writer.close()
+
+    server = await friendsock.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    before = friendsock.stats().cross_process
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _FORKING_CLIENT, str(port), env=_environment("friend"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await bounded(process.communicate(), 30)
+    finally:
+        server.close()
+        await bounded(server.wait_closed())
+    assert process.returncode == 0, err.decode()
+    assert out.decode().split() == ["True", "0", "True"]
+    assert friendsock.stats().cross_process - before == 3

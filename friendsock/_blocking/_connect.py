@@ -28,7 +28,9 @@ from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._handshake import (ConnectAttempt, Entry, Pending, call_on_claim, confirmed,
                           numeric_address_infos, users_sockname, RoomWait)
+from .._host._ports import listener_elsewhere
 from . import _ends
+from ._across import connect_across, may_cross
 from ._capable import FriendCapableSocket
 from ._descriptor import Descriptor
 from ._paired import CONNECT_UNREPORTED, become_friend
@@ -46,7 +48,7 @@ def _resolve(sock: socket.socket, address: Any) -> Optional[Any]:
         return None  # the native connect reports it
     infos = numeric_address_infos(host, port, sock.family)
     if infos is None:
-        if type(port) is not int or not registry.has_port(port):
+        if type(port) is not int or not (registry.has_port(port) or listener_elsewhere(port)):
             return None
         try:
             infos = socket.getaddrinfo(host, port, sock.family, socket.SOCK_STREAM)
@@ -82,6 +84,8 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
     if resolved is None:
         return False
     if not registry.has_port(resolved[1]):
+        if may_cross(sock, resolved) and connect_across(sock, resolved, _deadline(sock)):
+            return True  # (to another friendsock process: moved off TCP, or not offered)
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return False
     sockname = users_sockname(sock)

@@ -26,6 +26,7 @@ from .._asyncio._native import routes_through_friendsock
 from .._imports import when_imported
 from . import _at_fork  # noqa: F401 (a fork moves links between blocking sockets to TCP)
 from . import _capable
+from ._across import is_moved
 from ._capable import FriendCapableSocket, natively_driven, steps
 from ._connect import connect_friend
 from ._descriptor import OriginalSocket
@@ -181,9 +182,10 @@ def is_socket_patched() -> bool:
 
 def is_friend_socket(obj: Any) -> bool:
     """Whether ``obj`` is a blocking socket that paired (and is not closed),
-    or a TLS socket over one."""
+    or a TLS socket over one, or one whose connection moved to another
+    process of this host."""
     if type(obj) is FriendSSLSocket:
         if obj._closed:
             return False
         obj = obj._raw
-    return type(obj) is FriendBlockingSocket and not obj._friend_closed
+    return (type(obj) is FriendBlockingSocket and not obj._friend_closed) or is_moved(obj)

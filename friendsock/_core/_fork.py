@@ -46,6 +46,9 @@ class Part(enum.IntEnum):
     # The ends of links to other processes (links()): the child's copies
     # are the parent's connections, not the child's.
     LIVE_ACROSS = 9
+    # Blocking sockets' rendezvous with other processes: its thread is not
+    # the child's, and its sockets are copies the child closes.
+    ACROSS_THREAD = 10
 
 
 _hooks: Dict[Part, Tuple[Hook, Hook, Hook]] = {}

@@ -1,0 +1,412 @@
+"""A blocking socket's connection to another process of this host.
+
+A ``connect()`` (under ``patch_socket()``) to a loopback port that a
+friendsock process of this host serves binds first, waits for that
+process's offer (``_host._offers``) once connected, and takes it: the
+socketpair end it was handed takes the socket's descriptor number
+(``dup2``), so every call that moves bytes or waits (``recv``,
+``sendall``, ``makefile``, ``select``, timeouts) is the kernel's own on the
+pair, and the socket answers for the rest as the TCP connection
+(:class:`AcrossSocket`), whose socket stays open without payload until
+this one closes.
+
+Offers come in on a thread of this process's own (:class:`_Rendezvous`),
+which also finishes the TCP sockets of connections that ended, as the
+event loops' side does: it waits for the accepting end's FIN and answers
+it with a reset, so that no port is left in TIME_WAIT.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import logging
+import os
+import select as _select
+import selectors
+import socket
+import threading
+import time
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+from .._core._fork import Part, on_fork
+from .._core._stats import Fallback, counters
+from .._handshake import current_pid
+from .._core._addresses import is_unspecified
+from .._handshake._binding import bind_port_now
+from .._handshake._process import close_with_reset
+from .._host import CONNECTS, PortTable, is_loopback, port_table
+from .._host._ports import listener_elsewhere, serves_family
+from .._host._offers import (
+    OFFER_TIMEOUT,
+    RELEASE_TIMEOUT,
+    ConnectWait,
+    Peer,
+    accept_channel,
+    answer_offer,
+    channel_listener,
+    closes_with_reset,
+    messages_waiting,
+    next_token,
+    room_like_friends,
+)
+from .._socket_errors import bad_descriptor
+from ._capable import FriendCapableSocket
+from ._descriptor import OriginalSocket, _ss
+
+logger = logging.getLogger("friendsock")
+
+
+class _Waiting(ConnectWait):
+    __slots__ = ("settled", "taken")
+
+    def __init__(self, sock: socket.socket, sockname: Any) -> None:
+        super().__init__(sock, sockname)
+        self.settled = threading.Event()
+        self.taken: Optional[socket.socket] = None  # the pair end, once taken
+
+
+class _Rendezvous:
+    """This process's side of the rendezvous for blocking sockets: its
+    channel listener, and the thread that serves it."""
+
+    def __init__(self, table: PortTable, listener: socket.socket, token: int) -> None:
+        self.pid = current_pid()
+        self.table = table
+        self.listener = listener
+        self.token = token
+        self.lock = threading.Lock()  # waits, and what the thread is handed
+        self.waits: Dict[int, _Waiting] = {}
+        self.to_release: List[socket.socket] = []
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.selector.register(listener, selectors.EVENT_READ, None)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.lingering: List[Tuple[float, int, socket.socket]] = []  # by deadline
+        self.serials = itertools.count()  # (orders sockets of one deadline)
+        self.thread = threading.Thread(target=self._serve, name="friendsock-rendezvous", daemon=True)
+        self.thread.start()
+
+    # -- the connecting thread's side ---------------------------------------
+    def expect_offer(self, sock: socket.socket, to_port: int) -> Optional[_Waiting]:
+        try:
+            sockname = sock.getsockname()
+        except OSError:
+            return None
+        with self.lock:
+            if not sockname[1] or sockname[1] in self.waits:
+                return None
+            wait = self.waits[sockname[1]] = _Waiting(sock, sockname)
+        self.table.write(CONNECTS, wait.port, self.pid, to_port, self.token)
+        return wait
+
+    def end_wait(self, wait: _Waiting) -> Optional[socket.socket]:
+        """Stop waiting: the pair end taken, or None (an offer that comes
+        now is declined)."""
+        with self.lock:
+            if self.waits.get(wait.port) is wait:
+                del self.waits[wait.port]
+            wait.settled.set()
+            taken = wait.taken
+        self.table.clear(CONNECTS, wait.port, self.pid)
+        return taken
+
+    def release(self, tcp: socket.socket) -> None:
+        """A connection moved off ``tcp`` ended here, on its connecting
+        side: its TCP socket closes with a reset once the accepting end's
+        FIN comes (see ``RELEASE_TIMEOUT``)."""
+        with self.lock:
+            self.to_release.append(tcp)
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:  # (the pipe is full: the thread is awake already)
+            pass
+
+    # -- the thread ---------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            try:
+                self._turn()
+            except Exception:  # one bad socket must not end the thread the others need
+                logger.exception("the rendezvous thread of blocking sockets")
+
+    def _turn(self) -> None:
+        """One wait for what is ready, and what it was."""
+        timeout = None
+        if self.lingering:
+            timeout = max(0.0, self.lingering[0][0] - time.monotonic())
+        for key, _ in self.selector.select(timeout):
+            data = key.data
+            if key.fileobj is self.listener:
+                opened = accept_channel(self.listener)
+                if opened is not None:
+                    self.selector.register(opened[0], selectors.EVENT_READ, opened[1])
+            elif data == "wake":
+                self._take_released()
+            elif data == "finished":
+                self._finish(key.fileobj, True)  # type: ignore[arg-type]
+            else:
+                self._offers_arrived(key.fileobj, data)  # type: ignore[arg-type]
+        now = time.monotonic()
+        while self.lingering and self.lingering[0][0] <= now:
+            _, _, tcp = heapq.heappop(self.lingering)
+            self._finish(tcp, False)
+
+    def _take_released(self) -> None:
+        try:
+            while os.read(self.wake_r, 256):
+                pass
+        except BlockingIOError:
+            pass
+        with self.lock:
+            released, self.to_release = self.to_release, []
+        deadline = time.monotonic() + RELEASE_TIMEOUT
+        for tcp in released:
+            try:
+                self.selector.register(tcp, selectors.EVENT_READ, "finished")
+            except (ValueError, OSError):  # closed meanwhile
+                tcp.close()
+                continue
+            heapq.heappush(self.lingering, (deadline, next(self.serials), tcp))
+
+    def _finish(self, tcp: socket.socket, answered: bool) -> None:
+        if tcp.fileno() < 0:
+            return  # (finished already: its deadline came after its FIN)
+        self.selector.unregister(tcp)
+        if answered:
+            close_with_reset(tcp)
+        else:
+            tcp.close()
+
+    def _offers_arrived(self, chan: socket.socket, pid: int) -> None:
+        for message, handed in messages_waiting(chan):
+            if message is None and not handed:  # EOF: that process went away
+                self.selector.unregister(chan)
+                chan.close()
+                return
+            with self.lock:
+                wait = self.waits.get(message.client_port) if message is not None else None
+                if wait is not None and wait.settled.is_set():
+                    wait = None
+                try:
+                    pair_end = answer_offer(chan, pid, message, handed, wait)
+                except OSError:
+                    # Unanswered: the offering side learns no from the
+                    # channel closing, and so TCP is what both take.
+                    self.selector.unregister(chan)
+                    chan.close()
+                    return
+                if pair_end is not None:
+                    assert wait is not None
+                    del self.waits[wait.port]
+                    wait.taken = pair_end
+                    wait.settled.set()
+
+
+_rendezvous: Optional[_Rendezvous] = None
+_made = threading.Lock()
+
+
+def _this_process() -> Optional[_Rendezvous]:
+    """This process's rendezvous for blocking sockets, made on first use;
+    None when connections do not move between processes."""
+    global _rendezvous
+    table = port_table()
+    if table is None:
+        return None
+    found = _rendezvous
+    if found is not None:
+        return found
+    with _made:
+        if _rendezvous is None:
+            token = next_token()
+            listener = channel_listener(current_pid(), token)
+            if listener is None:
+                return None
+            _rendezvous = _Rendezvous(table, listener, token)
+        return _rendezvous
+
+
+def _forked() -> None:
+    # The thread is not the child's, nor the waits; the sockets are copies,
+    # closed so that the parent's closes still finish its connections.
+    global _rendezvous, _made
+    _made = threading.Lock()  # (another thread may have held it)
+    found, _rendezvous = _rendezvous, None
+    if found is not None:
+        for key in list(found.selector.get_map().values()):
+            if isinstance(key.fileobj, socket.socket):
+                key.fileobj.close()
+        found.selector.close()
+        for fd in (found.wake_r, found.wake_w):
+            os.close(fd)
+
+
+on_fork(Part.ACROSS_THREAD, after_in_child=_forked)
+
+
+# -- the connect --------------------------------------------------------------
+
+
+def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[float]) -> bool:
+    """``connect()`` of the blocking ``sock`` to ``resolved`` (numeric, on
+    loopback), a port a friendsock process of this host serves: made, and
+    the connection moved off TCP if that process offers it in time (True,
+    either way); False, nothing connected, where it is not to be tried."""
+    rendezvous = _this_process()
+    if rendezvous is None:
+        return False
+    try:
+        host, port = sock.getsockname()[:2]
+        if not port:  # bound before connect(), for the accepting process to find it by its port
+            bind_port_now(sock, resolved[0] if is_unspecified(host) else host)
+    except OSError:
+        return False
+    wait = rendezvous.expect_offer(sock, resolved[1])
+    if wait is None:
+        return False
+    try:
+        _ss.connect(sock, resolved)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        wait.settled.wait(OFFER_TIMEOUT if left is None else min(OFFER_TIMEOUT, left))
+    finally:
+        pair_end = rendezvous.end_wait(wait)
+    if pair_end is None:
+        counters.fallback(Fallback.NOT_OFFERED, resolved)
+        return True
+    try:
+        _become_across(sock, pair_end, wait.names(), wait.peer, rendezvous)
+    finally:
+        pair_end.close()
+    return True
+
+
+def may_cross(sock: socket.socket, resolved: Any) -> bool:
+    """Whether a connect of the blocking ``sock`` to ``resolved`` (no
+    listener of this process there) is one to another friendsock process
+    of this host (the table's word, no system call unless it names one)."""
+    return (sock.gettimeout() != 0.0 and sock.type == socket.SOCK_STREAM
+            and is_loopback(resolved[0]) and listener_elsewhere(resolved[1])
+            and serves_family(resolved[1], sock.family))
+
+
+# -- the socket once moved ------------------------------------------------------
+
+_STATE = "_friendsock_across"
+
+
+class _Moved:
+    """What an :class:`AcrossSocket` answers from: the TCP connection's
+    socket and names, and the finalizer that lets the TCP socket go."""
+
+    __slots__ = ("tcp", "names", "peer", "rendezvous", "release", "shut_down")
+
+    def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
+                 rendezvous: _Rendezvous) -> None:
+        self.tcp = tcp
+        self.names = names
+        self.peer = peer
+        self.rendezvous = rendezvous
+        self.shut_down = False  # writing, by shutdown()
+        # Lets the TCP socket go once the user's is closed, or collected.
+        self.release = weakref.finalize(sock, _let_go, tcp, rendezvous)
+        self.release.atexit = False  # (at exit, the process's end closes it)
+
+
+def _become_across(sock: FriendCapableSocket, pair_end: socket.socket, names: Tuple[Any, Any],
+                   peer: Peer, rendezvous: _Rendezvous) -> None:
+    """``sock`` carries its connection over ``pair_end`` from now on."""
+    fd = sock.fileno()
+    tcp = OriginalSocket(sock.family, sock.type, sock.proto, fileno=os.dup(fd))
+    room_like_friends(pair_end, tcp, peer.rcvbuf)
+    os.set_blocking(pair_end.fileno(), os.get_blocking(fd))  # (as the socket's timeout has it)
+    os.dup2(pair_end.fileno(), fd, inheritable=False)
+    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous)
+    sock.__class__ = AcrossSocket
+    counters.moved_across(peer.pid)
+
+
+def _let_go(tcp: socket.socket, rendezvous: _Rendezvous) -> None:
+    if closes_with_reset(tcp) or rendezvous.pid != os.getpid():
+        tcp.close()  # an abort's reset, already sent or sent now; or a child's copy
+    else:
+        rendezvous.release(tcp)
+
+
+class AcrossSocket(FriendCapableSocket):
+    """A blocking socket whose connection moved to another process of this
+    host: its descriptor is the socketpair end, so its I/O is the kernel's
+    own there; its names and options are the TCP connection's."""
+
+    def getsockname(self) -> Any:
+        self._check_open()
+        return self.__dict__[_STATE].names[0]
+
+    def getpeername(self) -> Any:
+        self._check_open()
+        moved: _Moved = self.__dict__[_STATE]
+        moved.tcp.getpeername()  # (ENOTCONN once a reset ended it)
+        if moved.shut_down and _peer_shut_down(_ss.fileno(self)):
+            # Both ways finished: TCP's socket would be closed by now.
+            raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
+        return moved.names[1]
+
+    def shutdown(self, how: int) -> None:
+        _ss.shutdown(self, how)
+        if how in (socket.SHUT_WR, socket.SHUT_RDWR):
+            self.__dict__[_STATE].shut_down = True
+
+    def getsockopt(self, *args: Any) -> Any:
+        self._check_open()
+        return self.__dict__[_STATE].tcp.getsockopt(*args)
+
+    def setsockopt(self, *args: Any) -> None:
+        self._check_open()
+        self.__dict__[_STATE].tcp.setsockopt(*args)
+
+    def connect(self, address: Any) -> None:
+        self._check_open()
+        raise OSError(errno.EISCONN, os.strerror(errno.EISCONN))  # as a connected TCP socket's
+
+    def connect_ex(self, address: Any) -> int:
+        self._check_open()
+        return errno.EISCONN
+
+    def _check_open(self) -> None:
+        if _ss.fileno(self) < 0:
+            raise bad_descriptor()
+
+    def _real_close(self, _ss: Any = _ss) -> None:
+        moved: _Moved = self.__dict__[_STATE]
+        if closes_with_reset(moved.tcp):
+            moved.release()  # the reset first, for the other end to find at EOF
+            _ss.close(self)
+        else:
+            _ss.close(self)
+            moved.release()
+
+    def detach(self) -> int:
+        fd = _ss.detach(self)
+        self.__dict__[_STATE].release()
+        return fd
+
+    def dup(self) -> socket.socket:
+        moved: _Moved = self.__dict__[_STATE]
+        copy = OriginalSocket.dup(self)  # (of this class, on a copy of the pair end)
+        copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous)
+        return copy
+
+
+def _peer_shut_down(fd: int) -> bool:
+    """Whether the other end of the pair end ``fd`` shut down its writing
+    (or closed): its FIN, as TCP's would have come."""
+    poller = _select.poll()
+    poller.register(fd, _select.POLLRDHUP)
+    return bool(poller.poll(0))
+
+
+def is_moved(obj: Any) -> bool:
+    """Whether ``obj`` is a blocking socket moved to another process, open."""
+    return type(obj) is AcrossSocket and _ss.fileno(obj) >= 0
