@@ -44,8 +44,8 @@ class FriendStats:
 
     ``links_made``: friend links ever paired; ``links_alive``: links with at
     least one end still open; ``bytes_moved``: payload bytes delivered over
-    friend links (and those this process read over connections moved to
-    another process, counted as each ends); ``fallbacks``: connections that took real TCP, by reason;
+    friend links (and those this process's transports read over
+    connections moved to another process, counted as each ends); ``fallbacks``: connections that took real TCP, by reason;
     ``pending``: client connects waiting for their server to accept;
     ``listeners``: links made and fallbacks per listener address
     (:class:`ListenerStats`), most links first; a connect that reached no
