@@ -8,7 +8,10 @@
 
 LOOP is ``asyncio`` or ``uvloop``. DOOR is how friendsock is switched on:
 ``api`` (``friendsock.start_server`` / ``open_connection``), ``plain``
-(asyncio's own calls, with whatever ``FRIENDSOCK_INSTALL`` did).
+(asyncio's own calls, with whatever ``FRIENDSOCK_INSTALL`` did); ``serve``
+also takes ``both`` (``api``, a server on 127.0.0.1 and one on ::1, on
+one port) and
+``abort`` (``api``: echoes 4 bytes, then aborts with SO_LINGER {1, 0}).
 
 ``serve`` prints its port, echoes each connection until EOF and then
 finishes it, and prints one JSON line per connection as it ends: the
@@ -75,6 +78,14 @@ def _link_of(sockname: list) -> "dict | None":
 async def serve(door: str) -> None:
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         digest = hashlib.sha256()
+        if door == "abort":
+            writer.write(await reader.readexactly(4))
+            await writer.drain()
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                       b"\x01\0\0\0\0\0\0\0")
+            writer.transport.abort()
+            print(json.dumps({"aborted": True}), flush=True)
+            return
         try:
             while data := await reader.read(1 << 16):
                 digest.update(data)
@@ -87,12 +98,15 @@ async def serve(door: str) -> None:
         print(report, flush=True)
         writer.close()
 
-    start = friendsock.start_server if door == "api" else asyncio.start_server
+    start = asyncio.start_server if door == "plain" else friendsock.start_server
     server = await start(echo, "127.0.0.1", 0)
-    print(server.sockets[0].getsockname()[1], flush=True)
+    port = server.sockets[0].getsockname()[1]
+    servers = [server] + ([await start(echo, "::1", port)] if door == "both" else [])
+    print(port, flush=True)
     stdin_closed = asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await stdin_closed
-    server.close()
+    for server in servers:
+        server.close()
 
 
 async def connect(door: str, port: int, size: int, seed: int) -> None:

@@ -806,3 +806,49 @@ async def test_a_blocking_client_forks(tmp_path):
     assert process.returncode == 0, err.decode()
     assert out.decode().split() == ["True", "0", "True"]
     assert friendsock.stats().cross_process - before == 3
+
+
+def _blocking_timed_out(port: int) -> str:
+    """A read bounded by SO_RCVTIMEO (set before connect) with nothing
+    sent: what it ends with."""
+    sock = socket.socket()
+    with sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200_000))
+        sock.connect(("127.0.0.1", port))
+        try:
+            sock.recv(10)
+        except OSError as exc:
+            return errno.errorcode[exc.errno or 0]
+        return "read"
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_blocking_clients_receive_timeout_holds(peer_loop, path):
+    """SO_RCVTIMEO bounds the reads of a moved socket as of a TCP one."""
+    peer, port = await _serving(peer_loop, path)
+    try:
+        assert await bounded(asyncio.to_thread(_blocking_timed_out, port), 30) == "EAGAIN"
+    finally:
+        await peer.finish()
+
+
+def _blocking_reset(port: int) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+        try:
+            return repr(sock.recv(10))
+        except OSError as exc:
+            return type(exc).__name__
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_server_abort_resets_a_blocking_client(peer_loop, path):
+    """The server aborts with SO_LINGER {1, 0}: the client's read raises
+    ConnectionResetError, not EOF."""
+    peer, port = await _serving(peer_loop, path, door="abort")
+    try:
+        assert await bounded(asyncio.to_thread(_blocking_reset, port), 30) == "ConnectionResetError"
+        assert await peer.report() == {"aborted": True}
+    finally:
+        await peer.finish()

@@ -79,15 +79,26 @@ class _Rendezvous:
         self.token = token
         self.lock = threading.Lock()  # waits, and what the thread is handed
         self.waits: Dict[int, _Waiting] = {}
-        self.to_release: List[socket.socket] = []
+        self.to_release: List[Tuple[socket.socket, Optional[float]]] = []
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector.register(listener, selectors.EVENT_READ, None)
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         self.lingering: List[Tuple[float, int, socket.socket]] = []  # by deadline
         self.serials = itertools.count()  # (orders sockets of one deadline)
+        self.closed = False
         self.thread = threading.Thread(target=self._serve, name="friendsock-rendezvous", daemon=True)
-        self.thread.start()
+
+    def close(self) -> None:
+        """Its sockets (this process's copies) closed; its thread, if it
+        runs, ends at its next turn."""
+        self.closed = True
+        for key in list(self.selector.get_map().values()):
+            if isinstance(key.fileobj, socket.socket):
+                key.fileobj.close()
+        self.selector.close()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
 
     # -- the connecting thread's side ---------------------------------------
     def expect_offer(self, sock: socket.socket, to_port: int) -> Optional[_Waiting]:
@@ -113,12 +124,13 @@ class _Rendezvous:
         self.table.clear(CONNECTS, wait.port, self.pid)
         return taken
 
-    def release(self, tcp: socket.socket) -> None:
+    def release(self, tcp: socket.socket, timeout: Optional[float] = RELEASE_TIMEOUT) -> None:
         """A connection moved off ``tcp`` ended here, on its connecting
         side: its TCP socket closes with a reset once the accepting end's
-        FIN comes (see ``RELEASE_TIMEOUT``)."""
+        FIN comes, or as it is once ``timeout`` has passed (None: never,
+        for a connection that goes on where this process cannot see it)."""
         with self.lock:
-            self.to_release.append(tcp)
+            self.to_release.append((tcp, timeout))
         try:
             os.write(self.wake_w, b"x")
         except OSError:  # (the pipe is full: the thread is awake already)
@@ -126,11 +138,12 @@ class _Rendezvous:
 
     # -- the thread ---------------------------------------------------------
     def _serve(self) -> None:
-        while True:
+        while not self.closed:
             try:
                 self._turn()
             except Exception:  # one bad socket must not end the thread the others need
-                logger.exception("the rendezvous thread of blocking sockets")
+                if not self.closed:
+                    logger.exception("the rendezvous thread of blocking sockets")
 
     def _turn(self) -> None:
         """One wait for what is ready, and what it was."""
@@ -162,14 +175,15 @@ class _Rendezvous:
             pass
         with self.lock:
             released, self.to_release = self.to_release, []
-        deadline = time.monotonic() + RELEASE_TIMEOUT
-        for tcp in released:
+        now = time.monotonic()
+        for tcp, timeout in released:
             try:
                 self.selector.register(tcp, selectors.EVENT_READ, "finished")
             except (ValueError, OSError):  # closed meanwhile
                 tcp.close()
                 continue
-            heapq.heappush(self.lingering, (deadline, next(self.serials), tcp))
+            if timeout is not None:
+                heapq.heappush(self.lingering, (now + timeout, next(self.serials), tcp))
 
     def _finish(self, tcp: socket.socket, answered: bool) -> None:
         if tcp.fileno() < 0:
@@ -225,7 +239,13 @@ def _this_process() -> Optional[_Rendezvous]:
             listener = channel_listener(current_pid(), token)
             if listener is None:
                 return None
-            _rendezvous = _Rendezvous(table, listener, token)
+            made = _Rendezvous(table, listener, token)
+            try:
+                made.thread.start()
+            except BaseException:  # (interrupted: no half-made one stays)
+                made.close()
+                raise
+            _rendezvous = made
         return _rendezvous
 
 
@@ -236,12 +256,7 @@ def _forked() -> None:
     _made = threading.Lock()  # (another thread may have held it)
     found, _rendezvous = _rendezvous, None
     if found is not None:
-        for key in list(found.selector.get_map().values()):
-            if isinstance(key.fileobj, socket.socket):
-                key.fileobj.close()
-        found.selector.close()
-        for fd in (found.wake_r, found.wake_w):
-            os.close(fd)
+        found.close()
 
 
 on_fork(Part.ACROSS_THREAD, after_in_child=_forked)
@@ -271,13 +286,26 @@ def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[
         _ss.connect(sock, resolved)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         wait.settled.wait(OFFER_TIMEOUT if left is None else min(OFFER_TIMEOUT, left))
-    finally:
-        pair_end = rendezvous.end_wait(wait)
-    if pair_end is None:
+    except BaseException:
+        # (Interrupted, a signal's handler raising, say: an offer taken
+        # meanwhile is still served, so that both ends agree.)
+        _take(sock, rendezvous.end_wait(wait), wait, rendezvous)
+        raise
+    if not _take(sock, rendezvous.end_wait(wait), wait, rendezvous):
         counters.fallback(Fallback.NOT_OFFERED, resolved)
-        return True
+    return True
+
+
+def _take(sock: FriendCapableSocket, pair_end: Optional[socket.socket], wait: _Waiting,
+          rendezvous: "_Rendezvous") -> bool:
+    """``sock`` moved onto ``pair_end`` if one was taken (True)."""
+    if pair_end is None:
+        return False
     try:
         _become_across(sock, pair_end, wait.names(), wait.peer, rendezvous)
+    except BaseException:
+        _ss.close(sock)  # served on neither path: as a connect that failed, it goes
+        raise
     finally:
         pair_end.close()
     return True
@@ -295,6 +323,10 @@ def may_cross(sock: socket.socket, resolved: Any) -> bool:
 # -- the socket once moved ------------------------------------------------------
 
 _STATE = "_friendsock_across"
+# Options that bound or shape the reads and writes: on the pair end, where
+# those happen, as well as on the TCP socket, which answers for them.
+_ON_THE_PAIR = (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO, socket.SO_RCVLOWAT)
+_TIMEVAL_SIZE = 16  # (struct timeval; SO_RCVLOWAT's int fits in it)
 
 
 class _Moved:
@@ -320,9 +352,16 @@ def _become_across(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
     """``sock`` carries its connection over ``pair_end`` from now on."""
     fd = sock.fileno()
     tcp = OriginalSocket(sock.family, sock.type, sock.proto, fileno=os.dup(fd))
-    room_like_friends(pair_end, tcp, peer.rcvbuf)
-    os.set_blocking(pair_end.fileno(), os.get_blocking(fd))  # (as the socket's timeout has it)
-    os.dup2(pair_end.fileno(), fd, inheritable=False)
+    try:
+        room_like_friends(pair_end, tcp, peer.rcvbuf)
+        for option in _ON_THE_PAIR:  # (set before connect(): its reads and writes keep them)
+            pair_end.setsockopt(socket.SOL_SOCKET, option,
+                                tcp.getsockopt(socket.SOL_SOCKET, option, _TIMEVAL_SIZE))
+        os.set_blocking(pair_end.fileno(), os.get_blocking(fd))  # (as the socket's timeout has it)
+        os.dup2(pair_end.fileno(), fd, inheritable=False)
+    except BaseException:
+        tcp.close()
+        raise
     sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous)
     sock.__class__ = AcrossSocket
     counters.moved_across(peer.pid)
@@ -353,6 +392,37 @@ class AcrossSocket(FriendCapableSocket):
             raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
         return moved.names[1]
 
+    # A read that finds EOF where the other end aborted raises its reset,
+    # which came on the TCP socket first, as TCP's read would.
+    def recv(self, *args: Any) -> bytes:
+        data: bytes = _ss.recv(self, *args)
+        if not data:
+            self._raise_reset()
+        return data
+
+    def recv_into(self, *args: Any) -> int:
+        count: int = _ss.recv_into(self, *args)
+        if not count:
+            self._raise_reset()
+        return count
+
+    def recvfrom(self, *args: Any) -> Any:
+        found = _ss.recvfrom(self, *args)  # (no address, as TCP's)
+        if not found[0]:
+            self._raise_reset()
+        return found
+
+    def recvfrom_into(self, *args: Any) -> Any:
+        found = _ss.recvfrom_into(self, *args)
+        if not found[0]:
+            self._raise_reset()
+        return found
+
+    def _raise_reset(self) -> None:
+        """At EOF: the reset, if the other end's abort sent one."""
+        if _reset_came(self.__dict__[_STATE].tcp):
+            raise ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+
     def shutdown(self, how: int) -> None:
         _ss.shutdown(self, how)
         if how in (socket.SHUT_WR, socket.SHUT_RDWR):
@@ -364,7 +434,13 @@ class AcrossSocket(FriendCapableSocket):
 
     def setsockopt(self, *args: Any) -> None:
         self._check_open()
-        self.__dict__[_STATE].tcp.setsockopt(*args)
+        moved: _Moved = self.__dict__[_STATE]
+        moved.tcp.setsockopt(*args)
+        if args[0] == socket.SOL_SOCKET:
+            if args[1] in _ON_THE_PAIR:
+                _ss.setsockopt(self, *args)
+            elif args[1] == socket.SO_SNDBUF:  # (the room grows or shrinks with it)
+                room_like_friends(self, moved.tcp, moved.peer.rcvbuf)
 
     def connect(self, address: Any) -> None:
         self._check_open()
@@ -388,8 +464,12 @@ class AcrossSocket(FriendCapableSocket):
             moved.release()
 
     def detach(self) -> int:
+        # The descriptor goes on elsewhere (ssl's wrap_socket takes it so):
+        # the TCP socket stays until the connection's end, the other end's FIN.
+        moved: _Moved = self.__dict__[_STATE]
         fd = _ss.detach(self)
-        self.__dict__[_STATE].release()
+        moved.release.detach()
+        moved.rendezvous.release(moved.tcp, timeout=None)
         return fd
 
     def dup(self) -> socket.socket:
@@ -397,6 +477,16 @@ class AcrossSocket(FriendCapableSocket):
         copy = OriginalSocket.dup(self)  # (of this class, on a copy of the pair end)
         copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous)
         return copy
+
+
+def _reset_came(tcp: socket.socket) -> bool:
+    try:
+        tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except ConnectionResetError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def _peer_shut_down(fd: int) -> bool:
