@@ -852,3 +852,35 @@ async def test_a_server_abort_resets_a_blocking_client(peer_loop, path):
         assert await peer.report() == {"aborted": True}
     finally:
         await peer.finish()
+
+
+def _blocking_from_wildcard(port: int, host: str) -> bool:
+    """A client bound to the wildcard address before connect()."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.settimeout(20)
+        sock.bind((host, 0))
+        sock.connect(("::1" if ":" in host else "127.0.0.1", port))
+        sock.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+        return friendsock.is_friend(sock)
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_clients_bound_to_the_wildcard_address_move(peer_loop, path, wildcard):
+    """A client bound by its user to the wildcard address (``source_address``,
+    ``local_addr``) has its address only once connected: it moves, blocking
+    or on a loop, to a server serving both loopback families on one port."""
+    peer, port = await _serving(peer_loop, path, door="both")
+    try:
+        blocking = await bounded(asyncio.to_thread(_blocking_from_wildcard, port, wildcard), 30)
+        loopback = "::1" if ":" in wildcard else "127.0.0.1"
+        reader, writer = await bounded(friendsock.open_connection(loopback, port, local_addr=(wildcard, 0)))
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        on_loop = friendsock.is_friend(writer)
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        await peer.finish()
+    assert blocking is on_loop is (path == "friend")

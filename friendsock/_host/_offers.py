@@ -12,6 +12,7 @@ import socket
 import struct
 from typing import Any, Iterator, List, NamedTuple, Optional, Tuple
 
+from .._core._addresses import is_unspecified
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
 
 # Messages read from a channel in one go, at most (the rest wait their turn).
@@ -65,6 +66,10 @@ class ConnectWait:
     def names(self) -> Tuple[Any, Any]:
         """The connection's names, as its socket has them (the kernel's)."""
         try:
+            if is_unspecified(self.sockname[0]):
+                # Bound by its user to the wildcard address: connect()
+                # chose the address, which it has only now.
+                self.sockname = self.sock.getsockname()
             return self.sockname, self.sock.getpeername()
         except OSError:  # not connected: nothing mirrors it
             return self.sockname, None

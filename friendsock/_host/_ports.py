@@ -54,6 +54,9 @@ def publish_listener(sock: socket.socket) -> Optional[int]:
             serves = _SERVES_V6
     except OSError:
         return None
+    published = table.read(LISTENERS, port)
+    if published.pid == current_pid():
+        serves |= published.token  # (its other family's listener, on the same port)
     table.write(LISTENERS, port, current_pid(), token=serves)
     return port
 
