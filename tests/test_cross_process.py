@@ -884,3 +884,40 @@ async def test_clients_bound_to_the_wildcard_address_move(peer_loop, path, wildc
     finally:
         await peer.finish()
     assert blocking is on_loop is (path == "friend")
+
+
+_LEFT_OPEN = """
+import socket, sys, warnings
+import friendsock
+
+warnings.simplefilter("always", ResourceWarning)
+friendsock.patch_socket()
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20)
+sock.sendall(b"ping")
+assert sock.recv(4) == b"ping"
+print(friendsock.is_friend(sock))
+"""
+
+
+async def test_a_blocking_socket_left_open_warns_once(path):
+    """Left open at exit, a moved socket gives its one ResourceWarning, as
+    a TCP one does, naming both its addresses (not friendsock's own copy)."""
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+        writer.close()
+
+    server = await friendsock.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-X", "dev", "-c", _LEFT_OPEN, str(port), env=_environment(path),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await bounded(process.communicate(), 30)
+    finally:
+        server.close()
+        await bounded(server.wait_closed())
+    assert process.returncode == 0, err.decode()
+    assert out.decode().split() == [str(path == "friend")]
+    unclosed = [line for line in err.decode().splitlines() if "unclosed <socket.socket" in line]
+    assert len(unclosed) == 1 and f"raddr=('127.0.0.1', {port})" in unclosed[0], unclosed

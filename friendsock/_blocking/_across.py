@@ -31,10 +31,10 @@ import time
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
+from .._core._addresses import is_unspecified
 from .._core._fork import Part, on_fork
 from .._core._stats import Fallback, counters
 from .._handshake import current_pid
-from .._core._addresses import is_unspecified
 from .._handshake._binding import bind_port_now
 from .._handshake._process import close_with_reset
 from .._host import CONNECTS, PortTable, is_loopback, port_table
@@ -344,7 +344,6 @@ class _Moved:
         self.shut_down = False  # writing, by shutdown()
         # Lets the TCP socket go once the user's is closed, or collected.
         self.release = weakref.finalize(sock, _let_go, tcp, rendezvous)
-        self.release.atexit = False  # (at exit, the process's end closes it)
 
 
 def _become_across(sock: FriendCapableSocket, pair_end: socket.socket, names: Tuple[Any, Any],
@@ -368,8 +367,10 @@ def _become_across(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
 
 
 def _let_go(tcp: socket.socket, rendezvous: _Rendezvous) -> None:
-    if closes_with_reset(tcp) or rendezvous.pid != os.getpid():
-        tcp.close()  # an abort's reset, already sent or sent now; or a child's copy
+    if closes_with_reset(tcp) or rendezvous.pid != os.getpid() or not threading.main_thread().is_alive():
+        # An abort's reset, already sent or sent now; a child's copy; or the
+        # process exiting, whose thread is past finishing anything.
+        tcp.close()
     else:
         rendezvous.release(tcp)
 
@@ -386,7 +387,8 @@ class AcrossSocket(FriendCapableSocket):
     def getpeername(self) -> Any:
         self._check_open()
         moved: _Moved = self.__dict__[_STATE]
-        moved.tcp.getpeername()  # (ENOTCONN once a reset ended it)
+        if moved.tcp.fileno() >= 0:  # (let go of at exit: the names stay)
+            moved.tcp.getpeername()  # (ENOTCONN once a reset ended it)
         if moved.shut_down and _peer_shut_down(_ss.fileno(self)):
             # Both ways finished: TCP's socket would be closed by now.
             raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
