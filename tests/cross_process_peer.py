@@ -2,6 +2,7 @@
 
     python tests/cross_process_peer.py serve LOOP DOOR
     python tests/cross_process_peer.py connect LOOP DOOR PORT SIZE SEED
+    python tests/cross_process_peer.py connect - trio|trio-install PORT SIZE SEED
     python tests/cross_process_peer.py answer - HOW PORT
     python tests/cross_process_peer.py starttls LOOP - PORT CA_FILE
     python tests/cross_process_peer.py shared LOOP -
@@ -121,6 +122,43 @@ async def connect(door: str, port: int, size: int, seed: int) -> None:
     print(_report(writer, digest.hexdigest(), sent=hashlib.sha256(payload).hexdigest()), flush=True)
     writer.close()
     await writer.wait_closed()
+
+
+def connect_trio(door: str, port: int, size: int, seed: int) -> None:
+    """``connect`` on trio: ``friendsock.trio.open_tcp_stream`` (door
+    ``trio``), or trio's own under ``friendsock.trio.install()``
+    (``trio-install``)."""
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> None:
+        payload = random.Random(seed).randbytes(size)
+        if door == "trio-install":
+            friendsock.trio.install()
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+        else:
+            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        digest = hashlib.sha256()
+        sock = stream.socket
+        names = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername())}
+        async with stream:
+            async def send() -> None:
+                await stream.send_all(payload)
+                await stream.send_eof()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                while data := await stream.receive_some(1 << 16):
+                    digest.update(data)
+            print(json.dumps({
+                "transport": type(stream).__name__, "friend": friendsock.is_friend(stream),
+                "payload_moved": payload_moved(sock),  # type: ignore[arg-type]
+                "sha256": digest.hexdigest(), "sent": hashlib.sha256(payload).hexdigest(),
+                **names,
+            }), flush=True)
+
+    trio.run(exchange)
 
 
 async def starttls(port: int, ca_file: str) -> None:
@@ -265,7 +303,10 @@ def main() -> None:
         shared()
     else:
         port, size, seed = (int(arg) for arg in rest)
-        asyncio.run(connect(door, port, size, seed))
+        if door.startswith("trio"):
+            connect_trio(door, port, size, seed)
+        else:
+            asyncio.run(connect(door, port, size, seed))
 
 
 if __name__ == "__main__":

@@ -921,3 +921,61 @@ async def test_a_blocking_socket_left_open_warns_once(path):
     assert out.decode().split() == [str(path == "friend")]
     unclosed = [line for line in err.decode().splitlines() if "unclosed <socket.socket" in line]
     assert len(unclosed) == 1 and f"raddr=('127.0.0.1', {port})" in unclosed[0], unclosed
+
+
+@pytest.mark.parametrize("door", ["trio", "trio-install"])
+async def test_a_trio_client_process(door, path):
+    """A trio client of another process (``friendsock.trio.open_tcp_stream``,
+    or trio's own under ``friendsock.trio.install()``) moves off TCP."""
+    ends: List[Dict[str, Any]] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        digest = hashlib.sha256()
+        while data := await reader.read(1 << 16):
+            digest.update(data)
+            writer.write(data)
+            await writer.drain()
+        ends.append({"sha256": digest.hexdigest(), "friend": friendsock.is_friend(writer),
+                     "payload_moved": payload_moved(writer.get_extra_info("socket")),
+                     "peername": list(writer.get_extra_info("peername"))})
+        writer.close()
+
+    server = await friendsock.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    theirs = await _client_report(server, "connect", "-", door, str(port), str(SIZE), "7", path=path)
+    [ours] = ends
+    assert theirs["sha256"] == theirs["sent"] == ours["sha256"]
+    assert theirs["transport"] == "SocketStream"
+    assert theirs["friend"] is ours["friend"] is (path == "friend")
+    assert theirs["payload_moved"] is ours["payload_moved"] is (path == "tcp")
+    assert theirs["sockname"] == ours["peername"] and theirs["peername"] == ["127.0.0.1", port]
+
+
+def _trio_reset(port: int) -> str:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> str:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"ping")
+            assert await stream.receive_some(4) == b"ping"
+            try:
+                return repr(await stream.receive_some(10))
+            except trio.BrokenResourceError as exc:
+                return f"BrokenResourceError from {type(exc.__cause__).__name__}"
+
+    return trio.run(exchange)
+
+
+async def test_a_server_abort_resets_a_trio_client(peer_loop, path):
+    """The server aborts with SO_LINGER {1, 0}: trio's read raises
+    BrokenResourceError from ConnectionResetError, not EOF."""
+    peer, port = await _serving(peer_loop, path, door="abort")
+    try:
+        got = await bounded(asyncio.to_thread(_trio_reset, port), 30)
+        assert got == "BrokenResourceError from ConnectionResetError"
+        assert await peer.report() == {"aborted": True}
+    finally:
+        await peer.finish()

@@ -10,7 +10,7 @@ pair, and the socket answers for the rest as the TCP connection
 (:class:`AcrossSocket`), whose socket stays open without payload until
 this one closes.
 
-Offers come in on a thread of this process's own (:class:`_Rendezvous`),
+Offers come in on a thread of this process's own (:class:`Rendezvous`),
 which also finishes the TCP sockets of connections that ended, as the
 event loops' side does: it waits for the accepting end's FIN and answers
 it with a reset, so that no port is left in TIME_WAIT.
@@ -59,16 +59,26 @@ from ._descriptor import OriginalSocket, _ss
 logger = logging.getLogger("friendsock")
 
 
-class _Waiting(ConnectWait):
-    __slots__ = ("settled", "taken")
+class Waiting(ConnectWait):
+    """A connect waiting on a thread (blocking) or in a trio task: settled
+    once its offer was taken, or it stopped waiting; ``on_settled`` (set
+    by a waiter that is not a thread) is called then, from any thread."""
+
+    __slots__ = ("settled", "taken", "on_settled")
 
     def __init__(self, sock: socket.socket, sockname: Any) -> None:
         super().__init__(sock, sockname)
         self.settled = threading.Event()
         self.taken: Optional[socket.socket] = None  # the pair end, once taken
+        self.on_settled: Optional[Any] = None
+
+    def settle(self) -> None:
+        self.settled.set()
+        if self.on_settled is not None:
+            self.on_settled()
 
 
-class _Rendezvous:
+class Rendezvous:
     """This process's side of the rendezvous for blocking sockets: its
     channel listener, and the thread that serves it."""
 
@@ -78,7 +88,7 @@ class _Rendezvous:
         self.listener = listener
         self.token = token
         self.lock = threading.Lock()  # waits, and what the thread is handed
-        self.waits: Dict[int, _Waiting] = {}
+        self.waits: Dict[int, Waiting] = {}
         self.to_release: List[Tuple[socket.socket, Optional[float]]] = []
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -101,7 +111,7 @@ class _Rendezvous:
             os.close(fd)
 
     # -- the connecting thread's side ---------------------------------------
-    def expect_offer(self, sock: socket.socket, to_port: int) -> Optional[_Waiting]:
+    def expect_offer(self, sock: socket.socket, to_port: int) -> Optional[Waiting]:
         try:
             sockname = sock.getsockname()
         except OSError:
@@ -109,17 +119,17 @@ class _Rendezvous:
         with self.lock:
             if not sockname[1] or sockname[1] in self.waits:
                 return None
-            wait = self.waits[sockname[1]] = _Waiting(sock, sockname)
+            wait = self.waits[sockname[1]] = Waiting(sock, sockname)
         self.table.write(CONNECTS, wait.port, self.pid, to_port, self.token)
         return wait
 
-    def end_wait(self, wait: _Waiting) -> Optional[socket.socket]:
+    def end_wait(self, wait: Waiting) -> Optional[socket.socket]:
         """Stop waiting: the pair end taken, or None (an offer that comes
         now is declined)."""
         with self.lock:
             if self.waits.get(wait.port) is wait:
                 del self.waits[wait.port]
-            wait.settled.set()
+            wait.settled.set()  # (by the waiter itself: nothing to wake)
             taken = wait.taken
         self.table.clear(CONNECTS, wait.port, self.pid)
         return taken
@@ -216,14 +226,14 @@ class _Rendezvous:
                     assert wait is not None
                     del self.waits[wait.port]
                     wait.taken = pair_end
-                    wait.settled.set()
+                    wait.settle()
 
 
-_rendezvous: Optional[_Rendezvous] = None
+_rendezvous: Optional[Rendezvous] = None
 _made = threading.Lock()
 
 
-def _this_process() -> Optional[_Rendezvous]:
+def this_process() -> Optional[Rendezvous]:
     """This process's rendezvous for blocking sockets, made on first use;
     None when connections do not move between processes."""
     global _rendezvous
@@ -239,7 +249,7 @@ def _this_process() -> Optional[_Rendezvous]:
             listener = channel_listener(current_pid(), token)
             if listener is None:
                 return None
-            made = _Rendezvous(table, listener, token)
+            made = Rendezvous(table, listener, token)
             try:
                 made.thread.start()
             except BaseException:  # (interrupted: no half-made one stays)
@@ -270,7 +280,7 @@ def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[
     loopback), a port a friendsock process of this host serves: made, and
     the connection moved off TCP if that process offers it in time (True,
     either way); False, nothing connected, where it is not to be tried."""
-    rendezvous = _this_process()
+    rendezvous = this_process()
     if rendezvous is None:
         return False
     try:
@@ -296,13 +306,13 @@ def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[
     return True
 
 
-def _take(sock: FriendCapableSocket, pair_end: Optional[socket.socket], wait: _Waiting,
-          rendezvous: "_Rendezvous") -> bool:
+def _take(sock: FriendCapableSocket, pair_end: Optional[socket.socket], wait: Waiting,
+          rendezvous: "Rendezvous") -> bool:
     """``sock`` moved onto ``pair_end`` if one was taken (True)."""
     if pair_end is None:
         return False
     try:
-        _become_across(sock, pair_end, wait.names(), wait.peer, rendezvous)
+        move_onto_pair(sock, pair_end, wait.names(), wait.peer, rendezvous)
     except BaseException:
         _ss.close(sock)  # served on neither path: as a connect that failed, it goes
         raise
@@ -336,7 +346,7 @@ class _Moved:
     __slots__ = ("tcp", "names", "peer", "rendezvous", "release", "shut_down")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
-                 rendezvous: _Rendezvous) -> None:
+                 rendezvous: Rendezvous) -> None:
         self.tcp = tcp
         self.names = names
         self.peer = peer
@@ -346,8 +356,8 @@ class _Moved:
         self.release = weakref.finalize(sock, _let_go, tcp, rendezvous)
 
 
-def _become_across(sock: FriendCapableSocket, pair_end: socket.socket, names: Tuple[Any, Any],
-                   peer: Peer, rendezvous: _Rendezvous) -> None:
+def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tuple[Any, Any],
+                   peer: Peer, rendezvous: Rendezvous) -> None:
     """``sock`` carries its connection over ``pair_end`` from now on."""
     fd = sock.fileno()
     tcp = OriginalSocket(sock.family, sock.type, sock.proto, fileno=os.dup(fd))
@@ -366,7 +376,7 @@ def _become_across(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
     counters.moved_across(peer.pid)
 
 
-def _let_go(tcp: socket.socket, rendezvous: _Rendezvous) -> None:
+def _let_go(tcp: socket.socket, rendezvous: Rendezvous) -> None:
     if closes_with_reset(tcp) or rendezvous.pid != os.getpid() or not threading.main_thread().is_alive():
         # An abort's reset, already sent or sent now; a child's copy; or the
         # process exiting, whose thread is past finishing anything.

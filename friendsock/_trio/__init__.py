@@ -12,10 +12,12 @@ import trio
 
 def is_friend(stream: Any) -> bool:
     """Whether ``stream`` (a stream, or a ``trio.socket`` socket, or a
-    ``trio.SocketStream`` over one) is one end of a friend link."""
+    ``trio.SocketStream`` over one) is one end of a friend link, or of a
+    connection moved to another process of this host."""
+    from ._across import is_moved_stream
     from ._socket import FriendTrioSocket
     from ._stream import FriendStream
 
     if isinstance(stream, trio.SocketStream):
         stream = stream.socket
-    return isinstance(stream, (FriendStream, FriendTrioSocket))
+    return isinstance(stream, (FriendStream, FriendTrioSocket)) or is_moved_stream(stream)

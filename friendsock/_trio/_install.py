@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import trio
 
+from ._across import connect_across, may_cross
 from .._blocking._capable import listen_unregistered
 from .._blocking._listen import listener_passed_on, take_listener
 from .._blocking._paired import as_plain_socket
@@ -237,6 +238,8 @@ def _friend_in_place_of(self: Any, sock: socket.socket, made: Any) -> None:
 async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any) -> None:
     resolved = await self._resolve_address_nocp(address, local=False)
     if not registry.has_port(resolved[1]):
+        if may_cross(sock, resolved) and await connect_across(self, resolved, native):
+            return  # (to another friendsock process: moved off TCP, or not offered)
         counters.fallback(Fallback.NO_LISTENER, resolved)
         return await native(self, resolved)
     sockname = users_sockname(sock)

@@ -22,6 +22,7 @@ from .._blocking._capable import listen_unregistered
 from .._core._registry import registry
 from .._core._link import Link
 from .._core._stats import Fallback, counters
+from .._host._ports import listener_elsewhere
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -44,6 +45,7 @@ from .._handshake import (
 )
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
+from ._across import connect_across, may_cross
 from ._backlog import SocketlessBacklog
 from ._run import RunState, post_to_run, run_state
 from ._stream import FriendStream
@@ -309,6 +311,10 @@ async def open_tcp_stream(
         raise TypeError(f"port must be int, not {port!r}")
     reason = why_not_friends(friends, {})
     if reason is None and not registry.has_port(port):
+        if listener_elsewhere(port) and local_address is None:
+            moved = await _connect_across(host, port)
+            if moved is not None:
+                return moved
         reason = Fallback.NO_LISTENER
     if reason is None:
         stream = await _connect(host, port, local_address)
@@ -322,6 +328,35 @@ async def open_tcp_stream(
                                            local_address=local_address)
     finally:
         native_calls.reset(token)
+
+
+async def _connect_across(host: Union[str, bytes], port: int) -> Optional[trio.SocketStream]:
+    """A stream to another friendsock process of this host serving ``port``
+    on a loopback address ``host`` names, its connection moved off TCP
+    where that process offers it; None when there is none to try, or its
+    connect failed (trio's own connect takes over, and reports)."""
+    infos = numeric_address_infos(host, port) or await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM)
+    for af, socktype, proto, _, address in infos:
+        trio_sock = trio.socket.socket(af, socktype, proto)
+        if not may_cross(trio_sock._sock, address):  # type: ignore[attr-defined]
+            trio_sock.close()
+            continue
+        token = native_calls.set(True)  # (an installed connect: trio's own)
+        try:
+            moved = await connect_across(trio_sock, address, type(trio_sock).connect)
+        except OSError:
+            trio_sock.close()
+            continue
+        except BaseException:
+            trio_sock.close()
+            raise
+        finally:
+            native_calls.reset(token)
+        if moved:
+            return trio.SocketStream(trio_sock)
+        trio_sock.close()
+    return None
 
 
 async def _connect(host: Union[str, bytes], port: int,

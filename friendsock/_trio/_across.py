@@ -1,0 +1,122 @@
+"""A trio socket's connection to another process of this host.
+
+As a blocking socket's (``_blocking._across``, whose thread takes the
+offers for trio's connects too): a connect to a loopback port that another
+friendsock process serves binds first, waits for that process's offer once
+trio's own connect is done, and takes it. The socket under the trio socket
+becomes an ``AcrossSocket`` on the same descriptor number, now the pair's
+end, so trio's reads, writes and waits are its own there, and the names
+and options are the TCP connection's.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Awaitable, Callable
+
+import trio
+
+from .._blocking._across import Waiting, move_onto_pair, this_process
+from .._blocking._capable import FriendCapableSocket
+from .._core._addresses import is_unspecified
+from .._core._stats import Fallback, counters
+from .._handshake._binding import bind_port_now
+from .._host import is_loopback
+from .._host._offers import OFFER_TIMEOUT
+from .._host._ports import listener_elsewhere, serves_family
+from ._socket import TrioSocketType
+
+NativeConnect = Callable[[Any, Any], Awaitable[None]]
+
+
+def may_cross(sock: socket.socket, resolved: Any) -> bool:
+    """Whether a connect of ``sock`` to ``resolved`` (no listener of this
+    process there) is one to another friendsock process of this host."""
+    return (is_loopback(resolved[0]) and listener_elsewhere(resolved[1])
+            and serves_family(resolved[1], sock.family))
+
+
+async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -> bool:
+    """trio's ``connect()`` (``native``) of ``trio_sock`` to ``resolved``, a
+    loopback port another friendsock process serves, made, and the
+    connection moved off TCP if that process offers it in time (True,
+    either way); False, nothing done, where it is not to be tried."""
+    rendezvous = this_process()
+    sock = trio_sock._sock
+    if rendezvous is None:
+        return False
+    try:
+        host, port = sock.getsockname()[:2]
+        if not port:  # bound before connect(), for the accepting process to find it by its port
+            bind_port_now(sock, resolved[0] if is_unspecified(host) else host)
+    except OSError:
+        return False
+    wait = rendezvous.expect_offer(sock, resolved[1])
+    if wait is None:
+        return False
+    settled = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+    wait.on_settled = lambda: token.run_sync_soon(settled.set)
+    try:
+        await native(trio_sock, resolved)
+        with trio.move_on_after(OFFER_TIMEOUT):
+            await settled.wait()
+    except BaseException:
+        # Cancelled or failed: an offer taken meanwhile ends (EOF on the
+        # pair), as the connection does (trio closes a socket whose
+        # connect was cut short).
+        taken = rendezvous.end_wait(wait)
+        if taken is not None:
+            taken.close()
+        raise
+    taken = rendezvous.end_wait(wait)
+    if taken is None:
+        counters.fallback(Fallback.NOT_OFFERED, resolved)
+        return True
+    _take(trio_sock, sock, taken, wait, rendezvous)
+    return True
+
+
+def _take(trio_sock: Any, sock: socket.socket, pair_end: socket.socket, wait: Waiting,
+          rendezvous: Any) -> None:
+    """``trio_sock`` goes on over ``pair_end``: its socket, a stdlib one,
+    is made again as friendsock's class on the same descriptor (whose
+    number stays), and moved."""
+    names = wait.names()
+    try:
+        capable = FriendCapableSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        try:
+            move_onto_pair(capable, pair_end, names, wait.peer, rendezvous)
+        except BaseException:
+            capable.close()
+            raise
+    finally:
+        pair_end.close()
+    trio_sock._sock = capable
+    trio_sock.__class__ = MovedTrioSocket
+
+
+class MovedTrioSocket(TrioSocketType):
+    """A trio socket whose connection moved to another process: trio's own,
+    but a read that finds EOF where the other end aborted raises its reset
+    (trio reads through the stdlib class's methods, not the socket's)."""
+
+    async def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data: bytes = await TrioSocketType.recv(self, bufsize, flags)  # type: ignore[attr-defined]
+        if not data and bufsize:
+            self._sock._raise_reset()
+        return data
+
+    async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        count: int = await TrioSocketType.recv_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
+        if not count and (nbytes or len(memoryview(buffer))):
+            self._sock._raise_reset()
+        return count
+
+
+def is_moved_stream(stream: Any) -> bool:
+    """Whether ``stream`` (a ``trio.SocketStream``, or its socket) carries a
+    connection moved to another process."""
+    if isinstance(stream, trio.SocketStream):
+        stream = stream.socket
+    return type(stream) is MovedTrioSocket and stream.fileno() >= 0
