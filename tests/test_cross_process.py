@@ -288,20 +288,25 @@ async def test_a_listener_two_processes_share_stays_published(peer_loop, path):
     assert [is_friend for _, is_friend in after] == [False, friend, friend, friend]
 
 
-async def test_echo_from_a_client_process(peer_loop, path):
-    ends: List[Dict[str, Any]] = []
-
+def _echo_recording(ends: List[Dict[str, Any]]) -> Any:
+    """An echo handler that records, per connection, what its end saw."""
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         digest = hashlib.sha256()
         while data := await reader.read(1 << 16):
             digest.update(data)
             writer.write(data)
             await writer.drain()
-        ends.append({"sha256": digest.hexdigest(),
-                     "payload_moved": payload_moved(writer.get_extra_info("socket"))})
+        ends.append({"sha256": digest.hexdigest(), "friend": friendsock.is_friend(writer),
+                     "payload_moved": payload_moved(writer.get_extra_info("socket")),
+                     "peername": list(writer.get_extra_info("peername"))})
         writer.close()
 
-    server = await friendsock.start_server(echo, "127.0.0.1", 0)
+    return echo
+
+
+async def test_echo_from_a_client_process(peer_loop, path):
+    ends: List[Dict[str, Any]] = []
+    server = await friendsock.start_server(_echo_recording(ends), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     theirs = await _client_report(server, "connect", peer_loop, "api", str(port), str(SIZE), "2",
                                   path=path)
@@ -928,19 +933,7 @@ async def test_a_trio_client_process(door, path):
     """A trio client of another process (``friendsock.trio.open_tcp_stream``,
     or trio's own under ``friendsock.trio.install()``) moves off TCP."""
     ends: List[Dict[str, Any]] = []
-
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        digest = hashlib.sha256()
-        while data := await reader.read(1 << 16):
-            digest.update(data)
-            writer.write(data)
-            await writer.drain()
-        ends.append({"sha256": digest.hexdigest(), "friend": friendsock.is_friend(writer),
-                     "payload_moved": payload_moved(writer.get_extra_info("socket")),
-                     "peername": list(writer.get_extra_info("peername"))})
-        writer.close()
-
-    server = await friendsock.start_server(echo, "127.0.0.1", 0)
+    server = await friendsock.start_server(_echo_recording(ends), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     theirs = await _client_report(server, "connect", "-", door, str(port), str(SIZE), "7", path=path)
     [ours] = ends

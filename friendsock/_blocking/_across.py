@@ -275,23 +275,32 @@ on_fork(Part.ACROSS_THREAD, after_in_child=_forked)
 # -- the connect --------------------------------------------------------------
 
 
+def expect_offer(sock: socket.socket, resolved: Any) -> Optional[Tuple[Rendezvous, Waiting]]:
+    """Before ``connect()`` of ``sock`` to ``resolved``: bound if it has no
+    port yet (the accepting process finds the connect by it), and waiting
+    for its offer on this process's rendezvous; None when it cannot."""
+    rendezvous = this_process()
+    if rendezvous is None:
+        return None
+    try:
+        host, port = sock.getsockname()[:2]
+        if not port:
+            bind_port_now(sock, resolved[0] if is_unspecified(host) else host)
+    except OSError:
+        return None
+    wait = rendezvous.expect_offer(sock, resolved[1])
+    return None if wait is None else (rendezvous, wait)
+
+
 def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[float]) -> bool:
     """``connect()`` of the blocking ``sock`` to ``resolved`` (numeric, on
     loopback), a port a friendsock process of this host serves: made, and
     the connection moved off TCP if that process offers it in time (True,
     either way); False, nothing connected, where it is not to be tried."""
-    rendezvous = this_process()
-    if rendezvous is None:
+    expecting = expect_offer(sock, resolved)
+    if expecting is None:
         return False
-    try:
-        host, port = sock.getsockname()[:2]
-        if not port:  # bound before connect(), for the accepting process to find it by its port
-            bind_port_now(sock, resolved[0] if is_unspecified(host) else host)
-    except OSError:
-        return False
-    wait = rendezvous.expect_offer(sock, resolved[1])
-    if wait is None:
-        return False
+    rendezvous, wait = expecting
     try:
         _ss.connect(sock, resolved)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -16,11 +16,9 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
-from .._blocking._across import Waiting, move_onto_pair, this_process
+from .._blocking._across import Waiting, expect_offer, move_onto_pair
 from .._blocking._capable import FriendCapableSocket
-from .._core._addresses import is_unspecified
 from .._core._stats import Fallback, counters
-from .._handshake._binding import bind_port_now
 from .._host import is_loopback
 from .._host._offers import OFFER_TIMEOUT
 from .._host._ports import listener_elsewhere, serves_family
@@ -41,19 +39,11 @@ async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -
     loopback port another friendsock process serves, made, and the
     connection moved off TCP if that process offers it in time (True,
     either way); False, nothing done, where it is not to be tried."""
-    rendezvous = this_process()
     sock = trio_sock._sock
-    if rendezvous is None:
+    expecting = expect_offer(sock, resolved)
+    if expecting is None:
         return False
-    try:
-        host, port = sock.getsockname()[:2]
-        if not port:  # bound before connect(), for the accepting process to find it by its port
-            bind_port_now(sock, resolved[0] if is_unspecified(host) else host)
-    except OSError:
-        return False
-    wait = rendezvous.expect_offer(sock, resolved[1])
-    if wait is None:
-        return False
+    rendezvous, wait = expecting
     settled = trio.Event()
     token = trio.lowlevel.current_trio_token()
     wait.on_settled = lambda: token.run_sync_soon(settled.set)
