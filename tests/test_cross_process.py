@@ -972,3 +972,37 @@ async def test_a_server_abort_resets_a_trio_client(peer_loop, path):
         assert await peer.report() == {"aborted": True}
     finally:
         await peer.finish()
+
+
+def _trio_dup(port: int) -> Dict[str, Any]:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> Dict[str, Any]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            copy = stream.socket.dup()
+            with copy:
+                await copy.send(b"ping")
+                echoed = await stream.receive_some(4)
+                found = {"echoed": echoed.decode(), "friend": friendsock.is_friend(copy),
+                         "blocking": os.get_blocking(stream.socket.fileno()),
+                         "peername": list(copy.getpeername())}
+            with trio.move_on_after(0.2):  # (nothing comes: a read that waits, not one that blocks)
+                await stream.receive_some(10)
+            return found
+
+    return trio.run(exchange)
+
+
+async def test_a_trio_clients_socket_duplicates(peer_loop, path):
+    """``dup()`` of a moved trio socket is one of the same kind, as trio's
+    is of a TCP one; neither copy blocks the other's reads."""
+    peer, port = await _serving(peer_loop, path)
+    try:
+        found = await bounded(asyncio.to_thread(_trio_dup, port), 30)
+    finally:
+        await peer.finish()
+    assert found == {"echoed": "ping", "friend": path == "friend", "blocking": False,
+                     "peername": ["127.0.0.1", port]}

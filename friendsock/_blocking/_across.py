@@ -439,6 +439,12 @@ class AcrossSocket(FriendCapableSocket):
             self._raise_reset()
         return found
 
+    def recvmsg(self, bufsize: int, *args: Any) -> Any:
+        found = _ss.recvmsg(self, bufsize, *args)
+        if not found[0] and bufsize:
+            self._raise_reset()
+        return found
+
     def _raise_reset(self) -> None:
         """At EOF: the reset, if the other end's abort sent one."""
         if _reset_came(self.__dict__[_STATE].tcp):

@@ -73,8 +73,10 @@ def _take(trio_sock: Any, sock: socket.socket, pair_end: socket.socket, wait: Wa
     is made again as friendsock's class on the same descriptor (whose
     number stays), and moved."""
     names = wait.names()
+    timeout = sock.gettimeout()  # (trio's: 0.0, its descriptor non-blocking)
     try:
         capable = FriendCapableSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        capable.settimeout(timeout)
         try:
             move_onto_pair(capable, pair_end, names, wait.peer, rendezvous)
         except BaseException:
@@ -102,6 +104,31 @@ class MovedTrioSocket(TrioSocketType):
         if not count and (nbytes or len(memoryview(buffer))):
             self._sock._raise_reset()
         return count
+
+    async def recvfrom(self, bufsize: int, flags: int = 0) -> Any:
+        found = await TrioSocketType.recvfrom(self, bufsize, flags)  # type: ignore[attr-defined]
+        if not found[0] and bufsize:
+            self._sock._raise_reset()
+        return found
+
+    async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Any:
+        found = await TrioSocketType.recvfrom_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
+        if not found[0] and (nbytes or len(memoryview(buffer))):
+            self._sock._raise_reset()
+        return found
+
+    async def recvmsg(self, bufsize: int, *args: Any) -> Any:
+        found = await TrioSocketType.recvmsg(self, bufsize, *args)  # type: ignore[attr-defined]
+        if not found[0] and bufsize:
+            self._sock._raise_reset()
+        return found
+
+    def dup(self) -> Any:
+        # (trio's own dup() takes only the stdlib's class; the copy keeps this one's)
+        copy = object.__new__(MovedTrioSocket)
+        copy._sock = self._sock.dup()
+        copy._did_shutdown_SHUT_WR = False
+        return copy
 
 
 def is_moved_stream(stream: Any) -> bool:

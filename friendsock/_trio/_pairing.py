@@ -311,8 +311,8 @@ async def open_tcp_stream(
         raise TypeError(f"port must be int, not {port!r}")
     reason = why_not_friends(friends, {})
     if reason is None and not registry.has_port(port):
-        if listener_elsewhere(port) and local_address is None:
-            moved = await _connect_across(host, port)
+        if listener_elsewhere(port):
+            moved = await _connect_across(host, port, local_address)
             if moved is not None:
                 return moved
         reason = Fallback.NO_LISTENER
@@ -330,11 +330,13 @@ async def open_tcp_stream(
         native_calls.reset(token)
 
 
-async def _connect_across(host: Union[str, bytes], port: int) -> Optional[trio.SocketStream]:
+async def _connect_across(host: Union[str, bytes], port: int,
+                          local_address: Optional[str]) -> Optional[trio.SocketStream]:
     """A stream to another friendsock process of this host serving ``port``
-    on a loopback address ``host`` names, its connection moved off TCP
-    where that process offers it; None when there is none to try, or its
-    connect failed (trio's own connect takes over, and reports)."""
+    on a loopback address ``host`` names (from ``local_address``, if
+    given), its connection moved off TCP where that process offers it;
+    None when there is none to try, or its connect failed (trio's own
+    connect takes over, and reports)."""
     infos = numeric_address_infos(host, port) or await trio.socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM)
     for af, socktype, proto, _, address in infos:
@@ -344,6 +346,8 @@ async def _connect_across(host: Union[str, bytes], port: int) -> Optional[trio.S
             continue
         token = native_calls.set(True)  # (an installed connect: trio's own)
         try:
+            if local_address is not None:
+                await trio_sock.bind((local_address, 0))
             moved = await connect_across(trio_sock, address, type(trio_sock).connect)
         except OSError:
             trio_sock.close()
