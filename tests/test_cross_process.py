@@ -22,6 +22,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -29,6 +30,7 @@ import pytest
 import trustme
 
 import friendsock
+from friendsock._blocking import _across as _blocking_across
 from friendsock._handshake._tcp_info import payload_moved
 
 from support import bounded, port_of, tcp_connections, tls_contexts
@@ -91,8 +93,27 @@ class Peer:
                     await self.process.wait()
 
 
+@pytest.fixture
+def nothing_left_open():
+    """What friendsock's thread holds for a test's blocking and trio
+    connections (their TCP sockets, the channels their servers opened)
+    it closes as those servers finish: within a bound, and before the
+    next test (which may count descriptors) begins. (Torn down after the
+    other processes are gone.)"""
+    yield
+
+    def left() -> bool:
+        found = _blocking_across._rendezvous
+        return found is not None and bool(found.releasing or found.channels)
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not left()
+
+
 @pytest.fixture(autouse=True)
-def no_peer_left():
+def no_peer_left(nothing_left_open):
     """A test that failed before it finished its other processes does not
     leave them running."""
     yield
@@ -100,6 +121,8 @@ def no_peer_left():
         if peer.process.returncode is None:
             peer.process.kill()
     Peer.started.clear()
+
+
 
 
 async def _serving(peer_loop: str, path: str, door: str = "api", **env: str) -> "tuple[Peer, int]":

@@ -90,6 +90,8 @@ class Rendezvous:
         self.lock = threading.Lock()  # waits, and what the thread is handed
         self.waits: Dict[int, Waiting] = {}
         self.to_release: List[Tuple[socket.socket, Optional[float]]] = []
+        self.releasing = 0  # TCP sockets handed to release() and not closed yet
+        self.channels = 0  # channels other processes opened, still open
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector.register(listener, selectors.EVENT_READ, None)
@@ -141,6 +143,7 @@ class Rendezvous:
         for a connection that goes on where this process cannot see it)."""
         with self.lock:
             self.to_release.append((tcp, timeout))
+            self.releasing += 1
         try:
             os.write(self.wake_w, b"x")
         except OSError:  # (the pipe is full: the thread is awake already)
@@ -166,6 +169,7 @@ class Rendezvous:
                 opened = accept_channel(self.listener)
                 if opened is not None:
                     self.selector.register(opened[0], selectors.EVENT_READ, opened[1])
+                    self.channels += 1
             elif data == "wake":
                 self._take_released()
             elif data == "finished":
@@ -190,7 +194,7 @@ class Rendezvous:
             try:
                 self.selector.register(tcp, selectors.EVENT_READ, "finished")
             except (ValueError, OSError):  # closed meanwhile
-                tcp.close()
+                self._closed(tcp.close)
                 continue
             if timeout is not None:
                 heapq.heappush(self.lingering, (now + timeout, next(self.serials), tcp))
@@ -199,16 +203,22 @@ class Rendezvous:
         if tcp.fileno() < 0:
             return  # (finished already: its deadline came after its FIN)
         self.selector.unregister(tcp)
-        if answered:
-            close_with_reset(tcp)
-        else:
-            tcp.close()
+        self._closed(lambda: close_with_reset(tcp) if answered else tcp.close())
+
+    def _drop(self, chan: socket.socket) -> None:
+        self.selector.unregister(chan)
+        chan.close()
+        self.channels -= 1
+
+    def _closed(self, close: Any) -> None:
+        close()
+        with self.lock:
+            self.releasing -= 1
 
     def _offers_arrived(self, chan: socket.socket, pid: int) -> None:
         for message, handed in messages_waiting(chan):
             if message is None and not handed:  # EOF: that process went away
-                self.selector.unregister(chan)
-                chan.close()
+                self._drop(chan)
                 return
             with self.lock:
                 wait = self.waits.get(message.client_port) if message is not None else None
@@ -219,8 +229,7 @@ class Rendezvous:
                 except OSError:
                     # Unanswered: the offering side learns no from the
                     # channel closing, and so TCP is what both take.
-                    self.selector.unregister(chan)
-                    chan.close()
+                    self._drop(chan)
                     return
                 if pair_end is not None:
                     assert wait is not None
