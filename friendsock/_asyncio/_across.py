@@ -41,13 +41,14 @@ from .._host._offers import (
     ConnectWait,
     Peer,
     accept_channel,
-    answer_offer,
     channel_listener,
     next_token,
     closes_with_reset,
     messages_waiting,
     peer_of,
     room_like_friends,
+    take_offer,
+    tcp_error,
 )
 from .._host._proof import Message, What, channel_address, mirrors, peer_credentials
 from ._loop_state import loop_name, loop_state
@@ -75,6 +76,10 @@ class _Wait(ConnectWait):
     def __init__(self, sock: socket.socket, sockname: Any, decided: asyncio.Future) -> None:
         super().__init__(sock, sockname)
         self.decided = decided  # its result: the pair end, or None for TCP
+
+
+def _decided(wait: _Wait) -> bool:
+    return wait.decided.done()
 
 
 class _Channel:
@@ -133,19 +138,15 @@ class Rendezvous:
 
     def _offer_arrived(self, chan: socket.socket, pid: int, message: Optional[Message],
                        handed: List[socket.socket]) -> None:
-        wait = self.waits.get(message.client_port) if message is not None else None
-        if wait is not None and wait.decided.done():
-            wait = None
         try:
-            pair_end = answer_offer(chan, pid, message, handed, wait)
+            taken = take_offer(self.waits, _decided, chan, pid, message, handed)
         except OSError:
             # Unanswered, the offering side would wait: it learns no from
             # the channel closing, and so TCP is what both take.
             self._drop_taking(chan)
             return
-        if pair_end is not None:
-            assert wait is not None
-            del self.waits[wait.port]
+        if taken is not None:
+            wait, pair_end = taken
             wait.decided.set_result(pair_end)
 
     def _drop_taking(self, chan: socket.socket) -> None:
@@ -542,20 +543,6 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
             self._inner.set_protocol(self._relay)
 
     # -- the TCP socket under it ------------------------------------------
-    def _tcp_error(self) -> Optional[BaseException]:
-        tcp = self._tcp
-        if tcp is None:
-            return None
-        try:
-            tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return None
-        except OSError as exc:
-            if exc.errno == errno.ECONNRESET:
-                return ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
-            return exc
-        return None
-
     def _lost(self, exc: Optional[BaseException]) -> None:
         tcp, self._tcp = self._tcp, None
         tap = self._tap
@@ -655,7 +642,8 @@ class _Relay(asyncio.Protocol):
             view = view[size:]
 
     def eof_received(self) -> Optional[bool]:
-        reset = self.outer._tcp_error()
+        tcp = self.outer._tcp
+        reset = None if tcp is None else tcp_error(tcp)
         if reset is not None:  # it aborted: a reset, not EOF
             self.outer._reset = reset
             self.outer._inner.abort()

@@ -45,12 +45,13 @@ from .._host._offers import (
     ConnectWait,
     Peer,
     accept_channel,
-    answer_offer,
     channel_listener,
     closes_with_reset,
     messages_waiting,
     next_token,
     room_like_friends,
+    take_offer,
+    tcp_error,
 )
 from .._socket_errors import bad_descriptor
 from ._capable import FriendCapableSocket
@@ -76,6 +77,10 @@ class Waiting(ConnectWait):
         self.settled.set()
         if self.on_settled is not None:
             self.on_settled()
+
+
+def _settled(wait: Waiting) -> bool:
+    return wait.settled.is_set()
 
 
 class Rendezvous:
@@ -221,19 +226,15 @@ class Rendezvous:
                 self._drop(chan)
                 return
             with self.lock:
-                wait = self.waits.get(message.client_port) if message is not None else None
-                if wait is not None and wait.settled.is_set():
-                    wait = None
                 try:
-                    pair_end = answer_offer(chan, pid, message, handed, wait)
+                    taken = take_offer(self.waits, _settled, chan, pid, message, handed)
                 except OSError:
                     # Unanswered: the offering side learns no from the
                     # channel closing, and so TCP is what both take.
                     self._drop(chan)
                     return
-                if pair_end is not None:
-                    assert wait is not None
-                    del self.waits[wait.port]
+                if taken is not None:
+                    wait, pair_end = taken
                     wait.taken = pair_end
                     wait.settle()
 
@@ -456,8 +457,9 @@ class AcrossSocket(FriendCapableSocket):
 
     def _raise_reset(self) -> None:
         """At EOF: the reset, if the other end's abort sent one."""
-        if _reset_came(self.__dict__[_STATE].tcp):
-            raise ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+        found = tcp_error(self.__dict__[_STATE].tcp)
+        if isinstance(found, ConnectionResetError):
+            raise found
 
     def shutdown(self, how: int) -> None:
         _ss.shutdown(self, how)
@@ -513,16 +515,6 @@ class AcrossSocket(FriendCapableSocket):
         copy = OriginalSocket.dup(self)  # (of this class, on a copy of the pair end)
         copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous)
         return copy
-
-
-def _reset_came(tcp: socket.socket) -> bool:
-    try:
-        tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except ConnectionResetError:
-        return True
-    except OSError:
-        pass
-    return False
 
 
 def _peer_shut_down(fd: int) -> bool:

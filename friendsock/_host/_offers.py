@@ -6,11 +6,12 @@ here: each waiting side calls these from its own.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import socket
 import struct
-from typing import Any, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar
 
 from .._core._addresses import is_unspecified
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
@@ -125,6 +126,27 @@ def messages_waiting(chan: socket.socket) -> Iterator[Tuple[Optional[Message], L
             return
 
 
+Wait = TypeVar("Wait", bound=ConnectWait)
+
+
+def take_offer(waits: Dict[int, Wait], settled: Callable[[Wait], bool], chan: socket.socket,
+               pid: int, message: Optional[Message], handed: List[socket.socket]
+               ) -> Optional[Tuple[Wait, socket.socket]]:
+    """Answer what came on ``chan`` (:func:`answer_offer`) for the connect of
+    ``waits`` waiting at its port, unless it is ``settled`` already: that
+    wait and the pair end it took, the wait gone from ``waits``; None when
+    declined. Raises OSError when the answer cannot be sent."""
+    wait = waits.get(message.client_port) if message is not None else None
+    if wait is not None and settled(wait):
+        wait = None
+    pair_end = answer_offer(chan, pid, message, handed, wait)
+    if pair_end is None:
+        return None
+    assert wait is not None
+    del waits[wait.port]
+    return wait, pair_end
+
+
 def answer_offer(chan: socket.socket, pid: int, message: Optional[Message],
                  handed: List[socket.socket], wait: Optional[ConnectWait]) -> Optional[socket.socket]:
     """Answer what came on ``chan`` from process ``pid`` (``message`` and
@@ -179,3 +201,18 @@ def closes_with_reset(tcp: socket.socket) -> bool:
         return _LINGER.unpack(tcp.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size)) == (1, 0)
     except OSError:
         return False
+
+
+def tcp_error(tcp: socket.socket) -> Optional[OSError]:
+    """The error pending on a moved connection's TCP socket, if any: a
+    reset there is the other end's abort, which its EOF on the pair
+    follows."""
+    try:
+        tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ECONNRESET:
+            return ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+        return exc
+    return None
