@@ -660,6 +660,19 @@ def socket_patched():
         friendsock.unpatch_socket()
 
 
+async def _on_a_thread_against_a_server(peer_loop: str, path: str, client: Any,
+                                        door: str = "api") -> "tuple[Any, Dict[str, Any]]":
+    """``client(port)`` (a blocking or trio client) run on a thread of its
+    own against a server process (``serve``, its ``door``): what it
+    returned, and the server's report of the connection."""
+    peer, port = await _serving(peer_loop, path, door=door)
+    try:
+        found = await bounded(asyncio.to_thread(client, port), 30)
+        return found, await peer.report()
+    finally:
+        await peer.finish()
+
+
 def _blocking_echo(port: int, payload: bytes, host: str) -> Dict[str, Any]:
     """A blocking client, as ``socket.create_connection`` makes one: the
     payload sent from a second thread while this one reads the echo."""
@@ -730,12 +743,8 @@ def _blocking_abort(port: int) -> int:
 
 @pytest.mark.usefixtures("socket_patched")
 async def test_a_blocking_client_resets_as_tcp_does(peer_loop, path):
-    peer, port = await _serving(peer_loop, path)
-    try:
-        await bounded(asyncio.to_thread(_blocking_abort, port), 30)
-        assert await peer.report() == {"error": "ConnectionResetError"}
-    finally:
-        await peer.finish()
+    _, theirs = await _on_a_thread_against_a_server(peer_loop, path, _blocking_abort)
+    assert theirs == {"error": "ConnectionResetError"}
 
 
 def _blocking_ping(port: int) -> int:
@@ -791,6 +800,24 @@ async def test_run_with_sockets_moves_a_blocking_client(tmp_path):
     assert f"friendsock: between processes: 1 moved off TCP (pid {os.getpid()}: 1)" in err.decode().splitlines()
 
 
+async def _script_against_a_server_here(path: str, *python_args: str) -> "tuple[int, str, str]":
+    """A Python process (``python_args``, then the port) run against a
+    friendsock echo server of this process, which it must exit 0 from:
+    the port, and what it wrote to its standard output and error."""
+    server = await friendsock.start_server(_echo_recording([]), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *python_args, str(port), env=_environment(path),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await bounded(process.communicate(), 30)
+    finally:
+        server.close()
+        await bounded(server.wait_closed())
+    assert process.returncode == 0, err.decode()
+    return port, out.decode(), err.decode()
+
+
 _FORKING_CLIENT = """
 import os, socket, sys
 import friendsock
@@ -815,24 +842,9 @@ print(before, os.waitstatus_to_exitcode(status), ask(port))
 async def test_a_blocking_client_forks(tmp_path):
     """A process whose blocking connections moved forks: the child's own
     connections move too (a rendezvous of its own), and the parent's go on."""
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(1 << 16):
-            writer.write(data)
-        writer.close()
-
-    server = await friendsock.start_server(echo, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     before = friendsock.stats().cross_process
-    try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _FORKING_CLIENT, str(port), env=_environment("friend"),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await bounded(process.communicate(), 30)
-    finally:
-        server.close()
-        await bounded(server.wait_closed())
-    assert process.returncode == 0, err.decode()
-    assert out.decode().split() == ["True", "0", "True"]
+    _, out, _ = await _script_against_a_server_here("friend", "-c", _FORKING_CLIENT)
+    assert out.split() == ["True", "0", "True"]
     assert friendsock.stats().cross_process - before == 3
 
 
@@ -853,11 +865,8 @@ def _blocking_timed_out(port: int) -> str:
 @pytest.mark.usefixtures("socket_patched")
 async def test_a_blocking_clients_receive_timeout_holds(peer_loop, path):
     """SO_RCVTIMEO bounds the reads of a moved socket as of a TCP one."""
-    peer, port = await _serving(peer_loop, path)
-    try:
-        assert await bounded(asyncio.to_thread(_blocking_timed_out, port), 30) == "EAGAIN"
-    finally:
-        await peer.finish()
+    ended, _ = await _on_a_thread_against_a_server(peer_loop, path, _blocking_timed_out)
+    assert ended == "EAGAIN"
 
 
 def _blocking_reset(port: int) -> str:
@@ -874,12 +883,8 @@ def _blocking_reset(port: int) -> str:
 async def test_a_server_abort_resets_a_blocking_client(peer_loop, path):
     """The server aborts with SO_LINGER {1, 0}: the client's read raises
     ConnectionResetError, not EOF."""
-    peer, port = await _serving(peer_loop, path, door="abort")
-    try:
-        assert await bounded(asyncio.to_thread(_blocking_reset, port), 30) == "ConnectionResetError"
-        assert await peer.report() == {"aborted": True}
-    finally:
-        await peer.finish()
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, _blocking_reset, door="abort")
+    assert got == "ConnectionResetError" and theirs == {"aborted": True}
 
 
 def _blocking_from_wildcard(port: int, host: str) -> bool:
@@ -930,24 +935,9 @@ print(friendsock.is_friend(sock))
 async def test_a_blocking_socket_left_open_warns_once(path):
     """Left open at exit, a moved socket gives its one ResourceWarning, as
     a TCP one does, naming both its addresses (not friendsock's own copy)."""
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(1 << 16):
-            writer.write(data)
-        writer.close()
-
-    server = await friendsock.start_server(echo, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-X", "dev", "-c", _LEFT_OPEN, str(port), env=_environment(path),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await bounded(process.communicate(), 30)
-    finally:
-        server.close()
-        await bounded(server.wait_closed())
-    assert process.returncode == 0, err.decode()
-    assert out.decode().split() == [str(path == "friend")]
-    unclosed = [line for line in err.decode().splitlines() if "unclosed <socket.socket" in line]
+    port, out, err = await _script_against_a_server_here(path, "-X", "dev", "-c", _LEFT_OPEN)
+    assert out.split() == [str(path == "friend")]
+    unclosed = [line for line in err.splitlines() if "unclosed <socket.socket" in line]
     assert len(unclosed) == 1 and f"raddr=('127.0.0.1', {port})" in unclosed[0], unclosed
 
 
@@ -988,13 +978,8 @@ def _trio_reset(port: int) -> str:
 async def test_a_server_abort_resets_a_trio_client(peer_loop, path):
     """The server aborts with SO_LINGER {1, 0}: trio's read raises
     BrokenResourceError from ConnectionResetError, not EOF."""
-    peer, port = await _serving(peer_loop, path, door="abort")
-    try:
-        got = await bounded(asyncio.to_thread(_trio_reset, port), 30)
-        assert got == "BrokenResourceError from ConnectionResetError"
-        assert await peer.report() == {"aborted": True}
-    finally:
-        await peer.finish()
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, _trio_reset, door="abort")
+    assert got == "BrokenResourceError from ConnectionResetError" and theirs == {"aborted": True}
 
 
 def _trio_dup(port: int) -> Dict[str, Any]:
@@ -1022,10 +1007,7 @@ def _trio_dup(port: int) -> Dict[str, Any]:
 async def test_a_trio_clients_socket_duplicates(peer_loop, path):
     """``dup()`` of a moved trio socket is one of the same kind, as trio's
     is of a TCP one; neither copy blocks the other's reads."""
-    peer, port = await _serving(peer_loop, path)
-    try:
-        found = await bounded(asyncio.to_thread(_trio_dup, port), 30)
-    finally:
-        await peer.finish()
+    found, theirs = await _on_a_thread_against_a_server(peer_loop, path, _trio_dup)
+    port = theirs["sockname"][1]
     assert found == {"echoed": "ping", "friend": path == "friend", "blocking": False,
                      "peername": ["127.0.0.1", port]}
