@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import errno
 import fcntl
 import itertools
 import os
@@ -27,7 +26,7 @@ import termios
 import threading
 import time
 from asyncio import trsock
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._pcap import CLIENT, SERVER
@@ -38,26 +37,25 @@ from .._host import CONNECTS, PortTable, Slot, port_table
 from .._host._offers import (
     OFFER_TIMEOUT,
     RELEASE_TIMEOUT,
+    RESET,
     ConnectWait,
     Peer,
     accept_channel,
+    channel_gone,
     channel_listener,
-    next_token,
     closes_with_reset,
     messages_waiting,
-    peer_of,
+    next_token,
+    offer_answered,
+    open_channel,
     room_like_friends,
+    send_offer,
     take_offer,
     tcp_error,
 )
-from .._host._proof import Message, What, channel_address, mirrors, peer_credentials
+from .._host._proof import Message
 from ._loop_state import loop_name, loop_state
 from ._native import native
-
-# What Rendezvous.offer returns when the other side took the offer and then
-# failed its proof: the connection is reset, served on neither path.
-RESET = object()
-
 
 class Offered(NamedTuple):
     """An offer the other process took: what the accepting side serves on."""
@@ -205,16 +203,8 @@ class Rendezvous:
         chan = self.channels.get((pid, token))
         if chan is not None:
             return chan
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.setblocking(False)
-            sock.connect(channel_address(pid, token))
-            peer_pid, uid = peer_credentials(sock)
-        except OSError:  # gone, or its backlog full: TCP
-            sock.close()
-            return None
-        if peer_pid != pid or uid != os.getuid():  # a squatter on the name
-            sock.close()
+        sock = open_channel(pid, token)
+        if sock is None:  # gone, full, or a squatter on the name: TCP
             return None
         chan = self.channels[pid, token] = _Channel(sock, pid)
         self.loop.add_reader(sock.fileno(), self._replies_arrived, chan)
@@ -252,26 +242,17 @@ class Rendezvous:
         ``slot``: the pair end to serve it on and the peer's receive buffer
         if taken; None if declined or unanswerable (TCP); ``RESET`` if the
         answer's proof failed, after the other side took it."""
-        client_port = names[1][1]
         chan = self._channel_to(slot.pid, slot.token)
         if chan is None:
             return None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         serial = next(chan.serials) & 0xFFFFFFFF
         waiter = self.loop.create_future()
         try:
-            socket.send_fds(chan.sock, [Message(What.OFFER, client_port, serial).encode()],
-                            [conn.fileno(), theirs.fileno()])
+            ours = send_offer(chan.sock, conn, names[1][1], serial)
         except OSError as exc:
-            # Not sent: the other side never saw this offer, so TCP is what
-            # both take. The channel goes only if that process is gone (a
-            # full one keeps the answers to offers sent before).
-            ours.close()
-            if not isinstance(exc, (BlockingIOError, InterruptedError)) and exc.errno != errno.ENOBUFS:
+            if channel_gone(exc):
                 self._drop_channel(chan)
             return None
-        finally:
-            theirs.close()
         chan.replies[serial] = waiter
         try:
             message, handed = await waiter
@@ -284,17 +265,11 @@ class Rendezvous:
             chan.replies.pop(serial, None)
             ours.close()
             raise
-        try:
-            if message is None or message.what is not What.TAKEN:
-                ours.close()
-                return None
-            if len(handed) != 1 or not mirrors(names, handed[0]):
-                ours.close()
-                return RESET
-            return Offered(ours, peer_of(chan.pid, handed[0]), names, self)
-        finally:
-            for sock in handed:
-                sock.close()
+        answered = offer_answered(names, chan.pid, ours, message, handed)
+        if answered is None or answered is RESET:
+            return answered
+        pair_end, peer = cast(Tuple[socket.socket, Peer], answered)
+        return Offered(pair_end, peer, names, self)
 
     # -- the end of a connection ----------------------------------------------
     def release(self, tcp: socket.socket, client: bool) -> None:

@@ -34,8 +34,9 @@ from .._handshake import (
 )
 from .._handshake._process import close_with_reset
 from .._host import Slot, port_table
+from .._host._offers import RESET
 from .._host._ports import connect_slot, publish_listener, republish_if_cleared, withdraw_listener
-from ._across import RESET, Offered, rendezvous, start_across
+from ._across import Offered, rendezvous, start_across
 from ._adoption import hold_for_client
 from ._loop_state import loop_state
 from ._tls import TLSOptions, begin_tls_end

@@ -1,7 +1,8 @@
-"""The connecting side of a rendezvous, whatever waits on it (an event
-loop, a blocking socket's thread): the channel listener offers come in on,
-the connect that waits for one, and the answer to an offer. No event loop
-here: each waiting side calls these from its own.
+"""Both sides of a rendezvous, whatever waits on them (an event loop, a
+blocking socket's thread): the channel listener offers come in on, the
+connect that waits for one, and the answer to an offer; the channel an
+accepting side opens, the offer it sends there, and what the answer says.
+No event loop here: each side calls these from its own.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import itertools
 import os
 import socket
 import struct
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from .._core._addresses import is_unspecified
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
@@ -188,6 +189,77 @@ def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: 
         pair_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, (sndbuf + peer_rcvbuf) // 2)
     except OSError:
         pass
+
+
+# -- the accepting side ---------------------------------------------------------
+
+# What an offer comes to when the other side took it and then its proof
+# failed: the connection is reset, served on neither path.
+RESET = object()
+
+
+def open_channel(pid: int, token: int) -> Optional[socket.socket]:
+    """A channel (non-blocking) to the waiting side ``token`` of process
+    ``pid``, to offer on; None when that process is gone, its backlog is
+    full, or the name is held by another process or user (a squatter)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.setblocking(False)
+        sock.connect(channel_address(pid, token))
+        peer_pid, uid = peer_credentials(sock)
+    except OSError:
+        sock.close()
+        return None
+    if peer_pid != pid or uid != os.getuid():
+        sock.close()
+        return None
+    return sock
+
+
+def send_offer(chan: socket.socket, conn: socket.socket, client_port: int, serial: int) -> socket.socket:
+    """Offer the accepted ``conn`` (its client's port ``client_port``) on
+    ``chan`` as offer ``serial``, handing over ``conn`` and a new pair's
+    end: the end this side keeps. Raises OSError when it was not sent: the
+    other side never saw it, so TCP is what both take (see
+    :func:`channel_gone`)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        socket.send_fds(chan, [Message(What.OFFER, client_port, serial).encode()],
+                        [conn.fileno(), theirs.fileno()])
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return ours
+
+
+def channel_gone(exc: OSError) -> bool:
+    """Whether an offer that failed to send with ``exc`` leaves its channel
+    of no use (the process at the other end gone); a full one still
+    carries the answers to the offers sent before."""
+    return not isinstance(exc, (BlockingIOError, InterruptedError)) and exc.errno != errno.ENOBUFS
+
+
+def offer_answered(names: Tuple[Any, Any], pid: int, ours: socket.socket, message: Optional[Message],
+                   handed: List[socket.socket]) -> Union[None, object, Tuple[socket.socket, Peer]]:
+    """What the answer (``message``, with the sockets ``handed``) of process
+    ``pid`` to the offer of the connection named ``names`` (its socket's
+    own, then its peer's) comes to: the pair end ``ours`` to serve on and
+    the peer, when taken with its proof; None when declined (or no answer:
+    ``message`` None); :data:`RESET` when taken without it. Every socket
+    handed is closed, and ``ours`` unless it is returned."""
+    try:
+        if message is None or message.what is not What.TAKEN:
+            ours.close()
+            return None
+        if len(handed) != 1 or not mirrors(names, handed[0]):
+            ours.close()
+            return RESET
+        return ours, peer_of(pid, handed[0])
+    finally:
+        for sock in handed:
+            sock.close()
 
 
 _LINGER = struct.Struct("ii")
