@@ -12,7 +12,11 @@ LOOP is ``asyncio`` or ``uvloop``. DOOR is how friendsock is switched on:
 (asyncio's own calls, with whatever ``FRIENDSOCK_INSTALL`` did); ``serve``
 also takes ``both`` (``api``, a server on 127.0.0.1 and one on ::1, on
 one port) and
-``abort`` (``api``: echoes 4 bytes, then aborts with SO_LINGER {1, 0}).
+``abort`` (``api``: echoes 4 bytes, then aborts with SO_LINGER {1, 0});
+``blocking`` and ``blocking-abort`` are the same served by a blocking
+server (``socketserver``'s threading TCP server, under ``patch_socket()``;
+LOOP ``-``), and ``blocking-select`` by a select() loop on a non-blocking
+listener.
 
 ``serve`` prints its port, echoes each connection until EOF and then
 finishes it, and prints one JSON line per connection as it ends: the
@@ -50,13 +54,18 @@ from friendsock._handshake._tcp_info import payload_moved
 
 
 def _report(writer: asyncio.StreamWriter, digest: str, **extra) -> str:
-    sock = writer.get_extra_info("socket")
-    sockname = list(writer.get_extra_info("sockname"))
+    return _report_of(type(writer.transport).__name__, writer.get_extra_info("socket"),
+                      writer.get_extra_info("sockname"), writer.get_extra_info("peername"),
+                      digest, **extra)
+
+
+def _report_of(kind: str, sock, sockname, peername, digest: str, **extra) -> str:
+    sockname = list(sockname)
     return json.dumps({
-        "transport": type(writer.transport).__name__,
+        "transport": kind,
         "payload_moved": payload_moved(sock),
         "sockname": sockname,
-        "peername": list(writer.get_extra_info("peername")),
+        "peername": list(peername),
         "sha256": digest,
         "link": _link_of(sockname),
         "peers": {str(pid): count for pid, count in friendsock.stats().cross_process_peers.items()},
@@ -108,6 +117,79 @@ async def serve(door: str) -> None:
     await stdin_closed
     for server in servers:
         server.close()
+
+
+def serve_blocking(door: str) -> None:
+    """``serve`` by a blocking server: socketserver's, one thread per
+    connection, its sockets made by the patched class; or (``blocking-select``)
+    a listener made non-blocking after it listens, its accepts driven by
+    ``select()`` with no event loop, as gunicorn's sync workers drive theirs."""
+    import select
+    import socketserver
+    import threading
+
+    friendsock.patch_socket()
+    printing = threading.Lock()
+
+    def say(line: str) -> None:
+        with printing:
+            print(line, flush=True)
+
+    def echo(sock: socket.socket) -> None:
+        if door == "blocking-abort":
+            ping = b""
+            while len(ping) < 4:
+                ping += sock.recv(4 - len(ping))
+            sock.sendall(ping)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+            sock.close()
+            say(json.dumps({"aborted": True}))
+            return
+        digest = hashlib.sha256()
+        try:
+            while data := sock.recv(1 << 16):
+                digest.update(data)
+                sock.sendall(data)
+            report = _report_of(type(sock).__name__, sock, sock.getsockname(), sock.getpeername(),
+                                digest.hexdigest(), friend=friendsock.is_friend(sock))
+        except ConnectionError as exc:
+            report = json.dumps({"error": type(exc).__name__})
+        say(report)
+
+    if door == "blocking-select":
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        stop_r, stop_w = os.pipe()
+
+        def accepting() -> None:
+            while select.select([listener, stop_r], [], [])[0] != [stop_r]:
+                try:
+                    conn, _ = listener.accept()
+                except BlockingIOError:
+                    continue
+                conn.setblocking(True)
+                threading.Thread(target=lambda: (echo(conn), conn.close()), daemon=True).start()
+
+        say(str(listener.getsockname()[1]))
+        thread = threading.Thread(target=accepting)
+        thread.start()
+        sys.stdin.read()
+        os.write(stop_w, b"x")
+        thread.join()
+        listener.close()
+        return
+
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            echo(self.request)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    server.daemon_threads = True
+    say(str(server.server_address[1]))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sys.stdin.read()
+    server.shutdown()
+    server.server_close()
 
 
 async def connect(door: str, port: int, size: int, seed: int) -> None:
@@ -297,6 +379,8 @@ def main() -> None:
         answer(door, int(rest[0]))
     elif role == "starttls":
         asyncio.run(starttls(int(rest[0]), rest[1]))
+    elif role == "serve" and door.startswith("blocking"):
+        serve_blocking(door)
     elif role == "serve":
         asyncio.run(serve(door))
     elif role == "shared":

@@ -158,6 +158,7 @@ async def _echoed(port: int, payload: bytes) -> Dict[str, Any]:
         return {
             "sha256": digest.hexdigest(),
             "payload_moved": payload_moved(writer.get_extra_info("socket")),
+            "friend": friendsock.is_friend(writer),
             "sockname": list(writer.get_extra_info("sockname")),
             "peername": list(writer.get_extra_info("peername")),
         }

@@ -10,6 +10,10 @@ pair, and the socket answers for the rest as the TCP connection
 (:class:`AcrossSocket`), whose socket stays open without payload until
 this one closes.
 
+A listener's ``accept()`` offers the connections of friendsock processes
+waiting for one, in the accepting thread, and the socket it hands out
+moves the same way when its offer is taken (:func:`accept_across`).
+
 Offers come in on a thread of this process's own (:class:`Rendezvous`),
 which also finishes the TCP sockets of connections that ended, as the
 event loops' side does: it waits for the accepting end's FIN and answers
@@ -22,6 +26,7 @@ import errno
 import heapq
 import itertools
 import logging
+import math
 import os
 import select as _select
 import selectors
@@ -29,7 +34,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 from .._core._addresses import is_unspecified
 from .._core._fork import Part, on_fork
@@ -37,22 +42,28 @@ from .._core._stats import Fallback, counters
 from .._handshake import current_pid
 from .._handshake._binding import bind_port_now
 from .._handshake._process import close_with_reset
-from .._host import CONNECTS, PortTable, is_loopback, port_table
-from .._host._ports import listener_elsewhere, serves_family
+from .._host import CONNECTS, PortTable, Slot, is_loopback, port_table
 from .._host._offers import (
     OFFER_TIMEOUT,
     RELEASE_TIMEOUT,
+    RESET,
     ConnectWait,
     Peer,
     accept_channel,
+    channel_gone,
     channel_listener,
     closes_with_reset,
     messages_waiting,
     next_token,
+    offer_answered,
+    open_channel,
     room_like_friends,
+    send_offer,
     take_offer,
     tcp_error,
 )
+from .._host._ports import connect_slot, listener_elsewhere, serves_family
+from .._host._proof import Message
 from .._socket_errors import bad_descriptor
 from ._capable import FriendCapableSocket
 from ._descriptor import OriginalSocket, _ss
@@ -83,9 +94,23 @@ def _settled(wait: Waiting) -> bool:
     return wait.settled.is_set()
 
 
+class _OfferChannel:
+    """A channel this process opened to another's waiting side, to offer
+    on: one offer at a time, its answer read by the thread that offered."""
+
+    __slots__ = ("lock", "pid", "serials", "sock")
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.lock = threading.Lock()
+        self.serials = itertools.count(1)
+
+
 class Rendezvous:
     """This process's side of the rendezvous for blocking sockets: its
-    channel listener, and the thread that serves it."""
+    channel listener, and the thread that serves it; the channels its
+    listeners' accepts offer on."""
 
     def __init__(self, table: PortTable, listener: socket.socket, token: int) -> None:
         self.pid = current_pid()
@@ -103,6 +128,7 @@ class Rendezvous:
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         self.lingering: List[Tuple[float, int, socket.socket]] = []  # by deadline
         self.serials = itertools.count()  # (orders sockets of one deadline)
+        self.offering: Dict[Tuple[int, int], _OfferChannel] = {}  # under lock
         self.closed = False
         self.thread = threading.Thread(target=self._serve, name="friendsock-rendezvous", daemon=True)
 
@@ -116,6 +142,10 @@ class Rendezvous:
         self.selector.close()
         for fd in (self.wake_r, self.wake_w):
             os.close(fd)
+        with self.lock:
+            offering, self.offering = self.offering, {}
+        for chan in offering.values():
+            chan.sock.close()
 
     # -- the connecting thread's side ---------------------------------------
     def expect_offer(self, sock: socket.socket, to_port: int) -> Optional[Waiting]:
@@ -153,6 +183,49 @@ class Rendezvous:
             os.write(self.wake_w, b"x")
         except OSError:  # (the pipe is full: the thread is awake already)
             pass
+
+    # -- the accepting thread's side -----------------------------------------
+    def offer(self, conn: socket.socket, names: Tuple[Any, Any], slot: Slot
+              ) -> Union[None, object, Tuple[socket.socket, Peer]]:
+        """Offer the accepted ``conn`` (``names``: its own and its peer's)
+        to the connect of ``slot``, and wait here for the answer: see
+        :func:`offer_answered`. An offer sent and not answered within
+        :data:`OFFER_TIMEOUT` (a process stopped, or too busy to answer) is
+        :data:`RESET`: the other side may take it yet."""
+        key = (slot.pid, slot.token)
+        with self.lock:
+            chan = self.offering.get(key)
+            if chan is None:
+                sock = open_channel(*key)
+                if sock is None:  # gone, full, or a squatter on the name: TCP
+                    return None
+                chan = self.offering[key] = _OfferChannel(sock, slot.pid)
+        with chan.lock:
+            serial = next(chan.serials) & 0xFFFFFFFF
+            try:
+                ours = send_offer(chan.sock, conn, names[1][1], serial)
+            except OSError as exc:
+                if channel_gone(exc):
+                    self._drop_offering(key, chan)
+                return None
+            try:
+                answer = _answer_to(chan, serial)
+            except BaseException:
+                ours.close()  # (as not answered: the other side reads EOF if it took it)
+                raise
+        if answer is None:
+            ours.close()
+            return RESET
+        message, handed = answer
+        if message is None and not handed:  # that process went away
+            self._drop_offering(key, chan)
+        return offer_answered(names, chan.pid, ours, message, handed)
+
+    def _drop_offering(self, key: Tuple[int, int], chan: _OfferChannel) -> None:
+        with self.lock:
+            if self.offering.get(key) is chan:
+                del self.offering[key]
+        chan.sock.close()
 
     # -- the thread ---------------------------------------------------------
     def _serve(self) -> None:
@@ -237,6 +310,28 @@ class Rendezvous:
                     wait, pair_end = taken
                     wait.taken = pair_end
                     wait.settle()
+
+
+def _answer_to(chan: _OfferChannel, serial: int
+               ) -> Optional[Tuple[Optional[Message], List[socket.socket]]]:
+    """The answer to offer ``serial`` on ``chan`` (under its lock), as it
+    came with the sockets it carried; ``(None, [])`` at EOF; None when none
+    came in time. Answers to offers given up on before are dropped."""
+    deadline = time.monotonic() + OFFER_TIMEOUT
+    poller = _select.poll()
+    poller.register(chan.sock, _select.POLLIN)
+    while True:
+        for message, handed in messages_waiting(chan.sock):
+            if message is None and not handed:
+                return None, []
+            if message is not None and message.serial == serial:
+                return message, handed
+            for sock in handed:
+                sock.close()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        poller.poll(math.ceil(left * 1000))
 
 
 _rendezvous: Optional[Rendezvous] = None
@@ -349,6 +444,48 @@ def may_cross(sock: socket.socket, resolved: Any) -> bool:
             and serves_family(resolved[1], sock.family))
 
 
+# -- the accept ----------------------------------------------------------------
+
+
+def accept_across(sock: FriendCapableSocket, address: Any, listener_port: int) -> bool:
+    """The socket ``sock`` a listener on ``listener_port`` accepted from
+    ``address``, offered to the friendsock process of this host that
+    connected it, if one waits: moved onto the pair if it took the offer
+    (True); False when no process waits, or it declined (TCP).
+    ConnectionAbortedError, ``sock`` reset and closed, when it took the
+    offer without its proof, or did not answer in time."""
+    slot = connect_slot(address, listener_port)
+    if slot is None:
+        return False
+    rendezvous = this_process()
+    if rendezvous is None:
+        return False
+    try:
+        names = (sock.getsockname(), address)
+        offered = rendezvous.offer(sock, names, slot)
+    except OSError:  # (no descriptor left for the pair, say): not offered, so TCP
+        return False
+    if offered is None:
+        return False
+    if offered is RESET:
+        # Taken without its proof, or maybe taken: neither path is safe. The
+        # connection is reset and not handed out, as a connection reset in
+        # the accept queue is (ECONNABORTED, which servers' accept loops
+        # pass over). (Shut down first: the other process may hold a copy.)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        close_with_reset(sock)
+        raise ConnectionAbortedError(errno.ECONNABORTED, os.strerror(errno.ECONNABORTED))
+    pair_end, peer = cast(Tuple[socket.socket, Peer], offered)
+    try:
+        move_onto_pair(sock, pair_end, names, peer, rendezvous, client=False)
+    finally:
+        pair_end.close()
+    return True
+
+
 # -- the socket once moved ------------------------------------------------------
 
 _STATE = "_friendsock_across"
@@ -362,22 +499,24 @@ class _Moved:
     """What an :class:`AcrossSocket` answers from: the TCP connection's
     socket and names, and the finalizer that lets the TCP socket go."""
 
-    __slots__ = ("tcp", "names", "peer", "rendezvous", "release", "shut_down")
+    __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
-                 rendezvous: Rendezvous) -> None:
+                 rendezvous: Rendezvous, client: bool) -> None:
         self.tcp = tcp
         self.names = names
         self.peer = peer
         self.rendezvous = rendezvous
+        self.client = client
         self.shut_down = False  # writing, by shutdown()
         # Lets the TCP socket go once the user's is closed, or collected.
-        self.release = weakref.finalize(sock, _let_go, tcp, rendezvous)
+        self.release = weakref.finalize(sock, _let_go, tcp, rendezvous, client)
 
 
 def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tuple[Any, Any],
-                   peer: Peer, rendezvous: Rendezvous) -> None:
-    """``sock`` carries its connection over ``pair_end`` from now on."""
+                   peer: Peer, rendezvous: Rendezvous, client: bool = True) -> None:
+    """``sock`` carries its connection over ``pair_end`` from now on;
+    ``client``: it is the connecting end."""
     fd = sock.fileno()
     tcp = OriginalSocket(sock.family, sock.type, sock.proto, fileno=os.dup(fd))
     try:
@@ -390,15 +529,17 @@ def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
     except BaseException:
         tcp.close()
         raise
-    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous)
+    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous, client)
     sock.__class__ = AcrossSocket
     counters.moved_across(peer.pid)
 
 
-def _let_go(tcp: socket.socket, rendezvous: Rendezvous) -> None:
-    if closes_with_reset(tcp) or rendezvous.pid != os.getpid() or not threading.main_thread().is_alive():
-        # An abort's reset, already sent or sent now; a child's copy; or the
-        # process exiting, whose thread is past finishing anything.
+def _let_go(tcp: socket.socket, rendezvous: Rendezvous, client: bool) -> None:
+    if not client or closes_with_reset(tcp) or rendezvous.pid != os.getpid() or \
+            not threading.main_thread().is_alive():
+        # The accepting end's FIN, which the other end answers; an abort's
+        # reset, already sent or sent now; a child's copy; or the process
+        # exiting, whose thread is past finishing anything.
         tcp.close()
     else:
         rendezvous.release(tcp)
@@ -513,7 +654,8 @@ class AcrossSocket(FriendCapableSocket):
     def dup(self) -> socket.socket:
         moved: _Moved = self.__dict__[_STATE]
         copy = OriginalSocket.dup(self)  # (of this class, on a copy of the pair end)
-        copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous)
+        copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous,
+                                       moved.client)
         return copy
 
 

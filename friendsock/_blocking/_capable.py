@@ -42,6 +42,9 @@ from ._readiness import readiness_owners
 
 _INET = (socket.AF_INET, socket.AF_INET6)
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
+# Where a listener keeps the port it published to other processes, with
+# the finalizer that withdraws it (see _listen.accepting).
+PUBLISHED = "_friendsock_published"
 _NATIVE = "_friendsock_connected_natively"  # set by a connect friendsock left to the kernel
 
 # Whether connect() and listen() pair: set by patch_socket(). Sockets made
@@ -62,9 +65,12 @@ class PairingSteps:
     register_listener: Callable[["FriendCapableSocket"], None]
     #: The socket stops pairing: closed, or ``passed_on`` to code that accepts natively.
     forget_listener: Callable[..., None]
-    #: Pair the accepted socket (from ``address``, by the listener's ``entry``
-    #: within its ``timeout``) if a friendsock client of this process made it.
-    claim: Callable[["FriendCapableSocket", Any, Entry, Optional[float]], None]
+    #: The listening socket's own accept() runs.
+    accepting: Callable[["FriendCapableSocket"], None]
+    #: Pair the socket the listener accepted (from ``address``, by its
+    #: ``entry`` if registered) if a friendsock client made it, of this
+    #: process or another.
+    claim: Callable[["FriendCapableSocket", "FriendCapableSocket", Any, Optional[Entry]], None]
     #: Whether an asyncio loop routes through friendsock (is installed).
     loop_pairs: Callable[[Any], bool]
 
@@ -218,6 +224,10 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
                 steps.forget_listener(self, passed_on=True)
             else:
                 entry.proven = True  # what it accepts from now on, it claims
+        if patched and _may_pair(self):
+            # Its own accept (a passed-on listener's too, accepting here
+            # again): it may offer to clients of other processes.
+            steps.accepting(self)
         fd, address = self._accept()
         entry = self.__dict__.get(_ENTRY)
         if entry is not None:
@@ -226,35 +236,39 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
         # As the stdlib's accept(): blocking unless a default timeout is set.
         if socket.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
-        if entry is not None:
-            steps.claim(sock, address, entry, self.gettimeout())
+        if entry is not None or PUBLISHED in self.__dict__:
+            steps.claim(self, sock, address, entry)
         return sock, address
 
     # An event loop taking the socket over makes it non-blocking: passed on,
     # its new owner's accept pairs from then on, or nobody's does.
     def setblocking(self, flag: bool) -> None:
         _ss.setblocking(self, flag)
-        if not flag and _ENTRY in self.__dict__:
+        if not flag and self._serves_friends():
             steps.forget_listener(self, passed_on=True)
 
     def settimeout(self, value: Optional[float]) -> None:
         _ss.settimeout(self, value)
-        if value == 0 and _ENTRY in self.__dict__:
+        if value == 0 and self._serves_friends():
             steps.forget_listener(self, passed_on=True)
 
     def detach(self) -> int:
-        if _ENTRY in self.__dict__:
+        if self._serves_friends():
             steps.forget_listener(self, passed_on=True)
         return OriginalSocket.detach(self)
 
     def dup(self) -> socket.socket:
         # A duplicate accepts natively, on the same queue: passed on.
-        if _ENTRY in self.__dict__:
+        if self._serves_friends():
             steps.forget_listener(self, passed_on=True)
         return OriginalSocket.dup(self)
 
+    def _serves_friends(self) -> bool:
+        """Registered here, or published to other processes."""
+        return _ENTRY in self.__dict__ or PUBLISHED in self.__dict__
+
     def _real_close(self, _ss: Any = _ss) -> None:
-        if _ENTRY in self.__dict__:
+        if self._serves_friends():
             steps.forget_listener(self)
         _ss.close(self)
 

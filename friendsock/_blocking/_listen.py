@@ -2,12 +2,15 @@
 listens (``FriendCapableSocket.listen``), its ``accept()`` claims the
 connects friendsock clients of this process made, and it stops pairing
 when closed or passed on to code that accepts natively (an event loop's).
+Once its own ``accept()`` runs, its port is published to this host's
+friendsock processes, whose connects it offers to move (``_across``).
 """
 
 from __future__ import annotations
 
 import select
 import socket
+import sys
 import time
 import weakref
 from typing import Any, Optional
@@ -18,8 +21,10 @@ from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._handshake import (Entry, Pending, adopt_accepted, claim_accepted, forget_listener,
                           forget_when_collected, hold_ended, register_listener)
+from .._host._ports import publish_listener, republish_if_cleared, withdraw_listener
 from . import _ends
-from ._capable import _ENTRY, FriendCapableSocket
+from ._across import accept_across
+from ._capable import _ENTRY, PUBLISHED, FriendCapableSocket
 from ._descriptor import Descriptor, _ss
 from ._over_tcp import link_over_tcp
 from ._paired import become_friend, ends_of_sockets
@@ -42,9 +47,37 @@ def start_pairing(sock: FriendCapableSocket) -> None:
     forget_when_collected(sock, entry)
 
 
+def accepting(sock: FriendCapableSocket) -> None:
+    """``sock``'s own accept() runs: its port is published for other
+    processes' connects to wait for its offer, on its first accept (its
+    owner may hand it to code that accepts natively before, whose clients
+    would wait in vain); again if the table lost it since."""
+    if not _offers_across():
+        return
+    published = sock.__dict__.get(PUBLISHED)
+    if published is not None:
+        republish_if_cleared(sock, published[0])
+        return
+    port = publish_listener(sock)
+    if port is not None:
+        sock.__dict__[PUBLISHED] = (port, weakref.finalize(sock, withdraw_listener, port))
+
+
+def _offers_across() -> bool:
+    """Whether an accept in this thread may offer to another process, which
+    waits for the answer here: not on a thread that runs an asyncio loop,
+    whose own connects' offers that loop answers (two such loops offering
+    to each other would each wait for the other)."""
+    events = sys.modules.get("asyncio.events")
+    return events is None or events._get_running_loop() is None
+
+
 def stop_pairing(sock: FriendCapableSocket, passed_on: bool = False) -> None:
     """``sock`` stops pairing: closed, or ``passed_on`` (see
     :func:`listener_passed_on`)."""
+    published = sock.__dict__.pop(PUBLISHED, None)
+    if published is not None:
+        published[1]()  # withdrawn: its clients must not wait for an offer
     entry = sock.__dict__.pop(_ENTRY, None)
     if entry is None:
         return
@@ -79,20 +112,28 @@ def take_listener(sock: socket.socket) -> Optional[Entry]:
     return entry
 
 
-def claim(sock: FriendCapableSocket, address: Any, entry: Entry,
-          timeout: Optional[float]) -> None:
-    """Pair the accepted ``sock`` if a friendsock client of this process made
-    it. ``timeout``: the listener's (None: blocking), which bounds a hold."""
+def claim(listener: FriendCapableSocket, sock: FriendCapableSocket, address: Any,
+          entry: Optional[Entry]) -> None:
+    """Pair ``sock``, which ``listener`` (its registry ``entry``, if
+    registered) accepted, if a friendsock client of this process made it;
+    offer it to the process that made it if another's (see ``_across``)."""
     descriptor = Descriptor(sock)
-    with _ends.lock:  # claimed, and known as sock's, at once (see _ends.connecting)
-        pending, sockname = claim_accepted(descriptor, address, hold=True,  # type: ignore[arg-type]
-                                           listener=entry.handle)
-        if pending is None:
-            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
-            return
-        _ends.connecting[pending.link.server] = sock
+    pending = None
+    if entry is not None:
+        with _ends.lock:  # claimed, and known as sock's, at once (see _ends.connecting)
+            pending, sockname = claim_accepted(descriptor, address, hold=True,  # type: ignore[arg-type]
+                                               listener=entry.handle)
+            if pending is not None:
+                _ends.connecting[pending.link.server] = sock
+    if pending is None:  # (not this process's: maybe another's, which waits for an offer)
+        published = listener.__dict__.get(PUBLISHED)
+        if not (published is not None and _offers_across() and accept_across(sock, address, published[0])):
+            if entry is not None:
+                counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
+        return
     try:
-        if pending.state is PendingState.HELD and not _hold_for_client(sock, pending, timeout):
+        if pending.state is PendingState.HELD and \
+                not _hold_for_client(sock, pending, listener.gettimeout()):
             return
         with _ends.lock:
             # Moved to TCP meanwhile (a fork, the client's move to TCP): sock

@@ -30,7 +30,7 @@ from ._across import is_moved
 from ._capable import FriendCapableSocket, natively_driven, steps
 from ._connect import connect_friend
 from ._descriptor import OriginalSocket
-from ._listen import claim, start_pairing, stop_pairing
+from ._listen import accepting, claim, start_pairing, stop_pairing
 from ._paired import FriendBlockingSocket, as_plain_socket, go_on_over_tcp
 from ._tls import FriendSSLSocket, patch_ssl, unpatch_ssl
 
@@ -40,6 +40,7 @@ _lock = threading.Lock()
 steps.connect = connect_friend
 steps.register_listener = start_pairing
 steps.forget_listener = stop_pairing
+steps.accepting = accepting
 steps.claim = claim
 steps.loop_pairs = routes_through_friendsock
 

@@ -1,0 +1,246 @@
+"""A blocking server in another process (``socketserver``, ``http.server``,
+under ``patch_socket()``): its connections move off TCP as an asyncio
+server's do, to asyncio, uvloop, blocking and trio clients here.
+
+It publishes its port once its own ``accept()`` runs, so its first
+connection is TCP's (each test makes that one first). On the TCP path the
+server process has ``FRIENDSOCK_CROSS_PROCESS=0`` and the same test runs
+over TCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import signal
+import socket
+import struct
+import sys
+from typing import Any, Dict, Tuple
+
+import pytest
+
+import friendsock
+from friendsock._handshake._tcp_info import payload_moved
+from friendsock._host._ports import listener_elsewhere
+
+from support import TCP_ESTABLISHED, bounded, tcp_connections, until
+from test_cross_process import (  # noqa: F401 (fixtures)
+    SIZE,
+    Peer,
+    _blocking_echo,
+    _connection_gone,
+    _echoed,
+    _environment,
+    _serving,
+    no_peer_left,
+    nothing_left_open,
+    socket_patched,
+)
+
+
+async def _blocking_server(path: str, door: str = "blocking") -> Tuple[Peer, int]:
+    """A blocking server process (``door``: ``blocking`` echoes,
+    ``blocking-abort`` aborts after 4 bytes) and its port, its first
+    connection served (over TCP: its accept() had not run yet)."""
+    peer, port = await _serving("-", path, door=door)
+    reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+    assert not friendsock.is_friend(writer)
+    writer.write(b"ping")
+    assert await bounded(reader.readexactly(4)) == b"ping"
+    writer.close()
+    await writer.wait_closed()
+    first = await peer.report()
+    assert first.get("payload_moved", True) is True
+    return peer, port
+
+
+def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> Dict[str, Any]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        sock = stream.socket
+        found = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername()),
+                 "friend": friendsock.is_friend(stream)}
+        digest = hashlib.sha256()
+        async with stream:
+            async def send() -> None:
+                await stream.send_all(payload)
+                await stream.send_eof()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                while data := await stream.receive_some(1 << 16):
+                    digest.update(data)
+            found.update(sha256=digest.hexdigest(), payload_moved=payload_moved(sock))  # type: ignore[arg-type]
+        return found
+
+    return trio.run(exchange)
+
+
+@pytest.mark.parametrize("client", ["asyncio", "blocking", "trio"])
+@pytest.mark.parametrize("server", ["blocking", "blocking-select"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_clients_of_a_blocking_server_process_move(path, server, client):
+    """Past its first connection, a blocking server's connections from
+    friendsock clients of every kind move: the bytes go over the pair,
+    the names and TCP_INFO are TCP's. So do those of a listener made
+    non-blocking and accepting through select() (gunicorn's sync workers)."""
+    peer, port = await _blocking_server(path, door=server)
+    payload = random.Random(11).randbytes(SIZE)
+    before = friendsock.stats().cross_process_peers.get(peer.process.pid, 0)
+    try:
+        if client == "asyncio":
+            ours = await _echoed(port, payload)
+        elif client == "blocking":
+            ours = await bounded(asyncio.to_thread(_blocking_echo, port, payload, "127.0.0.1"), 30)
+        else:
+            ours = await bounded(asyncio.to_thread(_trio_echo, port, payload), 30)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert ours["sha256"] == theirs["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert ours["friend"] is theirs["friend"] is (path == "friend")
+    assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
+    assert theirs["transport"] == ("AcrossSocket" if path == "friend" else "FriendCapableSocket")
+    assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
+    moved = friendsock.stats().cross_process_peers.get(peer.process.pid, 0) - before
+    assert moved == (1 if path == "friend" else 0)
+
+
+async def test_a_blocking_servers_abort_resets_its_client(path):
+    """The server closes with SO_LINGER {1, 0}: the client's read raises
+    ConnectionResetError, as over TCP."""
+    peer, port = await _blocking_server(path, door="blocking-abort")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        assert await peer.report() == {"aborted": True}
+        with pytest.raises(ConnectionResetError):
+            await bounded(reader.read(10))
+        assert friendsock.is_friend(writer) is (path == "friend")
+        writer.close()
+    finally:
+        await peer.finish()
+
+
+async def test_a_clients_abort_resets_the_blocking_server(path):
+    peer, port = await _blocking_server(path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                   struct.pack("ii", 1, 0))
+        writer.transport.abort()
+        assert await peer.report() == {"error": "ConnectionResetError"}
+    finally:
+        await peer.finish()
+
+
+@pytest.mark.parametrize("first", ["client", "server"])
+async def test_a_blocking_server_leaves_no_time_wait(first):
+    """Whichever end finishes first, the moved connection's TCP sockets go
+    without TIME_WAIT (the server's FIN, answered by the client's reset)."""
+    peer, port = await _blocking_server("friend")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        assert friendsock.is_friend(writer)
+        client_port = writer.get_extra_info("sockname")[1]
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        if first == "server":
+            writer.write_eof()  # the server reads EOF and closes first
+            assert await bounded(reader.read()) == b""
+        writer.close()
+        await writer.wait_closed()
+        await peer.report()
+        assert await _connection_gone(client_port, port)
+    finally:
+        await peer.finish()
+
+
+@pytest.mark.parametrize("how", ["pipe", "other", "none", "declined", "silent"])
+async def test_a_blocking_server_and_a_process_that_breaks_the_rules(how):
+    """A client process that takes the offer without its proof, answers
+    with no socket, or never answers (stopped, then killed) has its
+    connection reset, and the server's accept() passes over it (as over
+    a connection reset in its queue); one that declines gets TCP. Either
+    way the server goes on, and its next connection moves."""
+    peer, port = await _blocking_server("friend")
+    try:
+        rogue = await Peer.start("answer", "-", how, str(port), env=_environment("friend"))
+        if how == "silent":
+            assert await rogue.line() == "offered"
+            rogue.process.send_signal(signal.SIGSTOP)
+            # Unanswered in time, the connection is reset (the stopped
+            # process's end too, by the kernel).
+            await until(lambda: not tcp_connections(port, TCP_ESTABLISHED))
+            rogue.process.send_signal(signal.SIGKILL)
+            await bounded(rogue.process.wait())
+        else:
+            result = await rogue.report()
+            await rogue.finish()
+            if how == "declined":
+                assert result == {"read": "ping"}
+            else:
+                assert result in ({"read": ""}, {"error": "ECONNRESET"}, {"error": "EPIPE"},
+                                  {"error": "ENOTCONN"})
+        if how == "declined":
+            theirs = await peer.report()
+            assert (theirs["sha256"], theirs["payload_moved"]) == (hashlib.sha256(b"ping").hexdigest(), True)
+        elif how == "other":
+            # The other connection it opened to hand over, served over TCP.
+            assert (await peer.report())["sha256"] == hashlib.sha256(b"").hexdigest()
+        ours = await _echoed(port, b"next" * 1000)
+        assert ours["friend"] is True
+        # (The server's next report is this one's: none came for a reset one.)
+        assert (await peer.report())["sha256"] == ours["sha256"]
+    finally:
+        await peer.finish()
+
+
+async def test_a_blocking_server_withdraws_its_port_as_it_closes(path):
+    """Published once it accepts (switched on), withdrawn as its listener
+    closes: a connect to the port no longer waits for an offer."""
+    peer, port = await _blocking_server(path)
+    assert listener_elsewhere(port) is (path == "friend")
+    await peer.finish()
+    assert listener_elsewhere(port) is False
+
+
+async def test_run_with_sockets_serves_http_server(tmp_path, path):
+    """``python -m friendsock run --sockets -m http.server``, unchanged: past
+    its first request, a friendsock client's requests move off TCP."""
+    (tmp_path / "page.txt").write_bytes(b"served" * 10000)
+    env = _environment(path, PYTHONUNBUFFERED="1")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "friendsock", "run", "--sockets", "-m", "http.server", "0",
+        "--bind", "127.0.0.1", cwd=str(tmp_path), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    Peer(process)  # (killed after the test if still running)
+    assert process.stdout is not None
+    words = (await bounded(process.stdout.readline(), 20)).decode().split()
+    port = int(words[words.index("port") + 1])
+
+    async def get() -> Tuple[bytes, bool]:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.write(b"GET /page.txt HTTP/1.0\r\n\r\n")
+        response = await bounded(reader.read())
+        writer.close()
+        await writer.wait_closed()
+        return response.partition(b"\r\n\r\n")[2], friendsock.is_friend(writer)
+
+    try:
+        assert await get() == (b"served" * 10000, False)
+        before = friendsock.stats().cross_process_peers.get(process.pid, 0)
+        assert await get() == (b"served" * 10000, path == "friend")
+        assert friendsock.stats().cross_process_peers.get(process.pid, 0) - before == (path == "friend")
+    finally:
+        process.send_signal(signal.SIGINT)
+        await bounded(process.wait(), 20)
