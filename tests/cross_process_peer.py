@@ -16,7 +16,8 @@ one port) and
 ``blocking`` and ``blocking-abort`` are the same served by a blocking
 server (``socketserver``'s threading TCP server, under ``patch_socket()``;
 LOOP ``-``), and ``blocking-select`` by a select() loop on a non-blocking
-listener.
+listener; ``trio`` and ``trio-install`` by a trio server
+(``friendsock.trio.serve_tcp``, or trio's own under ``install()``).
 
 ``serve`` prints its port, echoes each connection until EOF and then
 finishes it, and prints one JSON line per connection as it ends: the
@@ -190,6 +191,43 @@ def serve_blocking(door: str) -> None:
     sys.stdin.read()
     server.shutdown()
     server.server_close()
+
+
+def serve_trio(door: str) -> None:
+    """``serve`` by a trio server: ``friendsock.trio``'s listeners (door
+    ``trio``), or trio's own under ``friendsock.trio.install()``."""
+    import trio
+
+    import friendsock.trio
+
+    async def echo(stream: trio.SocketStream) -> None:
+        digest = hashlib.sha256()
+        sock = stream.socket
+        try:
+            async with stream:
+                while data := await stream.receive_some(1 << 16):
+                    digest.update(data)
+                    await stream.send_all(data)
+                report = _report_of(type(sock).__name__, sock, sock.getsockname(), sock.getpeername(),
+                                    digest.hexdigest(), friend=friendsock.is_friend(stream))
+                await stream.send_eof()
+        except trio.BrokenResourceError as exc:
+            report = json.dumps({"error": type(exc.__cause__).__name__})
+        print(report, flush=True)
+
+    async def main() -> None:
+        if door == "trio-install":
+            friendsock.trio.install()
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        else:
+            listeners = await friendsock.trio.open_tcp_listeners(0, host="127.0.0.1")
+        print(listeners[0].socket.getsockname()[1], flush=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, echo, listeners)
+            await trio.to_thread.run_sync(sys.stdin.read)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
 
 
 async def connect(door: str, port: int, size: int, seed: int) -> None:
@@ -381,6 +419,8 @@ def main() -> None:
         asyncio.run(starttls(int(rest[0]), rest[1]))
     elif role == "serve" and door.startswith("blocking"):
         serve_blocking(door)
+    elif role == "serve" and door.startswith("trio"):
+        serve_trio(door)
     elif role == "serve":
         asyncio.run(serve(door))
     elif role == "shared":

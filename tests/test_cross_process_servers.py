@@ -1,9 +1,9 @@
 """A blocking server in another process (``socketserver``, ``http.server``,
-under ``patch_socket()``): its connections move off TCP as an asyncio
-server's do, to asyncio, uvloop, blocking and trio clients here.
+under ``patch_socket()``) or a trio one: its connections move off TCP as
+an asyncio server's do, to asyncio, uvloop, blocking and trio clients here.
 
-It publishes its port once its own ``accept()`` runs, so its first
-connection is TCP's (each test makes that one first). On the TCP path the
+A blocking server publishes its port once its own ``accept()`` runs, so
+its first connection is TCP's (each test makes that one first). On the TCP path the
 server process has ``FRIENDSOCK_CROSS_PROCESS=0`` and the same test runs
 over TCP.
 """
@@ -40,19 +40,21 @@ from test_cross_process import (  # noqa: F401 (fixtures)
 )
 
 
-async def _blocking_server(path: str, door: str = "blocking") -> Tuple[Peer, int]:
-    """A blocking server process (``door``: ``blocking`` echoes,
-    ``blocking-abort`` aborts after 4 bytes) and its port, its first
-    connection served (over TCP: its accept() had not run yet)."""
+async def _server(path: str, door: str = "blocking") -> Tuple[Peer, int]:
+    """A server process (``door``: ``blocking`` echoes, ``blocking-abort``
+    aborts after 4 bytes, ``blocking-select`` accepts by select(); ``trio``
+    and ``trio-install``) and its port; a blocking one's first connection
+    served (over TCP: its accept() had not run yet)."""
     peer, port = await _serving("-", path, door=door)
-    reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
-    assert not friendsock.is_friend(writer)
-    writer.write(b"ping")
-    assert await bounded(reader.readexactly(4)) == b"ping"
-    writer.close()
-    await writer.wait_closed()
-    first = await peer.report()
-    assert first.get("payload_moved", True) is True
+    if door.startswith("blocking"):
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        assert not friendsock.is_friend(writer)
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        writer.close()
+        await writer.wait_closed()
+        first = await peer.report()
+        assert first.get("payload_moved", True) is True
     return peer, port
 
 
@@ -83,14 +85,15 @@ def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("client", ["asyncio", "blocking", "trio"])
-@pytest.mark.parametrize("server", ["blocking", "blocking-select"])
+@pytest.mark.parametrize("server", ["blocking", "blocking-select", "trio", "trio-install"])
 @pytest.mark.usefixtures("socket_patched")
-async def test_clients_of_a_blocking_server_process_move(path, server, client):
-    """Past its first connection, a blocking server's connections from
-    friendsock clients of every kind move: the bytes go over the pair,
-    the names and TCP_INFO are TCP's. So do those of a listener made
-    non-blocking and accepting through select() (gunicorn's sync workers)."""
-    peer, port = await _blocking_server(path, door=server)
+async def test_clients_of_a_server_process_move(path, server, client):
+    """A blocking server's connections (past its first) and a trio
+    server's, from friendsock clients of every kind, move: the bytes go
+    over the pair, the names and TCP_INFO are TCP's. So do those of a
+    listener made non-blocking and accepting through select() (gunicorn's
+    sync workers)."""
+    peer, port = await _server(path, door=server)
     payload = random.Random(11).randbytes(SIZE)
     before = friendsock.stats().cross_process_peers.get(peer.process.pid, 0)
     try:
@@ -106,7 +109,8 @@ async def test_clients_of_a_blocking_server_process_move(path, server, client):
     assert ours["sha256"] == theirs["sha256"] == hashlib.sha256(payload).hexdigest()
     assert ours["friend"] is theirs["friend"] is (path == "friend")
     assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
-    assert theirs["transport"] == ("AcrossSocket" if path == "friend" else "FriendCapableSocket")
+    if server.startswith("blocking"):
+        assert theirs["transport"] == ("AcrossSocket" if path == "friend" else "FriendCapableSocket")
     assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
     moved = friendsock.stats().cross_process_peers.get(peer.process.pid, 0) - before
     assert moved == (1 if path == "friend" else 0)
@@ -115,7 +119,7 @@ async def test_clients_of_a_blocking_server_process_move(path, server, client):
 async def test_a_blocking_servers_abort_resets_its_client(path):
     """The server closes with SO_LINGER {1, 0}: the client's read raises
     ConnectionResetError, as over TCP."""
-    peer, port = await _blocking_server(path, door="blocking-abort")
+    peer, port = await _server(path, door="blocking-abort")
     try:
         reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
         writer.write(b"ping")
@@ -129,8 +133,9 @@ async def test_a_blocking_servers_abort_resets_its_client(path):
         await peer.finish()
 
 
-async def test_a_clients_abort_resets_the_blocking_server(path):
-    peer, port = await _blocking_server(path)
+@pytest.mark.parametrize("server", ["blocking", "trio"])
+async def test_a_clients_abort_resets_the_server(path, server):
+    peer, port = await _server(path, door=server)
     try:
         reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
         writer.write(b"ping")
@@ -144,10 +149,11 @@ async def test_a_clients_abort_resets_the_blocking_server(path):
 
 
 @pytest.mark.parametrize("first", ["client", "server"])
-async def test_a_blocking_server_leaves_no_time_wait(first):
+@pytest.mark.parametrize("server", ["blocking", "trio"])
+async def test_a_server_leaves_no_time_wait(server, first):
     """Whichever end finishes first, the moved connection's TCP sockets go
     without TIME_WAIT (the server's FIN, answered by the client's reset)."""
-    peer, port = await _blocking_server("friend")
+    peer, port = await _server("friend", door=server)
     try:
         reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
         assert friendsock.is_friend(writer)
@@ -166,13 +172,14 @@ async def test_a_blocking_server_leaves_no_time_wait(first):
 
 
 @pytest.mark.parametrize("how", ["pipe", "other", "none", "declined", "silent"])
-async def test_a_blocking_server_and_a_process_that_breaks_the_rules(how):
+@pytest.mark.parametrize("server", ["blocking", "trio"])
+async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
     """A client process that takes the offer without its proof, answers
     with no socket, or never answers (stopped, then killed) has its
     connection reset, and the server's accept() passes over it (as over
     a connection reset in its queue); one that declines gets TCP. Either
     way the server goes on, and its next connection moves."""
-    peer, port = await _blocking_server("friend")
+    peer, port = await _server("friend", door=server)
     try:
         rogue = await Peer.start("answer", "-", how, str(port), env=_environment("friend"))
         if how == "silent":
@@ -208,7 +215,7 @@ async def test_a_blocking_server_and_a_process_that_breaks_the_rules(how):
 async def test_a_blocking_server_withdraws_its_port_as_it_closes(path):
     """Published once it accepts (switched on), withdrawn as its listener
     closes: a connect to the port no longer waits for an offer."""
-    peer, port = await _blocking_server(path)
+    peer, port = await _server(path)
     assert listener_elsewhere(port) is (path == "friend")
     await peer.finish()
     assert listener_elsewhere(port) is False

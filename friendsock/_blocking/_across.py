@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Tuple, Union, cast
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
 from .._core._addresses import is_unspecified
 from .._core._fork import Part, on_fork
@@ -447,31 +447,40 @@ def may_cross(sock: socket.socket, resolved: Any) -> bool:
 # -- the accept ----------------------------------------------------------------
 
 
-def accept_across(sock: FriendCapableSocket, address: Any, listener_port: int) -> bool:
-    """The socket ``sock`` a listener on ``listener_port`` accepted from
-    ``address``, offered to the friendsock process of this host that
-    connected it, if one waits: moved onto the pair if it took the offer
-    (True); False when no process waits, or it declined (TCP).
-    ConnectionAbortedError, ``sock`` reset and closed, when it took the
-    offer without its proof, or did not answer in time."""
+class TakenOffer(NamedTuple):
+    """An accepted connection's offer, taken: the pair end to serve it on."""
+
+    pair_end: socket.socket
+    peer: Peer
+    names: Tuple[Any, Any]  # the TCP socket's own, then its peer's
+    rendezvous: Rendezvous
+
+
+def offer_accepted(sock: socket.socket, address: Any, listener_port: int) -> Optional[TakenOffer]:
+    """Offer the socket ``sock`` a listener on ``listener_port`` accepted
+    from ``address`` to the friendsock process of this host that
+    connected it, if one waits, and wait here for the answer: the pair to
+    serve it on, if taken; None when no process waits, or it declined
+    (TCP). ConnectionAbortedError, ``sock`` reset and closed, when it took
+    the offer without its proof or did not answer in time."""
     slot = connect_slot(address, listener_port)
     if slot is None:
-        return False
+        return None
     rendezvous = this_process()
     if rendezvous is None:
-        return False
+        return None
     try:
         names = (sock.getsockname(), address)
         offered = rendezvous.offer(sock, names, slot)
     except OSError:  # (no descriptor left for the pair, say): not offered, so TCP
-        return False
+        return None
     if offered is None:
-        return False
+        return None
     if offered is RESET:
-        # Taken without its proof, or maybe taken: neither path is safe. The
-        # connection is reset and not handed out, as a connection reset in
-        # the accept queue is (ECONNABORTED, which servers' accept loops
-        # pass over). (Shut down first: the other process may hold a copy.)
+        # Neither path is safe. The connection is reset and not handed
+        # out, as a connection reset in the accept queue is (ECONNABORTED,
+        # which servers' accept loops pass over). (Shut down first: the
+        # other process may hold a copy.)
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -479,10 +488,19 @@ def accept_across(sock: FriendCapableSocket, address: Any, listener_port: int) -
         close_with_reset(sock)
         raise ConnectionAbortedError(errno.ECONNABORTED, os.strerror(errno.ECONNABORTED))
     pair_end, peer = cast(Tuple[socket.socket, Peer], offered)
+    return TakenOffer(pair_end, peer, names, rendezvous)
+
+
+def accept_across(sock: FriendCapableSocket, address: Any, listener_port: int) -> bool:
+    """The blocking ``sock`` (see :func:`offer_accepted`) moved onto the pair
+    if its offer was taken (True); False for TCP."""
+    taken = offer_accepted(sock, address, listener_port)
+    if taken is None:
+        return False
     try:
-        move_onto_pair(sock, pair_end, names, peer, rendezvous, client=False)
+        move_onto_pair(sock, taken.pair_end, taken.names, taken.peer, taken.rendezvous, client=False)
     finally:
-        pair_end.close()
+        taken.pair_end.close()
     return True
 
 

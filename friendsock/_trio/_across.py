@@ -7,6 +7,11 @@ trio's own connect is done, and takes it. The socket under the trio socket
 becomes an ``AcrossSocket`` on the same descriptor number, now the pair's
 end, so trio's reads, writes and waits are its own there, and the names
 and options are the TCP connection's.
+
+A trio listener's accept offers a connection whose client, in another
+friendsock process, waits for one, as a blocking server's accept does
+(the offer and its answer on a worker thread), and hands out the trio
+socket moved the same way (:func:`accept_across`).
 """
 
 from __future__ import annotations
@@ -16,15 +21,16 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
-from .._blocking._across import Waiting, expect_offer, move_onto_pair
+from .._blocking._across import Rendezvous, expect_offer, move_onto_pair, offer_accepted
 from .._blocking._capable import FriendCapableSocket
 from .._core._stats import Fallback, counters
 from .._host import is_loopback
-from .._host._offers import OFFER_TIMEOUT
-from .._host._ports import listener_elsewhere, serves_family
+from .._host._offers import OFFER_TIMEOUT, Peer
+from .._host._ports import connect_slot, listener_elsewhere, serves_family
 from ._socket import TrioSocketType
 
 NativeConnect = Callable[[Any, Any], Awaitable[None]]
+_from_stdlib_socket = trio.socket.from_stdlib_socket  # (trio's own, whatever install() patches)
 
 
 def may_cross(sock: socket.socket, resolved: Any) -> bool:
@@ -63,22 +69,39 @@ async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -
     if taken is None:
         counters.fallback(Fallback.NOT_OFFERED, resolved)
         return True
-    _take(trio_sock, sock, taken, wait, rendezvous)
+    _take(trio_sock, taken, wait.names(), wait.peer, rendezvous, client=True)
     return True
 
 
-def _take(trio_sock: Any, sock: socket.socket, pair_end: socket.socket, wait: Waiting,
-          rendezvous: Any) -> None:
+async def accept_across(conn: socket.socket, address: Any, listener_port: int) -> Any:
+    """The trio socket of ``conn``, which a listener on ``listener_port``
+    accepted from ``address``, moved onto the pair if a friendsock process
+    of this host connected it and took the offer; None for TCP.
+    ConnectionAbortedError, ``conn`` reset and closed, as a blocking
+    server's accept (``_blocking._across.offer_accepted``)."""
+    if connect_slot(address, listener_port) is None:  # (the usual case: no thread)
+        return None
+    # (Not abandoned if cancelled: the answer decides what both ends do.)
+    taken = await trio.to_thread.run_sync(offer_accepted, conn, address, listener_port)
+    if taken is None:
+        return None
+    trio_sock = _from_stdlib_socket(conn)
+    _take(trio_sock, taken.pair_end, taken.names, taken.peer, taken.rendezvous, client=False)
+    return trio_sock
+
+
+def _take(trio_sock: Any, pair_end: socket.socket, names: Any, peer: Peer, rendezvous: Rendezvous,
+          client: bool) -> None:
     """``trio_sock`` goes on over ``pair_end``: its socket, a stdlib one,
     is made again as friendsock's class on the same descriptor (whose
     number stays), and moved."""
-    names = wait.names()
+    sock = trio_sock._sock
     timeout = sock.gettimeout()  # (trio's: 0.0, its descriptor non-blocking)
     try:
         capable = FriendCapableSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
         capable.settimeout(timeout)
         try:
-            move_onto_pair(capable, pair_end, names, wait.peer, rendezvous)
+            move_onto_pair(capable, pair_end, names, peer, rendezvous, client)
         except BaseException:
             capable.close()
             raise

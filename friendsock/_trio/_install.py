@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import trio
 
-from ._across import connect_across, may_cross
+from ._across import accept_across, connect_across, may_cross
 from .._blocking._capable import listen_unregistered
 from .._blocking._listen import listener_passed_on, take_listener
 from .._blocking._paired import as_plain_socket
@@ -38,13 +38,14 @@ from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
                           offer_for_reuse, register_listener, users_sockname)
+from .._host._ports import publish_listener, republish_if_cleared, withdraw_listener
 from .._imports import when_imported
 from .._kept_options import carry_options, restore_options_set_before_connect, set_as_a_new_socket
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from . import _pairing
 from ._backlog import SocketlessBacklog
-from ._pairing import _pair, accept_connection, claim_connection, claimed, native_calls
+from ._pairing import _pair, accept_connection, claim_connection, claimed, native_calls, not_a_friend
 from ._run import run_state
 from ._socket import (
     FriendTrioSocket,
@@ -63,6 +64,7 @@ _MISSING = object()
 # and the socketless links given to it.
 _ENTRY = "_friendsock_listener"
 _BACKLOG = "_friendsock_backlog"
+_PUBLISHED = "_friendsock_published"  # the port published to other processes, with its withdrawal
 _INET = (socket.AF_INET, socket.AF_INET6)
 
 _lock = threading.Lock()
@@ -123,6 +125,9 @@ def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
 
 
 def _forget(trio_sock: Any) -> None:
+    published = trio_sock.__dict__.pop(_PUBLISHED, None)
+    if published is not None:
+        published[1]()  # withdrawn: its clients must not wait for an offer
     entry = trio_sock.__dict__.pop(_ENTRY, None)
     if entry is not None:
         forget_listener(entry)
@@ -197,17 +202,38 @@ async def _socket_accept(self: Any) -> Tuple[Any, Any]:
     if not _is_tcp(self._sock) or native_calls.get():
         return await _native(_SocketType, "accept")(self)
     entry = listener_entry(self)
+    published = _published_port(self) if entry is not None else None
     conn, address, link = await accept_connection(self._sock, entry, self.__dict__.get(_BACKLOG))
     if link is not None:  # socketless
         trio_sock = socketless_trio_socket(conn)
         become_friend(trio_sock, link.server, conn.getsockname(), address, run_state())
         return trio_sock, address
-    trio_sock = _pairing._trio_from_stdlib_socket(conn)
     pending, sockname = claim_connection(conn, address, entry)
+    if pending is None:
+        moved = None if published is None else await accept_across(conn, address, published)
+        if moved is not None:
+            return moved, address
+        not_a_friend(entry)
+    trio_sock = _pairing._trio_from_stdlib_socket(conn)
     if pending is not None:
         become_friend(trio_sock, pending.link.server, sockname, address, run_state())
         claimed(pending)
     return trio_sock, address
+
+
+def _published_port(trio_sock: Any) -> Optional[int]:
+    """The port of the listening ``trio_sock`` (accepting through friendsock
+    here), published to other processes at its first accept (its
+    connects there may wait for its offer); None if it cannot be."""
+    published = trio_sock.__dict__.get(_PUBLISHED)
+    if published is not None:
+        republish_if_cleared(trio_sock._sock, published[0])
+        return published[0]
+    port = publish_listener(trio_sock._sock)
+    if port is None:
+        return None
+    trio_sock.__dict__[_PUBLISHED] = (port, weakref.finalize(trio_sock, withdraw_listener, port))
+    return port
 
 
 async def _socket_connect(self: Any, address: Any) -> None:

@@ -22,7 +22,7 @@ from .._blocking._capable import listen_unregistered
 from .._core._registry import registry
 from .._core._link import Link
 from .._core._stats import Fallback, counters
-from .._host._ports import listener_elsewhere
+from .._host._ports import listener_elsewhere, publish_listener, republish_if_cleared, withdraw_listener
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -45,7 +45,7 @@ from .._handshake import (
 )
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
-from ._across import connect_across, may_cross
+from ._across import accept_across, connect_across, may_cross
 from ._backlog import SocketlessBacklog
 from ._run import RunState, post_to_run, run_state
 from ._stream import FriendStream
@@ -105,12 +105,15 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
                                                          exclusive=True)
         self._backlog = SocketlessBacklog.serving(self._entry, state.token)
         state.listeners[id(self)] = self._entry
+        # Its accepts are friendsock's: other processes' connects may wait for its offer.
+        self._published = publish_listener(sock)
 
     def __repr__(self) -> str:
         return f"<friendsock.trio.FriendListener {self.socket!r}>"
 
     async def accept(self) -> trio.abc.HalfCloseableStream:
-        return await accept_stream(self._sock, self._entry, self._backlog, self._state)
+        return await accept_stream(self._sock, self._entry, self._backlog, self._state,
+                                   self._published)
 
     async def aclose(self) -> None:
         self._forget()
@@ -118,6 +121,9 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         await trio.lowlevel.checkpoint()
 
     def _forget(self) -> None:
+        if self._published is not None:
+            withdraw_listener(self._published)
+            self._published = None
         entry = self._entry
         if entry is not None:
             self._entry = None
@@ -126,12 +132,13 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
 
 
 async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
-                        backlog: SocketlessBacklog,
-                        state: RunState) -> trio.abc.HalfCloseableStream:
+                        backlog: SocketlessBacklog, state: RunState,
+                        published: Optional[int] = None) -> trio.abc.HalfCloseableStream:
     """``trio.SocketListener.accept`` on ``listen_sock``: a
     :class:`FriendStream` for a friendsock client of this process (a connect
     to the listener ``entry``, or a socketless link from ``backlog``), a
-    ``trio.SocketStream`` for anyone else."""
+    ``trio.SocketStream`` for anyone else, moved off TCP for a friendsock
+    client of another process where the port is ``published``."""
     while True:
         try:
             conn, address, link = await accept_connection(listen_sock, entry, backlog)
@@ -147,11 +154,28 @@ async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
                 return stream
             pending, sockname = claim_connection(conn, address, entry)
             if pending is None:
-                return _socket_stream(conn)
+                try:
+                    return await _stream_of_another(listen_sock, conn, address, entry, published)
+                except ConnectionAbortedError:  # reset: passed over, as one reset in the queue
+                    continue
             stream = FriendStream(pending.link.server, conn, sockname, address, state)
             stream.start()
             claimed(pending)
             return stream
+
+
+async def _stream_of_another(listen_sock: socket.socket, conn: socket.socket, address: Any,
+                             entry: Optional[Entry], published: Optional[int]) -> trio.SocketStream:
+    """The stream of ``conn``, a connection from no friendsock client of
+    this process: moved off TCP if another friendsock process connected
+    it; its TCP's else."""
+    if published is not None:
+        republish_if_cleared(listen_sock, published)
+        moved = await accept_across(conn, address, published)
+        if moved is not None:
+            return trio.SocketStream(moved)
+    not_a_friend(entry)
+    return _socket_stream(conn)
 
 
 async def accept_connection(listen_sock: socket.socket, entry: Optional[Entry],
@@ -199,16 +223,20 @@ def claim_connection(conn: socket.socket, address: Any,
                      entry: Optional[Entry]) -> Tuple[Optional[Pending], Any]:
     """The pending connect an accepted connection belongs to, claimed and
     adopted (its link established), with the socket's own address; None
-    (the fallback counted) for a peer that is no friend."""
+    for a peer that is no friend here (see :func:`not_a_friend`)."""
     pending, sockname = claim_accepted(conn, address,
                                        listener=entry.handle if entry is not None else None)
     if pending is None:
-        counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint if entry is not None else None)
         return None, None
     # A client in this run, on a socket of friendsock's: the connection is
     # kept for a later connect once the link is done (see offer_for_reuse).
     adopt_accepted(conn, pending, keeper=None if pending.link.threaded else pending.listener.handle)
     return pending, sockname
+
+
+def not_a_friend(entry: Optional[Entry]) -> None:
+    """An accepted connection goes on over TCP: its listener's fallback."""
+    counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint if entry is not None else None)
 
 
 def claimed(pending: Pending) -> None:
