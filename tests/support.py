@@ -11,6 +11,7 @@ import random
 import socket
 import ssl
 import sys
+import time
 import warnings
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Tuple
 
@@ -471,8 +472,32 @@ def run_on(loop_factory: Callable[[], asyncio.AbstractEventLoop], main: Awaitabl
             loop.close()
 
 
+def rendezvous_thread_settled(timeout: float = 10) -> bool:
+    """Whether friendsock's thread for blocking and trio connections to
+    other processes has closed, within ``timeout``, what it holds for them
+    (their TCP sockets, which it closes as the other ends finish; the
+    channels other processes opened, as those end): it closes them in the
+    background, where another test may be counting descriptors."""
+    from friendsock._blocking import _across
+
+    def busy() -> bool:
+        found = _across._rendezvous
+        return found is not None and bool(found.releasing or found.channels)
+
+    deadline = time.monotonic() + timeout
+    while busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not busy()
+
+
 def descriptors_open() -> int:
-    """How many descriptors this process has open."""
+    """How many descriptors this process has open: once friendsock's thread
+    has closed what earlier tests left it (:func:`rendezvous_thread_settled`),
+    and their garbage (a socket closed by its collection) is collected."""
+    rendezvous_thread_settled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gc.collect()
     return len(os.listdir("/proc/self/fd"))
 
 

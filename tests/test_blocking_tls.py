@@ -14,7 +14,6 @@ import contextlib
 import errno
 import gc
 import http.client
-import os
 import random
 import select
 import socket
@@ -30,7 +29,7 @@ import trustme
 import friendsock
 from friendsock._blocking._readiness import parker
 from friendsock._blocking._tls import FriendSSLSocket
-from support import Recorder, tls_contexts
+from support import Recorder, descriptors_open, tls_contexts
 from test_blocking import (  # noqa: F401 (fixtures)
     LOCALHOST,
     MiB,
@@ -490,22 +489,15 @@ def test_a_friend_socket_under_tls_leaves_no_descriptor_behind(patched, contexts
     """Its duplicate of the TCP descriptor goes with it, and a failed wrap
     closes nothing that is not its own."""
 
-    def open_descriptors() -> int:
-        # Garbage other tests left (a socket closed by its collection) is
-        # not counted against this one.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            gc.collect()
-        return len(os.listdir("/proc/self/fd"))
 
     server_context, client_context = contexts
     parker()  # this thread's, made by its first wait and kept for its life: not counted
-    before = open_descriptors()
+    before = descriptors_open()
     with blocking_pair(patched) as (client, server):
         join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
         with client_context.wrap_socket(client, server_hostname="localhost"), join():
             pass
-    assert open_descriptors() == before
+    assert descriptors_open() == before
     with blocking_pair(patched) as (client, server):
         server.close()  # no TLS there: the handshake fails
         with pytest.raises((ssl.SSLError, OSError)):
@@ -515,7 +507,7 @@ def test_a_friend_socket_under_tls_leaves_no_descriptor_behind(patched, contexts
             client.close()
             a.sendall(b"mine")
             assert b.recv(4) == b"mine"
-    assert open_descriptors() == before
+    assert descriptors_open() == before
 
 
 def test_an_unclosed_tls_socket_warns_as_the_stdlibs_once(patched, contexts):  # noqa: F811

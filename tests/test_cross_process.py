@@ -22,7 +22,6 @@ import socket
 import struct
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -30,10 +29,9 @@ import pytest
 import trustme
 
 import friendsock
-from friendsock._blocking import _across as _blocking_across
 from friendsock._handshake._tcp_info import payload_moved
 
-from support import bounded, port_of, tcp_connections, tls_contexts
+from support import bounded, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts
 from test_capture import check_tcp_shape, read_capture, tshark_check
 
 PEER = str(Path(__file__).with_name("cross_process_peer.py"))
@@ -101,15 +99,7 @@ def nothing_left_open():
     next test (which may count descriptors) begins. (Torn down after the
     other processes are gone.)"""
     yield
-
-    def left() -> bool:
-        found = _blocking_across._rendezvous
-        return found is not None and bool(found.releasing or found.channels)
-
-    deadline = time.monotonic() + 10
-    while left() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not left()
+    assert rendezvous_thread_settled()
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
 import socket
 import struct
 
@@ -25,6 +24,7 @@ from support import (
     Recorder,
     always_over_kept_connections,
     bounded,
+    descriptors_open,
     port_of,
     tcp_connections,
 )
@@ -39,8 +39,6 @@ def over_kept_connections(monkeypatch):
     always_over_kept_connections(monkeypatch, _pairing)
 
 
-def open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 async def _one_exchange(port: int, friends: bool, use_socket=None):
@@ -86,7 +84,7 @@ async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(fr
     one connection's two. Over TCP each connect is the kernel's own."""
     monkeypatch.undo()  # the connects below find what the ones before them left
     async with serving(friends) as (echoes, port):
-        before = open_descriptors()
+        before = descriptors_open()
         addresses = []
         for round_ in range(4):
             addresses.append(await _one_exchange(port, friends))
@@ -98,7 +96,7 @@ async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(fr
         assert (len(set(addresses[1:])) == 1) is friends
         if friends:
             # The one kept connection, established: its two descriptors.
-            assert open_descriptors() - before == 2
+            assert descriptors_open() - before == 2
             assert len(tcp_connections(port, TCP_ESTABLISHED)) == 2  # (both of its ends)
 
 
@@ -220,7 +218,7 @@ async def test_a_listener_keeps_a_few_connections_and_ends_them_as_it_closes(fri
     it closes."""
     monkeypatch.undo()
     async with serving(friends) as (echoes, port):
-        before = open_descriptors()
+        before = descriptors_open()
         clients = [(await friendsock.create_connection(Recorder, "127.0.0.1", port, friends=friends))[0]
                    for _ in range(3 * _handshake.KEPT_PER_LISTENER)]
         await bounded(echoes.first)
@@ -229,6 +227,6 @@ async def test_a_listener_keeps_a_few_connections_and_ends_them_as_it_closes(fri
         await echoes.all_lost()
         for _ in range(3):
             await asyncio.sleep(0)
-        kept = open_descriptors() - before
+        kept = descriptors_open() - before
         assert kept == (2 * _handshake.KEPT_PER_LISTENER if friends else 0)
-    assert open_descriptors() == before - 1
+    assert descriptors_open() == before - 1

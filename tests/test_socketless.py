@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 import friendsock
-from support import connected_pair
+from support import connected_pair, descriptors_open
 from test_threads import *  # noqa: F401,F403 (across loops in two threads, run again here)
 from test_tls import *  # noqa: F401,F403 (TLS over the link, run again here)
 from test_transport import *  # noqa: F401,F403 (the conformance tests, run again here)
@@ -35,8 +35,6 @@ def socketless():
         friendsock.set_socketless(False)
 
 
-def open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 async def test_a_socketless_end_has_no_descriptor_and_plausible_addresses(friends):
@@ -76,7 +74,7 @@ async def test_many_links_use_no_descriptors_and_leave_nothing_behind(friends):
     async with connected_pair(friends):
         pass  # the loop makes what it makes on first use (uvloop: a descriptor)
     await asyncio.sleep(0)
-    before_fds = open_descriptors()
+    before_fds = descriptors_open()
     before = friendsock.stats()
     server_ends = []
 
@@ -94,7 +92,7 @@ async def test_many_links_use_no_descriptors_and_leave_nothing_behind(friends):
         assert len({t.get_extra_info("sockname") for t in clients}) == count
         if friends:
             # The listening socket and the loop's own; over TCP: 4,000 more.
-            assert open_descriptors() - before_fds < 10
+            assert descriptors_open() - before_fds < 10
             assert friendsock.stats().links_alive - before.links_alive == count
         for transport in clients + server_ends:
             transport.close()
@@ -105,7 +103,7 @@ async def test_many_links_use_no_descriptors_and_leave_nothing_behind(friends):
         await server.wait_closed()
     gc.collect()
     assert friendsock.stats().links_alive == before.links_alive
-    assert open_descriptors() == before_fds
+    assert descriptors_open() == before_fds
     assert friendsock.stats().links_made - before.links_made == (count if friends else 0)
 
 
@@ -140,7 +138,7 @@ async def test_100000_links_opened_and_closed_leave_nothing_behind(friends):
     try:
         await open_and_close(batch)  # what the first links make once
         gc.collect()
-        before_fds = open_descriptors()
+        before_fds = descriptors_open()
         before = friendsock.stats()
         blocks = []
         for _half in range(2):
@@ -150,7 +148,7 @@ async def test_100000_links_opened_and_closed_leave_nothing_behind(friends):
             blocks.append(sys.getallocatedblocks())
         assert friendsock.stats().links_alive == before.links_alive
         assert friendsock.stats().links_made - before.links_made == (total if friends else 0)
-        assert open_descriptors() == before_fds
+        assert descriptors_open() == before_fds
         if friends:
             assert blocks[1] - blocks[0] < 100, blocks
     finally:

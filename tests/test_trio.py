@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
-import os
 import random
 import socket
 import struct
@@ -24,7 +23,7 @@ from trio.testing import assert_checkpoints, wait_all_tasks_blocked
 import friendsock
 import friendsock.trio as fst
 from friendsock._core._registry import registry as _registry
-from support import chunked, cyclic_garbage_of_ours, resource_warnings_raised
+from support import chunked, cyclic_garbage_of_ours, descriptors_open, resource_warnings_raised
 from trio_support import (  # noqa: F401 (nothing_left_behind: an autouse fixture)
     LOCALHOST,
     MiB,
@@ -1078,15 +1077,13 @@ async def test_a_stream_collected_on_another_thread_closes_through_its_run():
             assert received == [b"last words"]
 
 
-def open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 async def test_cancelled_open_tcp_listeners_leaves_no_socket():
-    listeners_before, fds_before = _registry.listener_count(), open_descriptors()
+    listeners_before, fds_before = _registry.listener_count(), descriptors_open()
     with trio.CancelScope() as scope:
         scope.cancel()
         await fst.open_tcp_listeners(0, host=LOCALHOST)
     assert scope.cancelled_caught
-    assert open_descriptors() == fds_before
+    assert descriptors_open() == fds_before
     assert _registry.listener_count() == listeners_before

@@ -8,21 +8,19 @@ TCP (not installed), the reference."""
 from __future__ import annotations
 
 import functools
-import os
 import socket
 
 import anyio
 import pytest
 import trio
 
+from support import descriptors_open
 from test_trio_install import installed  # noqa: F401 (a fixture)
 from trio_support import LOCALHOST, TIMEOUT, nothing_left_behind, receive_until_eof  # noqa: F401
 
 pytestmark = pytest.mark.trio
 
 
-def open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 async def _echo(stream) -> None:
@@ -65,11 +63,11 @@ async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(in
     """One connect after another, unchanged trio code on both ends: the
     second (and every later one) goes over the connection the first left,
     with its client address, and no descriptor more."""
-    before = open_descriptors()
+    before = descriptors_open()
     addresses = await _exchanges(echo_port, 4)
     assert (len(set(addresses[1:])) == 1) is installed
     if installed:
-        assert open_descriptors() - before == 2  # the kept connection's two ends
+        assert descriptors_open() - before == 2  # the kept connection's two ends
 
 
 async def _anyio_exchanges(count: int, use_stream):

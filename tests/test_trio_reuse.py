@@ -7,7 +7,6 @@ particular to them."""
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -16,7 +15,7 @@ import trio
 import friendsock
 import friendsock.trio as fst
 from friendsock._trio import _pairing
-from support import always_over_kept_connections
+from support import always_over_kept_connections, descriptors_open
 from test_trio import *  # noqa: F401,F403 (the conformance tests, run again here)
 from test_trio import connect_then_accept
 from trio_support import LOCALHOST, TIMEOUT, listening, receive_exactly
@@ -37,8 +36,6 @@ async def test_connect_then_accept_in_one_task(friends):
     await connect_then_accept(friends, pending=False)
 
 
-def open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 async def _one_exchange(listener, port: int, friends: bool, use_socket=None):
@@ -64,12 +61,12 @@ async def test_the_next_connect_goes_over_the_connection_a_finished_link_left(fr
     each connect is the kernel's own."""
     monkeypatch.undo()  # the connects below find what the ones before them left
     async with listening(friends, LOCALHOST) as (listener, port):
-        before = open_descriptors()
+        before = descriptors_open()
         addresses = [await _one_exchange(listener, port, friends) for _ in range(4)]
         assert all(client == seen for client, seen in addresses)
         assert (len({client for client, _ in addresses[1:]}) == 1) is friends
         if friends:
-            assert open_descriptors() - before == 2  # the kept connection's two ends
+            assert descriptors_open() - before == 2  # the kept connection's two ends
 
 
 @pytest.mark.parametrize("use", ["read", "fileno"])

@@ -7,7 +7,6 @@ them: no descriptor, a listener's socketless backlog, what stays real."""
 from __future__ import annotations
 
 import gc
-import os
 import socket
 
 import pytest
@@ -16,6 +15,7 @@ import trio
 import friendsock
 import friendsock.trio as fst
 import test_trio
+from support import descriptors_open
 from test_socketless import socketless  # noqa: F401 (autouse: every friend connect is socketless)
 from test_trio import *  # noqa: F401,F403 (friendsock.trio's streams, run again here)
 from test_trio_install import *  # noqa: F401,F403 (install(): trio, anyio, run again here)
@@ -32,11 +32,6 @@ for _name in dir(test_trio):
 # -- what is particular to socketless links on trio ---------------------------------
 
 
-def open_descriptors() -> int:
-    # Garbage other tests left (a socket closed by its collection) is not
-    # counted against this one.
-    gc.collect()
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.trio
@@ -93,7 +88,7 @@ async def test_many_trio_links_use_no_descriptors_and_leave_nothing_behind(frien
     count = 2000 if friends else 200
     async with stream_pair(friends):
         pass
-    before_fds = open_descriptors()
+    before_fds = descriptors_open()
     before = friendsock.stats()
     async with listening(friends, backlog=4096) as (listener, port):
         streams = []
@@ -104,12 +99,12 @@ async def test_many_trio_links_use_no_descriptors_and_leave_nothing_behind(frien
         try:
             assert len({stream.socket.getsockname() for stream in streams[::2]}) == count
             if friends:
-                assert open_descriptors() - before_fds < 10  # the listening sockets
+                assert descriptors_open() - before_fds < 10  # the listening sockets
                 assert friendsock.stats().links_alive - before.links_alive == count
         finally:
             for stream in streams:
                 await trio.aclose_forcefully(stream)
     gc.collect()
     assert friendsock.stats().links_alive == before.links_alive
-    assert open_descriptors() == before_fds
+    assert descriptors_open() == before_fds
     assert friendsock.stats().links_made - before.links_made == (count if friends else 0)
