@@ -664,6 +664,16 @@ async def _on_a_thread_against_a_server(peer_loop: str, path: str, client: Any,
         await peer.finish()
 
 
+def _moved_counts(sockname: List[Any]) -> Any:
+    """What ``friendsock.links()`` says of the connection whose end here is
+    ``sockname``: the other end's pid and the bytes moved to the server
+    and to the client; None if it does not list it."""
+    for link in friendsock.links():
+        if link.peer_pid is not None and tuple(sockname) in (link.client.address, link.server.address):
+            return [link.peer_pid, link.to_server.moved, link.to_client.moved]
+    return None
+
+
 def _blocking_echo(port: int, payload: bytes, host: str) -> Dict[str, Any]:
     """A blocking client, as ``socket.create_connection`` makes one: the
     payload sent from a second thread while this one reads the echo."""
@@ -685,6 +695,7 @@ def _blocking_echo(port: int, payload: bytes, host: str) -> Dict[str, Any]:
             sender.join(20)
             sock.shutdown(socket.SHUT_WR)
             eof = stream.read() == b""
+        link = _moved_counts(names["sockname"])
         try:  # finished both ways: TCP's socket is closed
             sock.getpeername()
             finished = "connected"
@@ -694,7 +705,7 @@ def _blocking_echo(port: int, payload: bytes, host: str) -> Dict[str, Any]:
             "sha256": digest.hexdigest(), "eof": eof, "quiet": quiet, "finished": finished,
             "friend": friendsock.is_friend(sock), "family": sock.family,
             "nodelay": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
-            "payload_moved": payload_moved(sock), **names,
+            "payload_moved": payload_moved(sock), "link": link, **names,
         }
 
 

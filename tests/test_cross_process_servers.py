@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import random
 import signal
 import socket
@@ -33,6 +34,7 @@ from test_cross_process import (  # noqa: F401 (fixtures)
     _connection_gone,
     _echoed,
     _environment,
+    _moved_counts,
     _serving,
     no_peer_left,
     nothing_left_open,
@@ -78,7 +80,8 @@ def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
                 nursery.start_soon(send)
                 while data := await stream.receive_some(1 << 16):
                     digest.update(data)
-            found.update(sha256=digest.hexdigest(), payload_moved=payload_moved(sock))  # type: ignore[arg-type]
+            found.update(sha256=digest.hexdigest(), payload_moved=payload_moved(sock),  # type: ignore[arg-type]
+                         link=_moved_counts(found["sockname"]))
         return found
 
     return trio.run(exchange)
@@ -114,6 +117,15 @@ async def test_clients_of_a_server_process_move(path, server, client):
     assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
     moved = friendsock.stats().cross_process_peers.get(peer.process.pid, 0) - before
     assert moved == (1 if path == "friend" else 0)
+    # friendsock.links() lists the moved connection at both ends, with the
+    # other process and the bytes each end moved.
+    if path == "friend":
+        link = theirs["link"]
+        assert (link["peer_pid"], link["to_server"][2], link["to_client"][2]) == (os.getpid(), SIZE, SIZE)
+        if client != "asyncio":  # (read as it ends: the echo's last bytes)
+            assert ours["link"] == [peer.process.pid, SIZE, SIZE]
+    else:
+        assert theirs["link"] is None and ours.get("link") is None
 
 
 async def test_a_blocking_servers_abort_resets_its_client(path):
@@ -251,3 +263,4 @@ async def test_run_with_sockets_serves_http_server(tmp_path, path):
     finally:
         process.send_signal(signal.SIGINT)
         await bounded(process.wait(), 20)
+

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import fcntl
 import itertools
 import os
 import socket
-import struct
-import termios
 import threading
 import time
 from asyncio import trsock
@@ -41,6 +38,7 @@ from .._host._offers import (
     ConnectWait,
     Peer,
     accept_channel,
+    bytes_to_read,
     channel_gone,
     channel_listener,
     closes_with_reset,
@@ -538,7 +536,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         try:
             sndbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
             rcvbuf = tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-            waiting = _bytes_to_read(inner.get_extra_info("socket"))
+            waiting = bytes_to_read(inner.get_extra_info("socket"))
         except OSError:  # closed meanwhile
             return None
         closing = inner.is_closing()
@@ -661,15 +659,6 @@ def _relay_for(outer: AcrossTransport, protocol: asyncio.BaseProtocol) -> _Relay
             hasattr(protocol, "get_buffer") and not hasattr(protocol, "data_received")):
         return _BufferedRelay(outer, protocol)
     return _Relay(outer, protocol)
-
-
-_QUEUED = struct.Struct("i")
-
-
-def _bytes_to_read(pair_end: Any) -> int:
-    """Bytes waiting in ``pair_end``'s receive queue (``SIOCINQ``)."""
-    found = fcntl.ioctl(pair_end.fileno(), termios.FIONREAD, bytes(_QUEUED.size))
-    return _QUEUED.unpack(found)[0]
 
 
 async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: socket.socket,

@@ -37,6 +37,7 @@ import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
 from .._core._addresses import is_unspecified
+from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._fork import Part, on_fork
 from .._core._stats import Fallback, counters
 from .._handshake import current_pid
@@ -50,6 +51,7 @@ from .._host._offers import (
     ConnectWait,
     Peer,
     accept_channel,
+    bytes_to_read,
     channel_gone,
     channel_listener,
     closes_with_reset,
@@ -513,28 +515,46 @@ _ON_THE_PAIR = (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO, socket.SO_RCVLOWAT)
 _TIMEVAL_SIZE = 16  # (struct timeval; SO_RCVLOWAT's int fits in it)
 
 
+class _Traffic:
+    """What ``friendsock.links()`` tells of a moved connection's end, shared
+    by its socket's duplicates: bytes its calls sent and received (a
+    trio socket's too), since when, and on what."""
+
+    __slots__ = ("born", "received", "scheduler", "sent", "thread")
+
+    def __init__(self, scheduler: Optional[str]) -> None:
+        self.born = time.monotonic()
+        self.thread = threading.current_thread().name
+        self.scheduler = scheduler
+        self.sent = 0
+        self.received = 0
+
+
 class _Moved:
     """What an :class:`AcrossSocket` answers from: the TCP connection's
     socket and names, and the finalizer that lets the TCP socket go."""
 
-    __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down")
+    __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
-                 rendezvous: Rendezvous, client: bool) -> None:
+                 rendezvous: Rendezvous, client: bool, traffic: _Traffic) -> None:
         self.tcp = tcp
         self.names = names
         self.peer = peer
         self.rendezvous = rendezvous
         self.client = client
+        self.traffic = traffic
         self.shut_down = False  # writing, by shutdown()
         # Lets the TCP socket go once the user's is closed, or collected.
         self.release = weakref.finalize(sock, _let_go, tcp, rendezvous, client)
 
 
 def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tuple[Any, Any],
-                   peer: Peer, rendezvous: Rendezvous, client: bool = True) -> None:
+                   peer: Peer, rendezvous: Rendezvous, client: bool = True,
+                   scheduler: Optional[str] = None) -> None:
     """``sock`` carries its connection over ``pair_end`` from now on;
-    ``client``: it is the connecting end."""
+    ``client``: it is the connecting end; ``scheduler``: what drives it
+    (``"trio"``; None: threads)."""
     fd = sock.fileno()
     tcp = OriginalSocket(sock.family, sock.type, sock.proto, fileno=os.dup(fd))
     try:
@@ -547,8 +567,9 @@ def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
     except BaseException:
         tcp.close()
         raise
-    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous, client)
+    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous, client, _Traffic(scheduler))
     sock.__class__ = AcrossSocket
+    live_across.add(sock)
     counters.moved_across(peer.pid)
 
 
@@ -563,10 +584,11 @@ def _let_go(tcp: socket.socket, rendezvous: Rendezvous, client: bool) -> None:
         rendezvous.release(tcp)
 
 
-class AcrossSocket(FriendCapableSocket):
+class AcrossSocket(FriendCapableSocket, AcrossEnd):
     """A blocking socket whose connection moved to another process of this
     host: its descriptor is the socketpair end, so its I/O is the kernel's
-    own there; its names and options are the TCP connection's."""
+    own there; its names and options are the TCP connection's. Its calls
+    that move bytes count them, for ``friendsock.links()``."""
 
     def getsockname(self) -> Any:
         self._check_open()
@@ -586,33 +608,59 @@ class AcrossSocket(FriendCapableSocket):
     # which came on the TCP socket first, as TCP's read would.
     def recv(self, *args: Any) -> bytes:
         data: bytes = _ss.recv(self, *args)
-        if not data:
-            self._raise_reset()
+        self.received(len(data))
         return data
 
     def recv_into(self, *args: Any) -> int:
         count: int = _ss.recv_into(self, *args)
-        if not count:
-            self._raise_reset()
+        self.received(count)
         return count
 
     def recvfrom(self, *args: Any) -> Any:
         found = _ss.recvfrom(self, *args)  # (no address, as TCP's)
-        if not found[0]:
-            self._raise_reset()
+        self.received(len(found[0]))
         return found
 
     def recvfrom_into(self, *args: Any) -> Any:
         found = _ss.recvfrom_into(self, *args)
-        if not found[0]:
-            self._raise_reset()
+        self.received(found[0])
         return found
 
     def recvmsg(self, bufsize: int, *args: Any) -> Any:
         found = _ss.recvmsg(self, bufsize, *args)
-        if not found[0] and bufsize:
-            self._raise_reset()
+        if found[0] or bufsize:
+            self.received(len(found[0]))
         return found
+
+    def received(self, count: int) -> None:
+        """``count`` bytes were read (0: EOF, or the other end's reset)."""
+        if count:
+            self.__dict__[_STATE].traffic.received += count
+        else:
+            self._raise_reset()
+
+    def send(self, data: Any, *flags: int) -> int:
+        count: int = _ss.send(self, data, *flags)
+        self.sent(count)
+        return count
+
+    def sendall(self, data: Any, *flags: int) -> None:
+        _ss.sendall(self, data, *flags)
+        self.sent(memoryview(data).nbytes)
+
+    def sendmsg(self, *args: Any) -> int:
+        count: int = _ss.sendmsg(self, *args)
+        self.sent(count)
+        return count
+
+    def _sendfile_use_sendfile(self, *args: Any) -> int:  # (socket.sendfile's os.sendfile path)
+        count: int = OriginalSocket._sendfile_use_sendfile(self, *args)  # type: ignore[attr-defined]
+        self.sent(count)
+        return count
+
+    def sent(self, count: int) -> None:
+        """``count`` bytes were handed to the kernel."""
+        self.__dict__[_STATE].traffic.sent += count
 
     def _raise_reset(self) -> None:
         """At EOF: the reset, if the other end's abort sent one."""
@@ -653,6 +701,9 @@ class AcrossSocket(FriendCapableSocket):
 
     def _real_close(self, _ss: Any = _ss) -> None:
         moved: _Moved = self.__dict__[_STATE]
+        live_across.discard(self)
+        counters.read_across(moved.traffic.received)
+        moved.traffic.received = 0  # (counted once, whichever copy closes first)
         if closes_with_reset(moved.tcp):
             moved.release()  # the reset first, for the other end to find at EOF
             _ss.close(self)
@@ -664,6 +715,7 @@ class AcrossSocket(FriendCapableSocket):
         # The descriptor goes on elsewhere (ssl's wrap_socket takes it so):
         # the TCP socket stays until the connection's end, the other end's FIN.
         moved: _Moved = self.__dict__[_STATE]
+        live_across.discard(self)
         fd = _ss.detach(self)
         moved.release.detach()
         moved.rendezvous.release(moved.tcp, timeout=None)
@@ -673,8 +725,39 @@ class AcrossSocket(FriendCapableSocket):
         moved: _Moved = self.__dict__[_STATE]
         copy = OriginalSocket.dup(self)  # (of this class, on a copy of the pair end)
         copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous,
-                                       moved.client)
+                                       moved.client, moved.traffic)
         return copy
+
+    def link_info(self, now: float) -> Optional[LinkInfo]:
+        moved: Optional[_Moved] = self.__dict__.get(_STATE)
+        fd = _ss.fileno(self)
+        if moved is None or fd < 0 or moved.tcp.fileno() < 0:
+            return None
+        try:
+            sndbuf = moved.tcp.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            rcvbuf = moved.tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            waiting = bytes_to_read(fd)
+            peer_done = _peer_shut_down(fd)
+        except OSError:  # closed meanwhile
+            return None
+        traffic = moved.traffic
+        reset = isinstance(tcp_error(moved.tcp), ConnectionResetError)
+        own = EndInfo(address=tuple(moved.names[0]), sndbuf=sndbuf, rcvbuf=rcvbuf, closed=False,
+                      paused_reading=None, paused_writing=None, thread=traffic.thread,
+                      scheduler=traffic.scheduler)
+        peer = EndInfo(address=tuple(moved.names[1]), sndbuf=moved.peer.sndbuf,
+                       rcvbuf=moved.peer.rcvbuf, closed=peer_done, paused_reading=None,
+                       paused_writing=None, thread=None, scheduler=None)
+        # (Its bytes go to the kernel as they are sent: none wait here.)
+        sent = DirectionInfo("reset" if reset else "eof" if moved.shut_down else "open",
+                             0, traffic.sent, False)
+        received = DirectionInfo("reset" if reset else "eof" if peer_done else "open",
+                                 waiting, traffic.received, False)
+        server = moved.names[1] if moved.client else moved.names[0]
+        return link_between_processes(client_side=moved.client, own=own, peer=peer, sent=sent,
+                                      received=received, age=now - traffic.born,
+                                      listener=(server[0], server[1]), peer_pid=moved.peer.pid,
+                                      captured=False)
 
 
 def _peer_shut_down(fd: int) -> bool:

@@ -8,10 +8,12 @@ No event loop here: each side calls these from its own.
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import os
 import socket
 import struct
+import termios
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from .._core._addresses import is_unspecified
@@ -260,6 +262,16 @@ def offer_answered(names: Tuple[Any, Any], pid: int, ours: socket.socket, messag
     finally:
         for sock in handed:
             sock.close()
+
+
+_QUEUE_SIZE = struct.Struct("i")
+
+
+def bytes_to_read(pair_end: Any) -> int:
+    """Bytes waiting in the receive queue of ``pair_end`` (a socket or its
+    descriptor): ``SIOCINQ``."""
+    fd = pair_end if isinstance(pair_end, int) else pair_end.fileno()
+    return _QUEUE_SIZE.unpack(fcntl.ioctl(fd, termios.FIONREAD, bytes(_QUEUE_SIZE.size)))[0]
 
 
 _LINGER = struct.Struct("ii")

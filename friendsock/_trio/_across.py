@@ -101,7 +101,7 @@ def _take(trio_sock: Any, pair_end: socket.socket, names: Any, peer: Peer, rende
         capable = FriendCapableSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
         capable.settimeout(timeout)
         try:
-            move_onto_pair(capable, pair_end, names, peer, rendezvous, client)
+            move_onto_pair(capable, pair_end, names, peer, rendezvous, client, scheduler="trio")
         except BaseException:
             capable.close()
             raise
@@ -113,38 +113,49 @@ def _take(trio_sock: Any, pair_end: socket.socket, names: Any, peer: Peer, rende
 
 class MovedTrioSocket(TrioSocketType):
     """A trio socket whose connection moved to another process: trio's own,
-    but a read that finds EOF where the other end aborted raises its reset
-    (trio reads through the stdlib class's methods, not the socket's)."""
+    but a read that finds EOF where the other end aborted raises its reset,
+    and reads and writes are counted for ``friendsock.links()`` (trio calls
+    the stdlib class's methods, not the socket's)."""
 
     async def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data: bytes = await TrioSocketType.recv(self, bufsize, flags)  # type: ignore[attr-defined]
-        if not data and bufsize:
-            self._sock._raise_reset()
+        if data or bufsize:
+            self._sock.received(len(data))
         return data
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         count: int = await TrioSocketType.recv_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        if not count and (nbytes or len(memoryview(buffer))):
-            self._sock._raise_reset()
+        if count or nbytes or len(memoryview(buffer)):
+            self._sock.received(count)
         return count
 
     async def recvfrom(self, bufsize: int, flags: int = 0) -> Any:
         found = await TrioSocketType.recvfrom(self, bufsize, flags)  # type: ignore[attr-defined]
-        if not found[0] and bufsize:
-            self._sock._raise_reset()
+        if found[0] or bufsize:
+            self._sock.received(len(found[0]))
         return found
 
     async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Any:
         found = await TrioSocketType.recvfrom_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        if not found[0] and (nbytes or len(memoryview(buffer))):
-            self._sock._raise_reset()
+        if found[0] or nbytes or len(memoryview(buffer)):
+            self._sock.received(found[0])
         return found
 
     async def recvmsg(self, bufsize: int, *args: Any) -> Any:
         found = await TrioSocketType.recvmsg(self, bufsize, *args)  # type: ignore[attr-defined]
-        if not found[0] and bufsize:
-            self._sock._raise_reset()
+        if found[0] or bufsize:
+            self._sock.received(len(found[0]))
         return found
+
+    async def send(self, data: Any, flags: int = 0) -> int:
+        count: int = await TrioSocketType.send(self, data, flags)  # type: ignore[attr-defined]
+        self._sock.sent(count)
+        return count
+
+    async def sendmsg(self, *args: Any) -> int:
+        count: int = await TrioSocketType.sendmsg(self, *args)  # type: ignore[attr-defined]
+        self._sock.sent(count)
+        return count
 
     def dup(self) -> Any:
         # (trio's own dup() takes only the stdlib's class; the copy keeps this one's)
