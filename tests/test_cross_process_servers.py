@@ -264,3 +264,33 @@ async def test_run_with_sockets_serves_http_server(tmp_path, path):
         process.send_signal(signal.SIGINT)
         await bounded(process.wait(), 20)
 
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_blocking_server_keeps_no_channel_to_processes_gone():
+    """A long-lived blocking server (this process) offers to client
+    processes in turn: it keeps a channel open only to those still running
+    (one descriptor for each that has gone would add up)."""
+    from friendsock._blocking import _across
+    from friendsock._host import LISTENERS, port_table
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def serve_one() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                while data := conn.recv(1 << 16):
+                    conn.sendall(data)
+
+        for _ in range(3):
+            serving = asyncio.ensure_future(asyncio.to_thread(serve_one))
+            table = port_table()
+            assert table is not None
+            await until(lambda: table.read(LISTENERS, port).pid == os.getpid())  # (its accept() runs)
+            client = await Peer.start("connect", "asyncio", "api", str(port), "1000", "1",
+                                      env=_environment("friend"))
+            theirs = await client.report()
+            await client.finish()
+            await bounded(serving)
+            assert theirs["transport"] == "AcrossTransport"
+            assert {pid for pid, _ in _across._rendezvous.offering} == {client.process.pid}

@@ -198,6 +198,7 @@ class Rendezvous:
         with self.lock:
             chan = self.offering.get(key)
             if chan is None:
+                self._drop_offering_to_the_gone()
                 sock = open_channel(*key)
                 if sock is None:  # gone, full, or a squatter on the name: TCP
                     return None
@@ -222,6 +223,23 @@ class Rendezvous:
         if message is None and not handed:  # that process went away
             self._drop_offering(key, chan)
         return offer_answered(names, chan.pid, ours, message, handed)
+
+    def _drop_offering_to_the_gone(self) -> None:
+        """(Under the lock.) The channels to processes that have ended, not
+        in use: nothing reads them between offers, so each would stay open
+        for good, one per client process a long-lived server has known."""
+        for key, chan in list(self.offering.items()):
+            try:
+                os.kill(chan.pid, 0)
+                continue
+            except ProcessLookupError:
+                pass
+            except OSError:  # (alive, another user's: not ours to judge)
+                continue
+            if chan.lock.acquire(blocking=False):
+                del self.offering[key]
+                chan.sock.close()
+                chan.lock.release()
 
     def _drop_offering(self, key: Tuple[int, int], chan: _OfferChannel) -> None:
         with self.lock:
