@@ -15,8 +15,8 @@ one port) and
 ``abort`` (``api``: echoes 4 bytes, then aborts with SO_LINGER {1, 0});
 ``blocking`` and ``blocking-abort`` are the same served by a blocking
 server (``socketserver``'s threading TCP server, under ``patch_socket()``;
-LOOP ``-``), and ``blocking-select`` by a select() loop on a non-blocking
-listener; ``trio`` and ``trio-install`` by a trio server
+LOOP ``-``; ``blocking-timeout``, its listener with a timeout of 0.5 s),
+and ``blocking-select`` by a select() loop on a non-blocking listener; ``trio`` and ``trio-install`` by a trio server
 (``friendsock.trio.serve_tcp``, or trio's own under ``install()``).
 
 ``serve`` prints its port, echoes each connection until EOF and then
@@ -31,7 +31,8 @@ echo and prints the same JSON line, with ``sent``: the SHA-256 it sent.
 ``answer`` is a process that does not play by the rules: it connects to a
 friendsock server on PORT with a plain socket, writes the port table's
 connect slot for it as a friendsock client would, and answers the offer
-it gets as HOW says: ``pipe`` (TAKEN, handing a pipe over as its socket),
+it gets as HOW says: ``late`` (TAKEN with its own socket, as a friendsock
+client does, but 2 s late), ``pipe`` (TAKEN, handing a pipe over as its socket),
 ``other`` (TAKEN, handing a socket of another connection), ``none`` (TAKEN,
 handing nothing), ``declined``, ``silent`` (no answer: it prints
 ``offered`` and waits to be killed), or ``squatted`` (its slot names the
@@ -186,6 +187,8 @@ def serve_blocking(door: str) -> None:
 
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
     server.daemon_threads = True
+    if door == "blocking-timeout":
+        server.socket.settimeout(0.5)
     say(str(server.server_address[1]))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sys.stdin.read()
@@ -342,8 +345,13 @@ def answer(how: str, port: int) -> None:
         elif how == "other":
             other = socket.create_connection(("127.0.0.1", port))
             fds = [other.fileno()]
+        elif how == "late":
+            time.sleep(2)  # (running, but slow to answer: its GIL or loop busy elsewhere)
+            fds = [client.fileno()]
         what = What.DECLINED if how == "declined" else What.TAKEN
         socket.send_fds(offers, [Message(what, message.client_port, message.serial).encode()], fds)
+        if how == "late":  # taken with its proof: the pair is the connection now
+            os.dup2(handed[1].fileno(), client.fileno())
     client.settimeout(10)
     try:
         client.sendall(b"ping")

@@ -188,9 +188,10 @@ async def test_a_server_leaves_no_time_wait(server, first):
 async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
     """A client process that takes the offer without its proof, answers
     with no socket, or never answers (stopped, then killed) has its
-    connection reset, and the server's accept() passes over it (as over
-    a connection reset in its queue); one that declines gets TCP. Either
-    way the server goes on, and its next connection moves."""
+    connection reset: the server's accept() hands out a connection that
+    reads the reset, as TCP's does for one reset before it was read. One
+    that declines gets TCP. Either way the server goes on, and its next
+    connection moves."""
     peer, port = await _server("friend", door=server)
     try:
         rogue = await Peer.start("answer", "-", how, str(port), env=_environment("friend"))
@@ -210,16 +211,49 @@ async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
             else:
                 assert result in ({"read": ""}, {"error": "ECONNRESET"}, {"error": "EPIPE"},
                                   {"error": "ENOTCONN"})
+        theirs = await peer.report()
         if how == "declined":
-            theirs = await peer.report()
             assert (theirs["sha256"], theirs["payload_moved"]) == (hashlib.sha256(b"ping").hexdigest(), True)
-        elif how == "other":
+        else:
+            assert theirs == {"error": "ConnectionResetError"}
+        if how == "other":
             # The other connection it opened to hand over, served over TCP.
             assert (await peer.report())["sha256"] == hashlib.sha256(b"").hexdigest()
         ours = await _echoed(port, b"next" * 1000)
         assert ours["friend"] is True
-        # (The server's next report is this one's: none came for a reset one.)
         assert (await peer.report())["sha256"] == ours["sha256"]
+    finally:
+        await peer.finish()
+
+
+@pytest.mark.parametrize("server", ["blocking", "trio"])
+async def test_a_client_that_answers_late_is_waited_for(server):
+    """A client process that runs but answers the offer late (its GIL or
+    its loop busy elsewhere) is waited for, past the offer's second: its
+    connection moves, rather than being lost."""
+    peer, port = await _server("friend", door=server)
+    try:
+        client = await Peer.start("answer", "-", "late", str(port), env=_environment("friend"))
+        assert await client.report() == {"read": "ping"}
+        await client.finish()
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert (theirs["sha256"], theirs["friend"]) == (hashlib.sha256(b"ping").hexdigest(), True)
+
+
+async def test_a_listeners_timeout_bounds_the_wait_for_an_answer():
+    """A listener with a timeout (0.5 s) waits for a late answer no longer
+    than that: the connection is reset, as one its client reset, and the
+    server goes on."""
+    peer, port = await _server("friend", door="blocking-timeout")
+    try:
+        client = await Peer.start("answer", "-", "late", str(port), env=_environment("friend"))
+        assert await client.report() in ({"read": ""}, {"error": "ECONNRESET"}, {"error": "EPIPE"})
+        await client.finish()
+        assert await peer.report() == {"error": "ConnectionResetError"}
+        ours = await _echoed(port, b"next" * 1000)
+        assert ours["friend"] is True
     finally:
         await peer.finish()
 

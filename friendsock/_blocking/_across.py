@@ -31,6 +31,7 @@ import os
 import select as _select
 import selectors
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -187,12 +188,12 @@ class Rendezvous:
             pass
 
     # -- the accepting thread's side -----------------------------------------
-    def offer(self, conn: socket.socket, names: Tuple[Any, Any], slot: Slot
-              ) -> Union[None, object, Tuple[socket.socket, Peer]]:
+    def offer(self, conn: socket.socket, names: Tuple[Any, Any], slot: Slot,
+              limit: Optional[float] = None) -> Union[None, object, Tuple[socket.socket, Peer]]:
         """Offer the accepted ``conn`` (``names``: its own and its peer's)
         to the connect of ``slot``, and wait here for the answer: see
-        :func:`offer_answered`. An offer sent and not answered within
-        :data:`OFFER_TIMEOUT` (a process stopped, or too busy to answer) is
+        :func:`offer_answered`. An offer sent and not answered in time (see
+        :func:`_answer_to`; ``limit``, the accept's own bound) is
         :data:`RESET`: the other side may take it yet."""
         key = (slot.pid, slot.token)
         with self.lock:
@@ -212,7 +213,7 @@ class Rendezvous:
                     self._drop_offering(key, chan)
                 return None
             try:
-                answer = _answer_to(chan, serial)
+                answer = _answer_to(chan, serial, limit)
             except BaseException:
                 ours.close()  # (as not answered: the other side reads EOF if it took it)
                 raise
@@ -332,12 +333,22 @@ class Rendezvous:
                     wait.settle()
 
 
-def _answer_to(chan: _OfferChannel, serial: int
+# How long an accept waits for the answer of a client process that runs
+# but has not answered (its loop, or the GIL, busy elsewhere): it answers
+# once it gets to it, and giving up before costs the connection.
+ANSWER_TIMEOUT = 5.0
+
+
+def _answer_to(chan: _OfferChannel, serial: int, limit: Optional[float]
                ) -> Optional[Tuple[Optional[Message], List[socket.socket]]]:
     """The answer to offer ``serial`` on ``chan`` (under its lock), as it
     came with the sockets it carried; ``(None, [])`` at EOF; None when none
-    came in time. Answers to offers given up on before are dropped."""
-    deadline = time.monotonic() + OFFER_TIMEOUT
+    came in time: within :data:`OFFER_TIMEOUT` if that process is stopped
+    (or gone), else :data:`ANSWER_TIMEOUT`, or ``limit`` if shorter.
+    Answers to offers given up on before are dropped."""
+    now = time.monotonic()
+    last = now + (ANSWER_TIMEOUT if limit is None else min(limit, ANSWER_TIMEOUT))
+    check = min(now + OFFER_TIMEOUT, last)  # (then: is it running at all?)
     poller = _select.poll()
     poller.register(chan.sock, _select.POLLIN)
     while True:
@@ -348,10 +359,25 @@ def _answer_to(chan: _OfferChannel, serial: int
                 return message, handed
             for sock in handed:
                 sock.close()
-        left = deadline - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if now >= last:
             return None
-        poller.poll(math.ceil(left * 1000))
+        if now >= check:
+            if not _runs(chan.pid):
+                return None
+            check = min(now + OFFER_TIMEOUT, last)
+        poller.poll(math.ceil((check - now) * 1000))
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not stopped (SIGSTOP, a
+    debugger's): one that runs answers in the end."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"T", b"t", b"Z", b"X")
 
 
 _rendezvous: Optional[Rendezvous] = None
@@ -476,13 +502,16 @@ class TakenOffer(NamedTuple):
     rendezvous: Rendezvous
 
 
-def offer_accepted(sock: socket.socket, address: Any, listener_port: int) -> Optional[TakenOffer]:
-    """Offer the socket ``sock`` a listener on ``listener_port`` accepted
-    from ``address`` to the friendsock process of this host that
-    connected it, if one waits, and wait here for the answer: the pair to
-    serve it on, if taken; None when no process waits, or it declined
-    (TCP). ConnectionAbortedError, ``sock`` reset and closed, when it took
-    the offer without its proof or did not answer in time."""
+def offer_accepted(sock: socket.socket, address: Any, listener_port: int,
+                   timeout: Optional[float] = None) -> Optional[TakenOffer]:
+    """Offer the socket ``sock`` a listener on ``listener_port`` (whose
+    ``timeout`` bounds the wait: a non-blocking one's, the offer's
+    second) accepted from ``address`` to the friendsock process of this
+    host that connected it, if one waits, and wait here for the answer:
+    the pair to serve it on, if taken; None when no process waits, or it
+    declined (TCP), or when it took the offer without its proof or did
+    not answer in time: then ``sock`` is a connection reset
+    (:func:`_reset_in_place`), as its client's reset would leave it."""
     slot = connect_slot(address, listener_port)
     if slot is None:
         return None
@@ -491,30 +520,66 @@ def offer_accepted(sock: socket.socket, address: Any, listener_port: int) -> Opt
         return None
     try:
         names = (sock.getsockname(), address)
-        offered = rendezvous.offer(sock, names, slot)
+        offered = rendezvous.offer(sock, names, slot, OFFER_TIMEOUT if timeout == 0 else timeout)
     except OSError:  # (no descriptor left for the pair, say): not offered, so TCP
         return None
     if offered is None:
         return None
     if offered is RESET:
-        # Neither path is safe. The connection is reset and not handed
-        # out, as a connection reset in the accept queue is (ECONNABORTED,
-        # which servers' accept loops pass over). (Shut down first: the
-        # other process may hold a copy.)
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        close_with_reset(sock)
-        raise ConnectionAbortedError(errno.ECONNABORTED, os.strerror(errno.ECONNABORTED))
+        _reset_in_place(sock)  # neither path is safe
+        return None
     pair_end, peer = cast(Tuple[socket.socket, Peer], offered)
     return TakenOffer(pair_end, peer, names, rendezvous)
 
 
-def accept_across(sock: FriendCapableSocket, address: Any, listener_port: int) -> bool:
+def _reset_in_place(sock: socket.socket) -> None:
+    """``sock``'s connection reset, and its descriptor number made a socket
+    of the same family whose connection was reset: what TCP hands out for
+    a connection its client reset before it was read (ECONNRESET at the
+    first read, EOF after; EPIPE on writing; ENOTCONN for its peer's name).
+    (Shut down first: the other process may hold a copy of the socket.)"""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    tcp = OriginalSocket(sock.family, sock.type, sock.proto, fileno=os.dup(sock.fileno()))
+    try:
+        reset = _a_reset_connection(sock.family)
+        try:
+            os.dup2(reset.fileno(), sock.fileno(), inheritable=False)
+        finally:
+            reset.close()
+    except OSError:
+        pass  # (no descriptor left: shut down, it reads EOF)
+    finally:
+        close_with_reset(tcp)
+
+
+def _a_reset_connection(family: int) -> socket.socket:
+    """The accepted end of a loopback connection its client reset."""
+    host = "::1" if family == socket.AF_INET6 else "127.0.0.1"
+    with OriginalSocket(family, socket.SOCK_STREAM) as listener, \
+            OriginalSocket(family, socket.SOCK_STREAM) as client:
+        listener.bind((host, 0))
+        listener.listen(1)
+        client.connect(listener.getsockname())
+        fd, _ = _ss._accept(listener)  # type: ignore[attr-defined]
+        accepted = OriginalSocket(family, socket.SOCK_STREAM, fileno=fd)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    poller = _select.poll()  # (on loopback the reset has come already; bounded all the same)
+    poller.register(accepted, _select.POLLERR | _select.POLLHUP)
+    poller.poll(1000)
+    return accepted
+
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+
+def accept_across(sock: FriendCapableSocket, address: Any, listener_port: int,
+                  timeout: Optional[float] = None) -> bool:
     """The blocking ``sock`` (see :func:`offer_accepted`) moved onto the pair
     if its offer was taken (True); False for TCP."""
-    taken = offer_accepted(sock, address, listener_port)
+    taken = offer_accepted(sock, address, listener_port, timeout)
     if taken is None:
         return False
     try:

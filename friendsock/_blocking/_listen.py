@@ -127,7 +127,8 @@ def claim(listener: FriendCapableSocket, sock: FriendCapableSocket, address: Any
                 _ends.connecting[pending.link.server] = sock
     if pending is None:  # (not this process's: maybe another's, which waits for an offer)
         published = listener.__dict__.get(PUBLISHED)
-        if not (published is not None and _offers_across() and accept_across(sock, address, published[0])):
+        if not (published is not None and _offers_across() and
+                accept_across(sock, address, published[0], listener.gettimeout())):
             if entry is not None:
                 counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
         return

@@ -17,13 +17,15 @@ socket moved the same way (:func:`accept_across`).
 from __future__ import annotations
 
 import socket
-from typing import Any, Awaitable, Callable
+import threading
+from typing import Any, Awaitable, Callable, Optional
 
 import trio
 
-from .._blocking._across import Rendezvous, expect_offer, move_onto_pair, offer_accepted
+from .._blocking._across import Rendezvous, TakenOffer, expect_offer, move_onto_pair, offer_accepted
 from .._blocking._capable import FriendCapableSocket
 from .._core._stats import Fallback, counters
+from .._handshake._process import close_with_reset
 from .._host import is_loopback
 from .._host._offers import OFFER_TIMEOUT, Peer
 from .._host._ports import connect_slot, listener_elsewhere, serves_family
@@ -76,18 +78,58 @@ async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -
 async def accept_across(conn: socket.socket, address: Any, listener_port: int) -> Any:
     """The trio socket of ``conn``, which a listener on ``listener_port``
     accepted from ``address``, moved onto the pair if a friendsock process
-    of this host connected it and took the offer; None for TCP.
-    ConnectionAbortedError, ``conn`` reset and closed, as a blocking
-    server's accept (``_blocking._across.offer_accepted``)."""
+    of this host connected it and took the offer; None for TCP (``conn``
+    reset where the offer went wrong, as a blocking server's accept:
+    ``_blocking._across.offer_accepted``). Cancelled while the answer is
+    awaited, the connection is reset, whatever it comes to."""
     if connect_slot(address, listener_port) is None:  # (the usual case: no thread)
         return None
-    # (Not abandoned if cancelled: the answer decides what both ends do.)
-    taken = await trio.to_thread.run_sync(offer_accepted, conn, address, listener_port)
+    offer = _Offer(conn)
+    try:
+        taken = await trio.to_thread.run_sync(offer.make, address, listener_port, abandon_on_cancel=True)
+    except trio.Cancelled:
+        offer.abandon()
+        raise
     if taken is None:
         return None
     trio_sock = _from_stdlib_socket(conn)
     _take(trio_sock, taken.pair_end, taken.names, taken.peer, taken.rendezvous, client=False)
     return trio_sock
+
+
+class _Offer:
+    """An offer made on a worker thread, which its trio task may abandon
+    (cancelled): whichever of the two finishes last undoes what it came to."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.done = False
+        self.taken: Optional[TakenOffer] = None
+
+    def make(self, address: Any, listener_port: int) -> Optional[TakenOffer]:
+        taken = offer_accepted(self.conn, address, listener_port)
+        with self.lock:
+            self.done, self.taken = True, taken
+            if self.abandoned:
+                self._undo()
+        return taken
+
+    def abandon(self) -> None:
+        with self.lock:
+            self.abandoned = True
+            if self.done:
+                self._undo()
+
+    def _undo(self) -> None:
+        if self.taken is not None:
+            self.taken.pair_end.close()  # (the other end reads EOF, and the reset)
+        try:
+            self.conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        close_with_reset(self.conn)
 
 
 def _take(trio_sock: Any, pair_end: socket.socket, names: Any, peer: Peer, rendezvous: Rendezvous,

@@ -154,10 +154,7 @@ async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
                 return stream
             pending, sockname = claim_connection(conn, address, entry)
             if pending is None:
-                try:
-                    return await _stream_of_another(listen_sock, conn, address, entry, published)
-                except ConnectionAbortedError:  # reset: passed over, as one reset in the queue
-                    continue
+                return await _stream_of_another(listen_sock, conn, address, entry, published)
             stream = FriendStream(pending.link.server, conn, sockname, address, state)
             stream.start()
             claimed(pending)
