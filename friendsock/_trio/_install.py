@@ -135,8 +135,11 @@ def _forget(trio_sock: Any) -> None:
 
 def _socket_listen(self: Any, *args: Any) -> None:
     listen_unregistered(self._sock, *args)
-    # Made and bound by trio here: exclusive unless SO_REUSEPORT says not.
-    listener_entry(self, exclusive=True)
+    # Made and bound by trio here: exclusive unless SO_REUSEPORT says not;
+    # and accepted from by trio's accept, friendsock's: other processes'
+    # connects may wait for its offer from its first.
+    if listener_entry(self, exclusive=True) is not None:
+        _published_port(self)
 
 
 def _socket_close(self: Any) -> None:
@@ -223,8 +226,9 @@ async def _socket_accept(self: Any) -> Tuple[Any, Any]:
 
 def _published_port(trio_sock: Any) -> Optional[int]:
     """The port of the listening ``trio_sock`` (accepting through friendsock
-    here), published to other processes at its first accept (its
-    connects there may wait for its offer); None if it cannot be."""
+    here), published to other processes as it listens, or at its first
+    accept if made elsewhere (its connects there may wait for its offer);
+    None if it cannot be."""
     published = trio_sock.__dict__.get(_PUBLISHED)
     if published is not None:
         republish_if_cleared(trio_sock._sock, published[0])
