@@ -31,7 +31,7 @@ import trustme
 import friendsock
 from friendsock._handshake._tcp_info import payload_moved
 
-from support import bounded, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts
+from support import bounded, fallbacks_since, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts
 from test_capture import check_tcp_shape, read_capture, tshark_check
 
 PEER = str(Path(__file__).with_name("cross_process_peer.py"))
@@ -1013,3 +1013,31 @@ async def test_a_trio_clients_socket_duplicates(peer_loop, path):
     port = theirs["sockname"][1]
     assert found == {"echoed": "ping", "friend": path == "friend", "blocking": False,
                      "peername": ["127.0.0.1", port]}
+
+
+async def test_a_plain_server_on_another_loopback_address_is_not_waited_on():
+    """A friendsock server of another process on 127.0.0.1:P, a plain one
+    here on 127.0.0.2:P: a connect to the second is TCP's at once (the
+    table says the first serves 127.0.0.1 alone), with no wait for an
+    offer that would never come."""
+    peer, port = await _serving("asyncio", "friend")
+
+    async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"plain")
+        writer.close()
+
+    plain = await asyncio.start_server(hello, "127.0.0.2", port)
+    before = friendsock.stats()
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.2", port))
+        assert await bounded(reader.read()) == b"plain"
+        writer.close()
+        await writer.wait_closed()
+        assert fallbacks_since(before) == {"no-listener": 1}
+        moved = await _echoed(port, b"ping")  # (and 127.0.0.1's still moves)
+        assert moved["friend"] is True
+        await peer.report()
+    finally:
+        plain.close()
+        await plain.wait_closed()
+        await peer.finish()

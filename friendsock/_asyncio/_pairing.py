@@ -32,7 +32,7 @@ from .._handshake import (
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
 from .._host import is_loopback
-from .._host._ports import serves_family
+from .._host._ports import serves
 from ._across import connect_across, end_wait, expect_offer
 from ._native import native
 from ._loop_state import LoopState, loop_state, post_to_loop
@@ -106,7 +106,8 @@ async def connect(
         wait = None
         # Another process on this host: a loopback destination (whatever it
         # was named); any other goes as it would have.
-        crossing = across and is_loopback(attempt.address[0]) and serves_family(attempt.address[1], af)
+        crossing = across and is_loopback(attempt.address[0]) and \
+            serves(attempt.address[0], attempt.address[1], af)
         try:
             sock = attempt.open(af, socktype, sproto)
             attempt.bind(af, local_infos, crossing)

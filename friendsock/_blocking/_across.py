@@ -65,7 +65,7 @@ from .._host._offers import (
     take_offer,
     tcp_error,
 )
-from .._host._ports import connect_slot, listener_elsewhere, serves_family
+from .._host._ports import connect_slot, listener_elsewhere, serves
 from .._host._proof import Message
 from .._socket_errors import bad_descriptor
 from ._capable import FriendCapableSocket
@@ -487,7 +487,7 @@ def may_cross(sock: socket.socket, resolved: Any) -> bool:
     of this host (the table's word, no system call unless it names one)."""
     return (sock.gettimeout() != 0.0 and sock.type == socket.SOCK_STREAM
             and is_loopback(resolved[0]) and listener_elsewhere(resolved[1])
-            and serves_family(resolved[1], sock.family))
+            and serves(resolved[0], resolved[1], sock.family))
 
 
 # -- the accept ----------------------------------------------------------------

@@ -15,8 +15,10 @@ from .._handshake._process import current_pid
 from . import CONNECTS, LISTENERS, Slot, is_loopback, opened_table, port_table
 
 
-# A listener slot's loop token field says which loopback families it serves.
-_SERVES_V4, _SERVES_V6 = 1, 2
+# A listener slot's loop token field says which loopback families it
+# serves, and whether its IPv4 one is 127.0.0.1 alone (not 0.0.0.0): a
+# plain server of another process may hold the port on 127.0.0.2.
+_SERVES_V4, _SERVES_V6, _V4_IS_127_0_0_1 = 1, 2, 4
 
 
 def listener_elsewhere(port: Any) -> bool:
@@ -47,18 +49,28 @@ def publish_listener(sock: socket.socket) -> Optional[int]:
     try:
         host, port = sock.getsockname()[:2]
         if sock.family != socket.AF_INET6:
-            serves = _SERVES_V4
+            serves = _SERVES_V4 | (_V4_IS_127_0_0_1 if host == "127.0.0.1" else 0)
         elif host == "::" and not sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY):
             serves = _SERVES_V4 | _SERVES_V6  # (dual-stack: IPv4 clients too)
         else:
             serves = _SERVES_V6
     except OSError:
         return None
+    if host not in ("0.0.0.0", "127.0.0.1", "::", "::1"):
+        return None  # (another address, loopback or not: its clients stay on TCP)
     published = table.read(LISTENERS, port)
     if published.pid == current_pid():
-        serves |= published.token  # (its other family's listener, on the same port)
+        serves = _merged(serves, published.token)  # (its other listener, on the same port)
     table.write(LISTENERS, port, current_pid(), token=serves)
     return port
+
+
+def _merged(ours: int, theirs: int) -> int:
+    """What two listeners of one process on one port serve together: each
+    family either serves; IPv4 on 127.0.0.1 alone if every IPv4 one is."""
+    exact = all(token & _V4_IS_127_0_0_1 for token in (ours, theirs) if token & _SERVES_V4)
+    both = (ours | theirs) & ~_V4_IS_127_0_0_1
+    return both | (_V4_IS_127_0_0_1 if exact and both & _SERVES_V4 else 0)
 
 
 def republish_if_cleared(sock: socket.socket, port: int) -> None:
@@ -71,14 +83,18 @@ def republish_if_cleared(sock: socket.socket, port: int) -> None:
         publish_listener(sock)
 
 
-def serves_family(port: int, family: int) -> bool:
+def serves(host: str, port: int, family: int) -> bool:
     """Whether the listener the table has on ``port`` takes connections of
-    ``family`` (a plain server of the other family may share the port)."""
+    ``family`` to ``host`` (a loopback address): a plain server of the
+    other family, or on another loopback address, may share the port."""
     table = port_table()
     if table is None:
         return False
-    wanted = _SERVES_V6 if family == socket.AF_INET6 else _SERVES_V4
-    return bool(table.read(LISTENERS, port).token & wanted)
+    token = table.read(LISTENERS, port).token
+    if family == socket.AF_INET6 and not host.startswith("::ffff:"):
+        return bool(token & _SERVES_V6)
+    host = host.removeprefix("::ffff:")
+    return bool(token & _SERVES_V4) and (host == "127.0.0.1" or not token & _V4_IS_127_0_0_1)
 
 
 def withdraw_listener(port: int) -> None:

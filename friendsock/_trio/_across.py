@@ -28,7 +28,7 @@ from .._core._stats import Fallback, counters
 from .._handshake._process import close_with_reset
 from .._host import is_loopback
 from .._host._offers import OFFER_TIMEOUT, Peer
-from .._host._ports import connect_slot, listener_elsewhere, serves_family
+from .._host._ports import connect_slot, listener_elsewhere, serves
 from ._socket import TrioSocketType
 
 NativeConnect = Callable[[Any, Any], Awaitable[None]]
@@ -39,7 +39,7 @@ def may_cross(sock: socket.socket, resolved: Any) -> bool:
     """Whether a connect of ``sock`` to ``resolved`` (no listener of this
     process there) is one to another friendsock process of this host."""
     return (is_loopback(resolved[0]) and listener_elsewhere(resolved[1])
-            and serves_family(resolved[1], sock.family))
+            and serves(resolved[0], resolved[1], sock.family))
 
 
 async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -> bool:
