@@ -490,14 +490,15 @@ def rendezvous_thread_settled(timeout: float = 10) -> bool:
     return not busy()
 
 
-def descriptors_open() -> int:
-    """How many descriptors this process has open: once friendsock's thread
-    has closed what earlier tests left it (:func:`rendezvous_thread_settled`),
-    and their garbage (a socket closed by its collection) is collected."""
+def descriptors_open(collected: bool = False) -> int:
+    """How many descriptors this process has open, once friendsock's thread
+    has closed what earlier tests left it (:func:`rendezvous_thread_settled`);
+    ``collected``: and their garbage (a socket closed by its collection)."""
     rendezvous_thread_settled()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        gc.collect()
+    if collected:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gc.collect()
     return len(os.listdir("/proc/self/fd"))
 
 

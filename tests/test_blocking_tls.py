@@ -492,12 +492,12 @@ def test_a_friend_socket_under_tls_leaves_no_descriptor_behind(patched, contexts
 
     server_context, client_context = contexts
     parker()  # this thread's, made by its first wait and kept for its life: not counted
-    before = descriptors_open()
+    before = descriptors_open(collected=True)
     with blocking_pair(patched) as (client, server):
         join = run_thread(lambda: server_context.wrap_socket(server, server_side=True))
         with client_context.wrap_socket(client, server_hostname="localhost"), join():
             pass
-    assert descriptors_open() == before
+    assert descriptors_open(collected=True) == before
     with blocking_pair(patched) as (client, server):
         server.close()  # no TLS there: the handshake fails
         with pytest.raises((ssl.SSLError, OSError)):
@@ -507,7 +507,7 @@ def test_a_friend_socket_under_tls_leaves_no_descriptor_behind(patched, contexts
             client.close()
             a.sendall(b"mine")
             assert b.recv(4) == b"mine"
-    assert descriptors_open() == before
+    assert descriptors_open(collected=True) == before
 
 
 def test_an_unclosed_tls_socket_warns_as_the_stdlibs_once(patched, contexts):  # noqa: F811
