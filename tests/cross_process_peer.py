@@ -247,6 +247,24 @@ async def connect(door: str, port: int, size: int, seed: int) -> None:
     await writer.wait_closed()
 
 
+async def echoed_over_trio(stream, payload: bytes) -> str:
+    """``payload`` and EOF sent over the trio ``stream`` while its echo is
+    read to EOF: the echo's SHA-256."""
+    import trio
+
+    digest = hashlib.sha256()
+
+    async def send() -> None:
+        await stream.send_all(payload)
+        await stream.send_eof()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        while data := await stream.receive_some(1 << 16):
+            digest.update(data)
+    return digest.hexdigest()
+
+
 def connect_trio(door: str, port: int, size: int, seed: int) -> None:
     """``connect`` on trio: ``friendsock.trio.open_tcp_stream`` (door
     ``trio``), or trio's own under ``friendsock.trio.install()``
@@ -262,22 +280,14 @@ def connect_trio(door: str, port: int, size: int, seed: int) -> None:
             stream = await trio.open_tcp_stream("127.0.0.1", port)
         else:
             stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
-        digest = hashlib.sha256()
         sock = stream.socket
         names = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername())}
         async with stream:
-            async def send() -> None:
-                await stream.send_all(payload)
-                await stream.send_eof()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(send)
-                while data := await stream.receive_some(1 << 16):
-                    digest.update(data)
+            echoed = await echoed_over_trio(stream, payload)
             print(json.dumps({
                 "transport": type(stream).__name__, "friend": friendsock.is_friend(stream),
                 "payload_moved": payload_moved(sock),  # type: ignore[arg-type]
-                "sha256": digest.hexdigest(), "sent": hashlib.sha256(payload).hexdigest(),
+                "sha256": echoed, "sent": hashlib.sha256(payload).hexdigest(),
                 **names,
             }), flush=True)
 

@@ -26,6 +26,7 @@ import friendsock
 from friendsock._handshake._tcp_info import payload_moved
 from friendsock._host._ports import listener_elsewhere
 
+from cross_process_peer import echoed_over_trio
 from support import TCP_ESTABLISHED, bounded, tcp_connections, until
 from test_cross_process import (  # noqa: F401 (fixtures)
     SIZE,
@@ -70,17 +71,9 @@ def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
         sock = stream.socket
         found = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername()),
                  "friend": friendsock.is_friend(stream)}
-        digest = hashlib.sha256()
         async with stream:
-            async def send() -> None:
-                await stream.send_all(payload)
-                await stream.send_eof()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(send)
-                while data := await stream.receive_some(1 << 16):
-                    digest.update(data)
-            found.update(sha256=digest.hexdigest(), payload_moved=payload_moved(sock),  # type: ignore[arg-type]
+            found.update(sha256=await echoed_over_trio(stream, payload),
+                         payload_moved=payload_moved(sock),  # type: ignore[arg-type]
                          link=_moved_counts(found["sockname"]))
         return found
 
