@@ -13,7 +13,7 @@ import ssl
 import sys
 import time
 import warnings
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Set, Tuple
 
 import pytest
 import uvloop
@@ -494,12 +494,28 @@ def descriptors_open(collected: bool = False) -> int:
     """How many descriptors this process has open, once friendsock's thread
     has closed what earlier tests left it (:func:`rendezvous_thread_settled`);
     ``collected``: and their garbage (a socket closed by its collection)."""
+    return len(descriptors(collected))
+
+
+def descriptors(collected: bool = False) -> Set[Tuple[int, str]]:
+    """The descriptors this process has open (as :func:`descriptors_open`
+    counts them), each as its number and what it names: what a test opened
+    and left open is what this has that it had not before, whatever
+    another thread closed meanwhile."""
     rendezvous_thread_settled()
     if collected:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             gc.collect()
-    return len(os.listdir("/proc/self/fd"))
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # (the listing's own, closed by now)
+            continue
+        if not target.endswith("/fd"):  # (the listing's own: any number, another time)
+            found.add((int(name), target))
+    return found
 
 
 async def until(condition, timeout: float = 10) -> None:
