@@ -36,15 +36,13 @@ from typing import Any, Callable, Optional, Set, Tuple
 from .. import _handshake
 from .._core._switch import is_enabled
 from .._handshake import Entry, make_room
+from .._host._ports import PUBLISHED
 from .._socket_errors import not_through_descriptor
 from ._descriptor import OriginalSocket, _ss
 from ._readiness import readiness_owners
 
 _INET = (socket.AF_INET, socket.AF_INET6)
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
-# Where a listener keeps the port it published to other processes, with
-# the finalizer that withdraws it (see _listen.accepting).
-PUBLISHED = "_friendsock_published"
 _NATIVE = "_friendsock_connected_natively"  # set by a connect friendsock left to the kernel
 
 # Whether connect() and listen() pair: set by patch_socket(). Sockets made

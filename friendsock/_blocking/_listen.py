@@ -21,10 +21,10 @@ from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._handshake import (Entry, Pending, adopt_accepted, claim_accepted, forget_listener,
                           forget_when_collected, hold_ended, register_listener)
-from .._host._ports import publish_listener, republish_if_cleared, withdraw_listener
+from .._host._ports import keep_published, published_port, stop_publishing
 from . import _ends
 from ._across import accept_across
-from ._capable import _ENTRY, PUBLISHED, FriendCapableSocket
+from ._capable import _ENTRY, FriendCapableSocket
 from ._descriptor import Descriptor, _ss
 from ._over_tcp import link_over_tcp
 from ._paired import become_friend, ends_of_sockets
@@ -52,15 +52,8 @@ def accepting(sock: FriendCapableSocket) -> None:
     processes' connects to wait for its offer, on its first accept (its
     owner may hand it to code that accepts natively before, whose clients
     would wait in vain); again if the table lost it since."""
-    if not _offers_across():
-        return
-    published = sock.__dict__.get(PUBLISHED)
-    if published is not None:
-        republish_if_cleared(sock, published[0])
-        return
-    port = publish_listener(sock)
-    if port is not None:
-        sock.__dict__[PUBLISHED] = (port, weakref.finalize(sock, withdraw_listener, port))
+    if _offers_across():
+        keep_published(sock, sock)
 
 
 def _offers_across() -> bool:
@@ -75,9 +68,7 @@ def _offers_across() -> bool:
 def stop_pairing(sock: FriendCapableSocket, passed_on: bool = False) -> None:
     """``sock`` stops pairing: closed, or ``passed_on`` (see
     :func:`listener_passed_on`)."""
-    published = sock.__dict__.pop(PUBLISHED, None)
-    if published is not None:
-        published[1]()  # withdrawn: its clients must not wait for an offer
+    stop_publishing(sock)
     entry = sock.__dict__.pop(_ENTRY, None)
     if entry is None:
         return
@@ -126,9 +117,9 @@ def claim(listener: FriendCapableSocket, sock: FriendCapableSocket, address: Any
             if pending is not None:
                 _ends.connecting[pending.link.server] = sock
     if pending is None:  # (not this process's: maybe another's, which waits for an offer)
-        published = listener.__dict__.get(PUBLISHED)
-        if not (published is not None and _offers_across() and
-                accept_across(sock, address, published[0], listener.gettimeout())):
+        port = published_port(listener)
+        if not (port is not None and _offers_across() and
+                accept_across(sock, address, port, listener.gettimeout())):
             if entry is not None:
                 counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import weakref
 from typing import Any, Optional
 
 from .._handshake._process import current_pid
@@ -71,6 +72,40 @@ def _merged(ours: int, theirs: int) -> int:
     exact = all(token & _V4_IS_127_0_0_1 for token in (ours, theirs) if token & _SERVES_V4)
     both = (ours | theirs) & ~_V4_IS_127_0_0_1
     return both | (_V4_IS_127_0_0_1 if exact and both & _SERVES_V4 else 0)
+
+
+# Where a listener's owner (the socket, or the object wrapping it) keeps the
+# port it published, with the finalizer that withdraws it.
+PUBLISHED = "_friendsock_published"
+
+
+def keep_published(owner: Any, sock: socket.socket) -> Optional[int]:
+    """The port of ``sock`` (the listening socket of ``owner``: itself, or
+    what wraps it) published, on the first call, and again if the table
+    lost it since; withdrawn by :func:`stop_publishing`, or as ``owner`` is
+    collected. None if it cannot be."""
+    published = owner.__dict__.get(PUBLISHED)
+    if published is not None:
+        republish_if_cleared(sock, published[0])
+        return published[0]
+    port = publish_listener(sock)
+    if port is not None:
+        owner.__dict__[PUBLISHED] = (port, weakref.finalize(owner, withdraw_listener, port))
+    return port
+
+
+def published_port(owner: Any) -> Optional[int]:
+    """The port ``owner`` keeps published (:func:`keep_published`), if any."""
+    published = owner.__dict__.get(PUBLISHED)
+    return None if published is None else published[0]
+
+
+def stop_publishing(owner: Any) -> None:
+    """Withdraw the port ``owner`` keeps published: its clients must not
+    wait for an offer."""
+    published = owner.__dict__.pop(PUBLISHED, None)
+    if published is not None:
+        published[1]()
 
 
 def republish_if_cleared(sock: socket.socket, port: int) -> None:

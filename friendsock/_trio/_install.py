@@ -38,7 +38,7 @@ from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
                           offer_for_reuse, register_listener, users_sockname)
-from .._host._ports import publish_listener, republish_if_cleared, withdraw_listener
+from .._host._ports import keep_published, stop_publishing
 from .._imports import when_imported
 from .._kept_options import carry_options, restore_options_set_before_connect, set_as_a_new_socket
 from .._reuse import reused_connect
@@ -64,7 +64,6 @@ _MISSING = object()
 # and the socketless links given to it.
 _ENTRY = "_friendsock_listener"
 _BACKLOG = "_friendsock_backlog"
-_PUBLISHED = "_friendsock_published"  # the port published to other processes, with its withdrawal
 _INET = (socket.AF_INET, socket.AF_INET6)
 
 _lock = threading.Lock()
@@ -125,9 +124,7 @@ def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
 
 
 def _forget(trio_sock: Any) -> None:
-    published = trio_sock.__dict__.pop(_PUBLISHED, None)
-    if published is not None:
-        published[1]()  # withdrawn: its clients must not wait for an offer
+    stop_publishing(trio_sock)
     entry = trio_sock.__dict__.pop(_ENTRY, None)
     if entry is not None:
         forget_listener(entry)
@@ -139,7 +136,7 @@ def _socket_listen(self: Any, *args: Any) -> None:
     # and accepted from by trio's accept, friendsock's: other processes'
     # connects may wait for its offer from its first.
     if listener_entry(self, exclusive=True) is not None:
-        _published_port(self)
+        keep_published(self, self._sock)
 
 
 def _socket_close(self: Any) -> None:
@@ -205,7 +202,7 @@ async def _socket_accept(self: Any) -> Tuple[Any, Any]:
     if not _is_tcp(self._sock) or native_calls.get():
         return await _native(_SocketType, "accept")(self)
     entry = listener_entry(self)
-    published = _published_port(self) if entry is not None else None
+    published = keep_published(self, self._sock) if entry is not None else None
     conn, address, link = await accept_connection(self._sock, entry, self.__dict__.get(_BACKLOG))
     if link is not None:  # socketless
         trio_sock = socketless_trio_socket(conn)
@@ -222,22 +219,6 @@ async def _socket_accept(self: Any) -> Tuple[Any, Any]:
         become_friend(trio_sock, pending.link.server, sockname, address, run_state())
         claimed(pending)
     return trio_sock, address
-
-
-def _published_port(trio_sock: Any) -> Optional[int]:
-    """The port of the listening ``trio_sock`` (accepting through friendsock
-    here), published to other processes as it listens, or at its first
-    accept if made elsewhere (its connects there may wait for its offer);
-    None if it cannot be."""
-    published = trio_sock.__dict__.get(_PUBLISHED)
-    if published is not None:
-        republish_if_cleared(trio_sock._sock, published[0])
-        return published[0]
-    port = publish_listener(trio_sock._sock)
-    if port is None:
-        return None
-    trio_sock.__dict__[_PUBLISHED] = (port, weakref.finalize(trio_sock, withdraw_listener, port))
-    return port
 
 
 async def _socket_connect(self: Any, address: Any) -> None:
