@@ -32,6 +32,7 @@ from .._core._tap import StreamTap, stream_tap_for
 from .._handshake._process import close_with_reset, current_pid
 from .._host import CONNECTS, PortTable, Slot, port_table
 from .._host._offers import (
+    ANSWER_TIMEOUT,
     OFFER_TIMEOUT,
     RELEASE_TIMEOUT,
     RESET,
@@ -47,6 +48,7 @@ from .._host._offers import (
     offer_answered,
     open_channel,
     room_like_friends,
+    runs,
     send_offer,
     take_offer,
     tcp_error,
@@ -233,13 +235,16 @@ class Rendezvous:
             if not waiter.done():
                 waiter.set_result((None, []))
 
-    async def offer(self, conn: socket.socket, names: Tuple[Any, Any], slot: Slot
-                    ) -> Union[None, object, Offered]:
+    async def offer(self, conn: socket.socket, names: Tuple[Any, Any], slot: Slot,
+                    bounded: bool = False) -> Union[None, object, Offered]:
         """Offer the accepted ``conn`` (its ``getsockname()`` and
         ``getpeername()``: ``names``) to the process of the connect slot
         ``slot``: the pair end to serve it on and the peer's receive buffer
         if taken; None if declined or unanswerable (TCP); ``RESET`` if the
-        answer's proof failed, after the other side took it."""
+        answer's proof failed, after the other side took it. ``bounded``:
+        for an accept that others wait behind, an answer that does not come
+        in time (``ANSWER_TIMEOUT``, or ``OFFER_TIMEOUT`` once that process
+        is found stopped) is ``RESET`` too: the other side may take it yet."""
         chan = self._channel_to(slot.pid, slot.token)
         if chan is None:
             return None
@@ -252,8 +257,9 @@ class Rendezvous:
                 self._drop_channel(chan)
             return None
         chan.replies[serial] = waiter
+        deadline = _AnswerDeadline(self.loop, waiter, chan.pid) if bounded else None
         try:
-            message, handed = await waiter
+            answer = await waiter
         except BaseException:
             # Withdrawn while the answer is out (the server closing): the
             # pair end closes, so the other side reads EOF on it if it took
@@ -263,6 +269,14 @@ class Rendezvous:
             chan.replies.pop(serial, None)
             ours.close()
             raise
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+        if answer is _UNANSWERED:  # (the same way, given up on)
+            chan.replies.pop(serial, None)
+            ours.close()
+            return RESET
+        message, handed = answer
         answered = offer_answered(names, chan.pid, ours, message, handed)
         if answered is None or answered is RESET:
             return answered
@@ -309,6 +323,38 @@ class Rendezvous:
             self.loop.remove_reader(self.listener.fileno())
             self.listener.close()
             self.listener = None
+
+
+# What an offer's waiter is given when its answer is given up on.
+_UNANSWERED: Tuple[None, List[socket.socket]] = (None, [])
+
+
+class _AnswerDeadline:
+    """Gives up on the answer ``waiter`` waits for from process ``pid``
+    (resolved to ``_UNANSWERED``) once ANSWER_TIMEOUT has passed, or at
+    the first look, every OFFER_TIMEOUT, that finds the process stopped
+    or gone."""
+
+    __slots__ = ("handle", "last", "loop", "pid", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future, pid: int) -> None:
+        self.loop = loop
+        self.waiter = waiter
+        self.pid = pid
+        self.last = loop.time() + ANSWER_TIMEOUT
+        self.handle = loop.call_later(OFFER_TIMEOUT, self._look)
+
+    def _look(self) -> None:
+        if self.waiter.done():
+            return
+        now = self.loop.time()
+        if now >= self.last or not runs(self.pid):
+            self.waiter.set_result(_UNANSWERED)
+        else:
+            self.handle = self.loop.call_at(min(now + OFFER_TIMEOUT, self.last), self._look)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 def rendezvous(loop: asyncio.AbstractEventLoop) -> Optional[Rendezvous]:

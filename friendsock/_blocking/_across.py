@@ -46,6 +46,7 @@ from .._handshake._binding import bind_port_now
 from .._handshake._process import close_with_reset
 from .._host import CONNECTS, PortTable, Slot, is_loopback, port_table
 from .._host._offers import (
+    ANSWER_TIMEOUT,
     OFFER_TIMEOUT,
     RELEASE_TIMEOUT,
     RESET,
@@ -61,6 +62,7 @@ from .._host._offers import (
     offer_answered,
     open_channel,
     room_like_friends,
+    runs,
     send_offer,
     take_offer,
     tcp_error,
@@ -333,12 +335,6 @@ class Rendezvous:
                     wait.settle()
 
 
-# How long an accept waits for the answer of a client process that runs
-# but has not answered (its loop, or the GIL, busy elsewhere): it answers
-# once it gets to it, and giving up before costs the connection.
-ANSWER_TIMEOUT = 5.0
-
-
 def _answer_to(chan: _OfferChannel, serial: int, limit: Optional[float]
                ) -> Optional[Tuple[Optional[Message], List[socket.socket]]]:
     """The answer to offer ``serial`` on ``chan`` (under its lock), as it
@@ -363,21 +359,10 @@ def _answer_to(chan: _OfferChannel, serial: int, limit: Optional[float]
         if now >= last:
             return None
         if now >= check:
-            if not _runs(chan.pid):
+            if not runs(chan.pid):
                 return None
             check = min(now + OFFER_TIMEOUT, last)
         poller.poll(math.ceil((check - now) * 1000))
-
-
-def _runs(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not stopped (SIGSTOP, a
-    debugger's): one that runs answers in the end."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rpartition(b")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"T", b"t", b"Z", b"X")
 
 
 _rendezvous: Optional[Rendezvous] = None
@@ -511,7 +496,7 @@ def offer_accepted(sock: socket.socket, address: Any, listener_port: int,
     the pair to serve it on, if taken; None when no process waits, or it
     declined (TCP), or when it took the offer without its proof or did
     not answer in time: then ``sock`` is a connection reset
-    (:func:`_reset_in_place`), as its client's reset would leave it."""
+    (:func:`reset_in_place`), as its client's reset would leave it."""
     slot = connect_slot(address, listener_port)
     if slot is None:
         return None
@@ -526,13 +511,13 @@ def offer_accepted(sock: socket.socket, address: Any, listener_port: int,
     if offered is None:
         return None
     if offered is RESET:
-        _reset_in_place(sock)  # neither path is safe
+        reset_in_place(sock)  # neither path is safe
         return None
     pair_end, peer = cast(Tuple[socket.socket, Peer], offered)
     return TakenOffer(pair_end, peer, names, rendezvous)
 
 
-def _reset_in_place(sock: socket.socket) -> None:
+def reset_in_place(sock: socket.socket) -> None:
     """``sock``'s connection reset, and its descriptor number made a socket
     of the same family whose connection was reset: what TCP hands out for
     a connection its client reset before it was read (ECONNRESET at the

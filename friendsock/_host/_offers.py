@@ -25,6 +25,11 @@ MESSAGES_PER_TURN = 64
 # How long a connect waits for the process that accepts it to offer a
 # rendezvous; then it is TCP's (an offer that comes later is declined).
 OFFER_TIMEOUT = 1.0
+# How long an accept waits for the answer of a client process that runs
+# but has not answered (its loop, or the GIL, busy elsewhere): it answers
+# once it gets to it, and giving up before costs the connection. One that
+# is stopped (or gone) is given OFFER_TIMEOUT.
+ANSWER_TIMEOUT = 5.0
 # How long the connecting end, once done, waits for the accepting end's FIN
 # before it closes its TCP socket: the accepting end closes first (a FIN),
 # and the connecting end answers with a reset, so that neither socket is
@@ -234,6 +239,17 @@ def send_offer(chan: socket.socket, conn: socket.socket, client_port: int, seria
     finally:
         theirs.close()
     return ours
+
+
+def runs(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not stopped (SIGSTOP, a
+    debugger's): one that runs answers in the end."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"T", b"t", b"Z", b"X")
 
 
 def channel_gone(exc: OSError) -> bool:
