@@ -17,7 +17,8 @@ one port) and
 server (``socketserver``'s threading TCP server, under ``patch_socket()``;
 LOOP ``-``; ``blocking-timeout``, its listener with a timeout of 0.5 s),
 and ``blocking-select`` by a select() loop on a non-blocking listener; ``trio`` and ``trio-install`` by a trio server
-(``friendsock.trio.serve_tcp``, or trio's own under ``install()``).
+(``friendsock.trio.serve_tcp``, or trio's own under ``install()``);
+``anyio`` by anyio's own listener on LOOP (with ``FRIENDSOCK_INSTALL=1``).
 
 ``serve`` prints its port, echoes each connection until EOF and then
 finishes it, and prints one JSON line per connection as it ends: the
@@ -233,6 +234,44 @@ def serve_trio(door: str) -> None:
     trio.run(main)
 
 
+def serve_anyio() -> None:
+    """``serve`` by anyio's own TCP listener on asyncio (its accepts are
+    ``loop.sock_accept``'s), switched on by ``FRIENDSOCK_INSTALL=1``."""
+    import anyio
+    from anyio.abc import SocketAttribute
+
+    async def echo(stream) -> None:
+        digest = hashlib.sha256()
+        transport = stream._transport  # (anyio's own; what is_friend() looks at)
+        try:
+            async with stream:
+                while True:
+                    try:
+                        data = await stream.receive(1 << 16)
+                    except anyio.EndOfStream:
+                        break
+                    digest.update(data)
+                    await stream.send(data)
+                report = _report_of(type(transport).__name__, stream.extra(SocketAttribute.raw_socket),
+                                    stream.extra(SocketAttribute.local_address),
+                                    stream.extra(SocketAttribute.remote_address),
+                                    digest.hexdigest(), friend=friendsock.is_friend(transport))
+                await stream.send_eof()
+        except anyio.BrokenResourceError as exc:
+            report = json.dumps({"error": type(exc.__cause__).__name__})
+        print(report, flush=True)
+
+    async def main() -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        print(listener.extra(SocketAttribute.local_port), flush=True)
+        async with listener, anyio.create_task_group() as group:
+            group.start_soon(listener.serve, echo)
+            await anyio.to_thread.run_sync(sys.stdin.read)
+            group.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio")
+
+
 async def connect(door: str, port: int, size: int, seed: int) -> None:
     payload = random.Random(seed).randbytes(size)
     open_connection = friendsock.open_connection if door == "api" else asyncio.open_connection
@@ -439,6 +478,8 @@ def main() -> None:
         serve_blocking(door)
     elif role == "serve" and door.startswith("trio"):
         serve_trio(door)
+    elif role == "serve" and door == "anyio":
+        serve_anyio()
     elif role == "serve":
         asyncio.run(serve(door))
     elif role == "shared":

@@ -25,6 +25,7 @@ import pytest
 
 import friendsock
 from friendsock._core._registry import registry
+from friendsock._host import LISTENERS, opened_table
 from support import LOCALHOST, bounded, fallbacks_since, patient_confirm, until  # noqa: F401
 
 MiB = 1 << 20
@@ -387,6 +388,22 @@ async def test_anyio_listener_pairs_with_asyncio_and_anyio_clients(friends, pati
         await listener.aclose()
     assert served == [friends, friends]
 
+
+
+async def test_an_anyio_listener_keeps_its_port_published_while_open(friends):
+    """anyio's listener publishes its port as it is made, so that friendsock
+    clients of other processes wait for its offer, and withdraws it as it
+    closes; on a loop without friendsock it publishes nothing."""
+    table = opened_table()
+    assert table is not None
+    with maybe_installed(friends):
+        listener = await anyio.create_tcp_listener(local_host=LOCALHOST, local_port=0)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        try:
+            assert (table.read(LISTENERS, port).pid == os.getpid()) is friends
+        finally:
+            await listener.aclose()
+        assert table.read(LISTENERS, port).pid == 0
 
 
 async def test_an_anyio_listener_pairs_a_client_that_connects_before_its_first_accept(friends):

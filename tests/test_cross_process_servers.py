@@ -1,6 +1,7 @@
 """A blocking server in another process (``socketserver``, ``http.server``,
-under ``patch_socket()``) or a trio one: its connections move off TCP as
-an asyncio server's do, to asyncio, uvloop, blocking and trio clients here.
+under ``patch_socket()``), a trio one, or anyio's on asyncio: its
+connections move off TCP as an asyncio server's do, to asyncio, uvloop,
+blocking and trio clients here.
 
 A blocking server publishes its port once its own ``accept()`` runs, so
 its first connection is TCP's (each test makes that one first). On the TCP path the
@@ -46,8 +47,11 @@ from test_cross_process import (  # noqa: F401 (fixtures)
 async def _server(path: str, door: str = "blocking") -> Tuple[Peer, int]:
     """A server process (``door``: ``blocking`` echoes, ``blocking-abort``
     aborts after 4 bytes, ``blocking-select`` accepts by select(); ``trio``
-    and ``trio-install``) and its port; a blocking one's first connection
-    served (over TCP: its accept() had not run yet)."""
+    and ``trio-install``; ``anyio``, on asyncio, and ``anyio-uvloop``) and
+    its port; a blocking one's first connection served (over TCP: its
+    accept() had not run yet)."""
+    if door.startswith("anyio"):  # (anyio-uvloop: on uvloop)
+        return await _serving(door.partition("-")[2] or "-", path, door="anyio", FRIENDSOCK_INSTALL="1")
     peer, port = await _serving("-", path, door=door)
     if door.startswith("blocking"):
         reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
@@ -81,14 +85,16 @@ def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("client", ["asyncio", "blocking", "trio"])
-@pytest.mark.parametrize("server", ["blocking", "blocking-select", "trio", "trio-install"])
+@pytest.mark.parametrize("server", ["blocking", "blocking-select", "trio", "trio-install", "anyio",
+                                    "anyio-uvloop"])
 @pytest.mark.usefixtures("socket_patched")
 async def test_clients_of_a_server_process_move(path, server, client):
-    """A blocking server's connections (past its first) and a trio
-    server's, from friendsock clients of every kind, move: the bytes go
-    over the pair, the names and TCP_INFO are TCP's. So do those of a
-    listener made non-blocking and accepting through select() (gunicorn's
-    sync workers)."""
+    """A blocking server's connections (past its first), a trio server's
+    and an anyio one's on asyncio (which accepts with ``sock_accept``),
+    from friendsock clients of every kind, move: the bytes go over the
+    pair, the names and TCP_INFO are TCP's. So do those of a listener
+    made non-blocking and accepting through select() (gunicorn's sync
+    workers)."""
     peer, port = await _server(path, door=server)
     payload = random.Random(11).randbytes(SIZE)
     before = friendsock.stats().cross_process_peers.get(peer.process.pid, 0)
@@ -107,6 +113,8 @@ async def test_clients_of_a_server_process_move(path, server, client):
     assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
     if server.startswith("blocking"):
         assert theirs["transport"] == ("AcrossSocket" if path == "friend" else "FriendCapableSocket")
+    elif server.startswith("anyio"):
+        assert (theirs["transport"] == "AcrossTransport") is (path == "friend")
     assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
     moved = friendsock.stats().cross_process_peers.get(peer.process.pid, 0) - before
     assert moved == (1 if path == "friend" else 0)
@@ -177,7 +185,7 @@ async def test_a_server_leaves_no_time_wait(server, first):
 
 
 @pytest.mark.parametrize("how", ["pipe", "other", "none", "declined", "silent"])
-@pytest.mark.parametrize("server", ["blocking", "trio"])
+@pytest.mark.parametrize("server", ["blocking", "trio", "anyio"])
 async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
     """A client process that takes the offer without its proof, answers
     with no socket, or never answers (stopped, then killed) has its
@@ -224,7 +232,7 @@ async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
         await peer.finish()
 
 
-@pytest.mark.parametrize("server", ["blocking", "trio"])
+@pytest.mark.parametrize("server", ["blocking", "trio", "anyio", "anyio-uvloop"])
 async def test_a_client_that_answers_late_is_waited_for(server):
     """A client process that runs but answers the offer late (its GIL or
     its loop busy elsewhere) is waited for, past the offer's second: its

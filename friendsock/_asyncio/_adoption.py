@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, cast
 
 from .. import _handshake
+from .._blocking._across import reset_in_place
 from .._blocking._listen import listener_passed_on, take_listener
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
@@ -44,6 +45,10 @@ from .._handshake import (
     register_listener,
     settle_held,
 )
+from .._host import port_table
+from .._host._offers import RESET
+from .._host._ports import connect_slot, keep_published, published_port, stop_publishing
+from ._across import Offered, rendezvous, start_across
 from ._loop_state import loop_state, post_to_loop
 from ._native import in_loop_own_connect, native
 from ._pairing import _confirm, connection_made_turn, start_client_end
@@ -60,6 +65,12 @@ _accepted: "weakref.WeakKeyDictionary[socket.socket, Tuple[Pending, Any, Any]]" 
 )
 # What create_connection(sock=) may add to a socket it adopts.
 _TLS_KEYWORDS = frozenset({"ssl", "server_hostname", "ssl_handshake_timeout", "ssl_shutdown_timeout"})
+# Accepted sockets whose connection another process took (sock_accept's
+# offer), until connect_accepted_socket; each with what closes its pair end
+# if the socket is dropped before.
+_accepted_across: "weakref.WeakKeyDictionary[socket.socket, Tuple[Offered, weakref.finalize]]" = (
+    weakref.WeakKeyDictionary()
+)
 # Listening sockets first seen by sock_accept, and their registry entries.
 _listeners: "weakref.WeakKeyDictionary[socket.socket, _SharedListener]" = weakref.WeakKeyDictionary()
 
@@ -229,15 +240,20 @@ class _SharedListener:
     """A listening socket friendsock did not make, registered when first
     seen by ``sock_accept``: it may be shared (pre-fork servers), so its
     clients confirm. Forgotten when its loop closes, when it is found closed
-    (a client's connect checks), or with the socket."""
+    (a client's connect checks), or with the socket. One known to be
+    accepted by anyio keeps its port published too (``keep_published``),
+    for clients in other processes."""
 
-    __slots__ = ("entry", "__weakref__")
+    __slots__ = ("entry", "__dict__", "__weakref__")
 
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
 
-    def _loop_gone(self) -> None:
+    def forget(self) -> None:
+        stop_publishing(self)
         forget_listener(self.entry)
+
+    _loop_gone = forget
 
 
 def _shared_listener(loop: asyncio.AbstractEventLoop, sock: socket.socket,
@@ -247,6 +263,7 @@ def _shared_listener(loop: asyncio.AbstractEventLoop, sock: socket.socket,
         if registry.is_listening(listener.entry):
             return listener.entry
         del _listeners[sock]  # forgotten (found closed, or its loop closed)
+        stop_publishing(listener)
     if not is_enabled() or sock.type != socket.SOCK_STREAM or \
             sock.family not in (socket.AF_INET, socket.AF_INET6):
         return None
@@ -274,12 +291,15 @@ def listener_for_sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socke
     then ``connect_accepted_socket`` (anyio's listeners): registered now,
     not at its first accept, so a client that connects before it pairs.
     This process's alone unless SO_REUSEPORT lets others share the port
-    (their clients then confirm, as for any shared listener)."""
+    (their clients then confirm, as for any shared listener). Its port is
+    published for friendsock clients of other processes, which it offers
+    its connections to as it accepts them (:func:`sock_accept`)."""
     try:
         shared = bool(sock.getsockopt(socket.SOL_SOCKET, getattr(socket, "SO_REUSEPORT", -1)))
     except OSError:
         shared = True  # no such option here: assume the worst
-    _shared_listener(loop, sock, exclusive=not shared)
+    if _shared_listener(loop, sock, exclusive=not shared) is not None:
+        keep_published(_listeners[sock], sock)
 
 
 def forget_sock_accept_listener(sock: socket.socket) -> None:
@@ -287,23 +307,66 @@ def forget_sock_accept_listener(sock: socket.socket) -> None:
     waiting in the backlog are reset, as the kernel resets them."""
     listener = _listeners.pop(sock, None)
     if listener is not None:
-        forget_listener(listener.entry)
+        listener.forget()
 
 
 async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Tuple[socket.socket, Any]:
     """``loop.sock_accept``; a connection from a friendsock client of this
-    process is claimed and held until :func:`connect_accepted_socket`."""
+    process is claimed and held until :func:`connect_accepted_socket`; one
+    from a friendsock process of this host, to a listener that published
+    its port, is offered there first."""
     entry = _shared_listener(loop, sock)
     conn, address = await native(loop, "sock_accept")(sock)
     if entry is not None:
         make_room(entry)
         pending, sockname = claim_accepted(conn, address, ready=False, hold=True,
                                            listener=entry.handle)
-        if pending is None:
-            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
-        else:
+        if pending is not None:
             _accepted[conn] = (pending, sockname, address)
+        elif not await _offered_across(loop, sock, conn, (sockname or conn.getsockname(), address)):
+            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
     return conn, address
+
+
+async def _offered_across(loop: asyncio.AbstractEventLoop, listening: socket.socket,
+                          conn: socket.socket, names: Tuple[Any, Any]) -> bool:
+    """Whether ``conn`` (``names``: its own and its peer's), accepted on
+    ``listening``, was offered to a friendsock process of this host that
+    waits for it: taken, the pair kept for :func:`connect_accepted_socket`;
+    or, the answer without its proof or not in time, ``conn`` reset in
+    place, as a connection its client reset. (The accept waits for the
+    answer: a bounded wait, see ``Rendezvous.offer``.)"""
+    listener = _listeners.get(listening)
+    port = None if listener is None else published_port(listener)
+    if port is None:
+        return False
+    if port_table() is None:  # switched off since: its clients must not wait
+        stop_publishing(listener)
+        return False
+    keep_published(listener, listening)  # (again, if a sharing process withdrew it)
+    slot = connect_slot(names[1], port)
+    across = None if slot is None else rendezvous(loop)
+    if across is None:
+        return False
+    assert slot is not None
+    try:
+        offered = await across.offer(conn, names, slot, bounded=True)
+    except OSError:  # (no descriptor left for the pair, say): not offered, so TCP
+        return False
+    except BaseException:
+        # Cancelled, with the offer out: nothing is handed out, and the
+        # connection is reset, where the other process took it or not.
+        reset_in_place(conn)
+        conn.close()
+        raise
+    if offered is None:
+        return False
+    if offered is RESET:
+        reset_in_place(conn)
+    else:
+        pair_end = cast(Offered, offered).pair_end
+        _accepted_across[conn] = (cast(Offered, offered), weakref.finalize(conn, pair_end.close))
+    return True
 
 
 async def connect_accepted_socket(
@@ -313,7 +376,11 @@ async def connect_accepted_socket(
     **kwargs: Any,
 ) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
     """``loop.connect_accepted_socket``: the friend link for a connection
-    :func:`sock_accept` held, when it pairs."""
+    :func:`sock_accept` held, when it pairs; the transport of one it moved
+    to another process."""
+    across = _accepted_across.pop(sock, None)
+    if across is not None:
+        return await _serve_across(loop, protocol_factory, sock, kwargs, *across)
     held = _accepted.pop(sock, None)
     if held is None:
         adopted = await adopt_paired_socket(loop, protocol_factory, sock, kwargs, accepted=True)
@@ -333,6 +400,36 @@ async def connect_accepted_socket(
                                               protocol_factory, tls)
     return await native(loop, "connect_accepted_socket")(
         protocol_factory, sock, **kwargs)
+
+
+async def _serve_across(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    sock: socket.socket,
+    kwargs: dict,
+    offered: Offered,
+    closing: weakref.finalize,
+) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+    """The transport over the pair ``offered`` (taken by the client's
+    process) of the accepted ``sock``; with TLS over it if asked for."""
+    closing.detach()
+    pair_end = offered.pair_end
+    try:
+        tls = _server_tls(kwargs)
+    except (TypeError, ValueError):
+        pair_end.close()  # (the other process reads EOF) and the loop's own error follows
+        return await native(loop, "connect_accepted_socket")(protocol_factory, sock, **kwargs)
+    try:
+        protocol = protocol_factory()
+        transport: asyncio.BaseTransport = await start_across(
+            offered.rendezvous, pair_end, sock, offered.names, protocol, offered.peer, client=False)
+    except BaseException:
+        pair_end.close()
+        raise
+    if tls is not None:
+        start_tls: Any = loop.start_tls
+        transport = await start_tls(transport, protocol, tls.sslcontext, server_side=True, **tls.timeouts())
+    return transport, protocol
 
 
 async def _adopt_accepted_end(loop: asyncio.AbstractEventLoop, conn: socket.socket,

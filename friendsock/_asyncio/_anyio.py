@@ -8,8 +8,9 @@ soon as the listener exists (the usual test, and the usual start-up)
 would get TCP. A listener anyio's asyncio backend makes for
 ``anyio.create_tcp_listener`` (a socket anyio bound itself) accepts no
 other way, so on a loop that routes through friendsock it is registered
-as it is made (see ``_adoption.listener_for_sock_accept``), and forgotten
-as it closes. A socket anyio only wraps (``SocketListener.from_socket``:
+as it is made (see ``_adoption.listener_for_sock_accept``), its port
+published for friendsock clients of other processes, which its accepts
+offer their connections to, and forgotten (and withdrawn) as it closes. A socket anyio only wraps (``SocketListener.from_socket``:
 a pre-fork parent's, a supervisor's) may be shared with another process:
 it is left to its first accept, as any listener friendsock did not see
 made.
