@@ -53,6 +53,7 @@ from .._host._offers import (
     take_offer,
     tcp_error,
 )
+from .._host._payoff import moved_connection_ended
 from .._host._proof import Message
 from ._loop_state import loop_name, loop_state
 from ._native import native
@@ -453,6 +454,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         self._thread = threading.current_thread().name
         self._sent = 0  # bytes given to write()
         self._received = 0  # bytes passed to the protocol
+        self._reads = 0  # how often (does the move pay? see _host._payoff)
         self._eof_sent = False
         self._eof_came = False
         self._paused_writing = False
@@ -573,6 +575,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         if tcp is not None:
             live_across.discard(self)
             counters.read_across(self._received)
+            if self._client:
+                moved_connection_ended(self._peername[1], self._reads)
             self._rendezvous.release(tcp, self._client)
 
     def link_info(self, now: float) -> Optional[LinkInfo]:
@@ -644,6 +648,7 @@ class _Relay(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         outer = self.outer
         outer._received += len(data)
+        outer._reads += 1
         if outer._tap is not None:
             outer._tap.data(outer._other_side, data)
         receive = getattr(self.protocol, "data_received", None)
@@ -691,6 +696,7 @@ class _BufferedRelay(_Relay, asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         outer = self.outer
         outer._received += nbytes
+        outer._reads += 1
         if outer._tap is not None:
             outer._tap.data(outer._other_side, bytes(memoryview(self._buffer).cast("B")[:nbytes]))
         if hasattr(self.protocol, "buffer_updated"):

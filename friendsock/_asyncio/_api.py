@@ -16,6 +16,7 @@ from .._blocking._listen import take_listener
 from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._handshake import fallback_address, is_tcp_socket, why_not_friends
+from .._host._payoff import worth_an_offer
 from .._host._ports import listener_elsewhere
 from ._across import AcrossTransport
 from ._adoption import adopt_paired_socket
@@ -77,6 +78,8 @@ async def create_connection_on(
         across = host is not None and not kwargs.get("ssl") and listener_elsewhere(_port_number(port))
         if not across:
             reason = Fallback.NO_LISTENER
+        elif not worth_an_offer(_port_number(port)):
+            reason = Fallback.SHORT_LIVED
     if reason is not None:
         if sock is None or is_tcp_socket(sock):  # (a Unix socket's is no TCP connection)
             counters.fallback(reason, _destination(host, port, sock))

@@ -67,6 +67,7 @@ from .._host._offers import (
     take_offer,
     tcp_error,
 )
+from .._host._payoff import moved_connection_ended
 from .._host._ports import connect_slot, listener_elsewhere, serves
 from .._host._proof import Message
 from .._socket_errors import bad_descriptor
@@ -588,7 +589,7 @@ class _Traffic:
     by its socket's duplicates: bytes its calls sent and received (a
     trio socket's too), since when, and on what."""
 
-    __slots__ = ("born", "received", "scheduler", "sent", "thread")
+    __slots__ = ("born", "ended", "received", "reads", "scheduler", "sent", "thread")
 
     def __init__(self, scheduler: Optional[str]) -> None:
         self.born = time.monotonic()
@@ -596,6 +597,8 @@ class _Traffic:
         self.scheduler = scheduler
         self.sent = 0
         self.received = 0
+        self.reads = 0  # how often (does the move pay? see _host._payoff)
+        self.ended = False  # (told, by whichever copy closed first)
 
 
 class _Moved:
@@ -703,7 +706,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
     def received(self, count: int) -> None:
         """``count`` bytes were read (0: EOF, or the other end's reset)."""
         if count:
-            self.__dict__[_STATE].traffic.received += count
+            traffic = self.__dict__[_STATE].traffic
+            traffic.received += count
+            traffic.reads += 1
         else:
             self._raise_reset()
 
@@ -772,6 +777,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         live_across.discard(self)
         counters.read_across(moved.traffic.received)
         moved.traffic.received = 0  # (counted once, whichever copy closes first)
+        if moved.client and not moved.traffic.ended:
+            moved.traffic.ended = True
+            moved_connection_ended(moved.names[1][1], moved.traffic.reads)
         if closes_with_reset(moved.tcp):
             moved.release()  # the reset first, for the other end to find at EOF
             _ss.close(self)

@@ -28,6 +28,7 @@ from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._handshake import (ConnectAttempt, Entry, Pending, call_on_claim, confirmed,
                           numeric_address_infos, users_sockname, RoomWait)
+from .._host._payoff import worth_an_offer
 from .._host._ports import listener_elsewhere
 from . import _ends
 from ._across import connect_across, may_cross
@@ -84,9 +85,13 @@ def connect_friend(sock: FriendCapableSocket, address: Any) -> bool:
     if resolved is None:
         return False
     if not registry.has_port(resolved[1]):
-        if may_cross(sock, resolved) and connect_across(sock, resolved, _deadline(sock)):
-            return True  # (to another friendsock process: moved off TCP, or not offered)
-        counters.fallback(Fallback.NO_LISTENER, resolved)
+        reason = Fallback.NO_LISTENER
+        if may_cross(sock, resolved):
+            if not worth_an_offer(resolved[1]):
+                reason = Fallback.SHORT_LIVED
+            elif connect_across(sock, resolved, _deadline(sock)):
+                return True  # (to another friendsock process: moved off TCP, or not offered)
+        counters.fallback(reason, resolved)
         return False
     sockname = users_sockname(sock)
     if sockname is None:

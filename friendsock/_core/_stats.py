@@ -36,6 +36,9 @@ class Fallback(str, enum.Enum):
     # Another friendsock process of this host serves the port, but its offer
     # to move the connection off TCP did not come (in time) or was refused.
     NOT_OFFERED = "not-offered"
+    # Another friendsock process of this host serves the port, but the
+    # connections moved there lately were too short to pay for the move.
+    SHORT_LIVED = "short-lived"
 
 
 @dataclasses.dataclass(frozen=True)

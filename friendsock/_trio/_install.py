@@ -38,6 +38,7 @@ from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
                           offer_for_reuse, register_listener, users_sockname)
+from .._host._payoff import worth_an_offer
 from .._host._ports import keep_published, stop_publishing
 from .._imports import when_imported
 from .._kept_options import carry_options, restore_options_set_before_connect, set_as_a_new_socket
@@ -249,9 +250,13 @@ def _friend_in_place_of(self: Any, sock: socket.socket, made: Any) -> None:
 async def _pair_socket(self: Any, sock: socket.socket, address: Any, native: Any) -> None:
     resolved = await self._resolve_address_nocp(address, local=False)
     if not registry.has_port(resolved[1]):
-        if may_cross(sock, resolved) and await connect_across(self, resolved, native):
-            return  # (to another friendsock process: moved off TCP, or not offered)
-        counters.fallback(Fallback.NO_LISTENER, resolved)
+        reason = Fallback.NO_LISTENER
+        if may_cross(sock, resolved):
+            if not worth_an_offer(resolved[1]):
+                reason = Fallback.SHORT_LIVED
+            elif await connect_across(self, resolved, native):
+                return  # (to another friendsock process: moved off TCP, or not offered)
+        counters.fallback(reason, resolved)
         return await native(self, resolved)
     sockname = users_sockname(sock)
     attempt = ConnectAttempt(resolved, source=None if sockname is None else sockname[0])

@@ -22,6 +22,7 @@ from .._blocking._capable import listen_unregistered
 from .._core._registry import registry
 from .._core._link import Link
 from .._core._stats import Fallback, counters
+from .._host._payoff import worth_an_offer
 from .._host._ports import listener_elsewhere, publish_listener, republish_if_cleared, withdraw_listener
 from .._handshake import (
     ConnectAttempt,
@@ -336,11 +337,14 @@ async def open_tcp_stream(
         raise TypeError(f"port must be int, not {port!r}")
     reason = why_not_friends(friends, {})
     if reason is None and not registry.has_port(port):
-        if listener_elsewhere(port):
-            moved = await _connect_across(host, port, local_address)
-            if moved is not None:
-                return moved
         reason = Fallback.NO_LISTENER
+        if listener_elsewhere(port):
+            if not worth_an_offer(port):
+                reason = Fallback.SHORT_LIVED
+            else:
+                moved = await _connect_across(host, port, local_address)
+                if moved is not None:
+                    return moved
     if reason is None:
         stream = await _connect(host, port, local_address)
         if stream is not None:
