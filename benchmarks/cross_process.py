@@ -21,16 +21,19 @@ Tests:
 - ``stream``: 64 KiB writes one way, flow control honoured, for
   ``--seconds``; the rate is the server's count of bytes received (sent
   back at EOF) over the client's clock;
-- ``crr``: connect, 64 B request and response, close, per second;
 - ``agg``: 64 B round trips per second in all over 64 connections open
   at once, one outstanding on each (the one client process's loop
-  driving them all, as a service's pool of kept connections does).
+  driving them all, as a service's pool of kept connections does);
+- ``crr``: connect, 64 B request and response, close, per second. Last:
+  after a run of such short connections, a client connects to that
+  server over TCP at once (their move does not pay), so a pool opened
+  after them would stay on TCP (``friendsock._host._payoff``).
 
 A cell is a warm-up round, then ``--rounds`` rounds of ``--seconds`` per
 path; printed: the median, min-max, and the median over TCP's.
 
     python benchmarks/cross_process.py [--loops asyncio,uvloop]
-        [--tests rr,stream,crr,agg] [--paths tcp,unix,friends,in-process[,tcp-via-friendsock]]
+        [--tests rr,stream,agg,crr] [--paths tcp,unix,friends,in-process[,tcp-via-friendsock]]
         [--seconds 0.5] [--rounds 5] [--json FILE]
 """
 
@@ -52,7 +55,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import friendsock
 
 PATHS = ("tcp", "unix", "friends", "in-process")  # (and, when asked for, tcp-via-friendsock)
-TESTS = ("rr", "stream", "crr", "agg")
+TESTS = ("rr", "stream", "agg", "crr")
 AGG_CONNECTIONS = 64
 _COUNT = struct.Struct("!Q")
 MESSAGE = b"m" * 64
