@@ -356,9 +356,15 @@ def _loop_lets_pair() -> bool:
     (uvloop's ``create_connection(sock=)``, its server's accept), where no
     friend socket's call runs. Installed, the loop hands it over through
     friendsock."""
-    events = sys.modules.get("asyncio.events")
-    loop = events._get_running_loop() if events is not None else None
+    loop = running_asyncio_loop()
     return loop is None or steps.loop_pairs(loop)
+
+
+def running_asyncio_loop() -> Any:
+    """The asyncio loop this thread runs, if any (None without importing
+    asyncio where nothing has)."""
+    events = sys.modules.get("asyncio.events")
+    return events._get_running_loop() if events is not None else None
 
 
 def listen_unregistered(sock: socket.socket, *backlog: int) -> None:

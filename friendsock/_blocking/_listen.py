@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import select
 import socket
-import sys
 import time
 import weakref
 from typing import Any, Optional
@@ -24,7 +23,7 @@ from .._handshake import (Entry, Pending, adopt_accepted, claim_accepted, forget
 from .._host._ports import keep_published, published_port, stop_publishing
 from . import _ends
 from ._across import accept_across
-from ._capable import _ENTRY, FriendCapableSocket
+from ._capable import _ENTRY, FriendCapableSocket, running_asyncio_loop
 from ._descriptor import Descriptor, _ss
 from ._over_tcp import link_over_tcp
 from ._paired import become_friend, ends_of_sockets
@@ -61,8 +60,7 @@ def _offers_across() -> bool:
     waits for the answer here: not on a thread that runs an asyncio loop,
     whose own connects' offers that loop answers (two such loops offering
     to each other would each wait for the other)."""
-    events = sys.modules.get("asyncio.events")
-    return events is None or events._get_running_loop() is None
+    return running_asyncio_loop() is None
 
 
 def stop_pairing(sock: FriendCapableSocket, passed_on: bool = False) -> None:
