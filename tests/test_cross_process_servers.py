@@ -12,9 +12,11 @@ over TCP.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import random
+import selectors
 import signal
 import socket
 import struct
@@ -40,6 +42,7 @@ from test_cross_process import (  # noqa: F401 (fixtures)
     _serving,
     no_peer_left,
     nothing_left_open,
+    peer_loop,
     socket_patched,
 )
 
@@ -84,16 +87,60 @@ def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
     return trio.run(exchange)
 
 
-@pytest.mark.parametrize("client", ["asyncio", "blocking", "trio"])
+def _nonblocking_echo(port: int, payload: bytes, selector: str = "DefaultSelector") -> Dict[str, Any]:
+    """A client that drives its own non-blocking socket by readiness (a
+    ``selectors`` loop, as Twisted's reactors and tornado's do), on a
+    thread with no asyncio loop: connect_ex, then the payload sent and the
+    echo read as the poller says, EOF sent once all is written."""
+    poller = getattr(selectors, selector)()
+    sock = socket.socket()
+    try:
+        sock.setblocking(False)
+        assert sock.connect_ex(("127.0.0.1", port)) in (0, errno.EINPROGRESS)
+        poller.register(sock, selectors.EVENT_WRITE)
+        assert poller.select(20), "the connect did not finish"
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        names = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername())}
+        poller.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        unsent, digest, eof = memoryview(payload), hashlib.sha256(), False
+        while not eof:
+            ready = poller.select(20)
+            assert ready, "neither readable nor writable for 20 s"
+            events = ready[0][1]
+            if events & selectors.EVENT_WRITE:
+                try:
+                    unsent = unsent[sock.send(unsent[:1 << 16]):]
+                except BlockingIOError:
+                    pass
+                if not unsent:
+                    sock.shutdown(socket.SHUT_WR)
+                    poller.modify(sock, selectors.EVENT_READ)
+            if events & selectors.EVENT_READ:
+                try:
+                    data = sock.recv(1 << 16)
+                except BlockingIOError:
+                    continue
+                digest.update(data)
+                eof = not data
+        return {"sha256": digest.hexdigest(), "friend": friendsock.is_friend(sock),
+                "payload_moved": payload_moved(sock), "link": _moved_counts(names["sockname"]),
+                **names}
+    finally:
+        poller.close()
+        sock.close()
+
+
+@pytest.mark.parametrize("client", ["asyncio", "blocking", "trio", "nonblocking"])
 @pytest.mark.parametrize("server", ["blocking", "blocking-select", "trio", "trio-install", "anyio",
                                     "anyio-uvloop"])
 @pytest.mark.usefixtures("socket_patched")
 async def test_clients_of_a_server_process_move(path, server, client):
     """A blocking server's connections (past its first), a trio server's
     and an anyio one's on asyncio (which accepts with ``sock_accept``),
-    from friendsock clients of every kind, move: the bytes go over the
-    pair, the names and TCP_INFO are TCP's. So do those of a listener
-    made non-blocking and accepting through select() (gunicorn's sync
+    from friendsock clients of every kind (a non-blocking socket driven
+    by a ``selectors`` loop too), move: the bytes go over the pair, the
+    names and TCP_INFO are TCP's. So do those of a listener made
+    non-blocking and accepting through select() (gunicorn's sync
     workers)."""
     peer, port = await _server(path, door=server)
     payload = random.Random(11).randbytes(SIZE)
@@ -103,6 +150,8 @@ async def test_clients_of_a_server_process_move(path, server, client):
             ours = await _echoed(port, payload)
         elif client == "blocking":
             ours = await bounded(asyncio.to_thread(_blocking_echo, port, payload, "127.0.0.1"), 30)
+        elif client == "nonblocking":
+            ours = await bounded(asyncio.to_thread(_nonblocking_echo, port, payload), 30)
         else:
             ours = await bounded(asyncio.to_thread(_trio_echo, port, payload), 30)
         theirs = await peer.report()
@@ -334,3 +383,48 @@ async def test_a_blocking_server_keeps_no_channel_to_processes_gone():
             await bounded(serving)
             assert theirs["transport"] == "AcrossTransport"
             assert {pid for pid, _ in _across._rendezvous.offering} == {client.process.pid}
+
+
+@pytest.mark.parametrize("selector", ["EpollSelector", "PollSelector", "SelectSelector"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_nonblocking_client_to_an_asyncio_server_process(peer_loop, path, selector):
+    """A non-blocking socket driven by each poller moves to a friendsock
+    server of another process on either loop: its connect_ex() returns
+    once the offer is taken, and the descriptor it registers after is the
+    pair's, readable and writable as TCP's would be."""
+    peer, port = await _serving(peer_loop, path)
+    payload = random.Random(13).randbytes(SIZE)
+    try:
+        ours = await bounded(asyncio.to_thread(_nonblocking_echo, port, payload, selector), 30)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert ours["sha256"] == theirs["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert ours["friend"] is (path == "friend")
+    assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
+    assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_nonblocking_connect_on_an_asyncio_loops_thread_stays_on_tcp(path):
+    """On a thread that runs an asyncio loop a non-blocking socket's
+    connect does not wait for an offer (the loop's own code may hand the
+    socket to a transport that does its I/O in C): it goes over TCP, as
+    the kernel's connect."""
+    peer, port = await _serving("asyncio", path)
+    loop = asyncio.get_running_loop()
+    try:
+        sock = socket.socket()
+        sock.setblocking(False)
+        try:
+            await bounded(loop.sock_connect(sock, ("127.0.0.1", port)))
+            await loop.sock_sendall(sock, b"ping")
+            sock.shutdown(socket.SHUT_WR)
+            assert await bounded(loop.sock_recv(sock, 10)) == b"ping"
+            assert not friendsock.is_friend(sock)
+            assert payload_moved(sock)
+        finally:
+            sock.close()
+        assert (await peer.report())["payload_moved"] is True
+    finally:
+        await peer.finish()

@@ -8,7 +8,10 @@ socketpair end it was handed takes the socket's descriptor number
 ``sendall``, ``makefile``, ``select``, timeouts) is the kernel's own on the
 pair, and the socket answers for the rest as the TCP connection
 (:class:`AcrossSocket`), whose socket stays open without payload until
-this one closes.
+this one closes. A non-blocking socket's connect waits too, briefly
+(``NONBLOCKING_OFFER_TIMEOUT``), on a thread with no asyncio loop: its
+caller registers the descriptor with its poller once connect() returns,
+so the move must be made by then.
 
 A listener's ``accept()`` offers the connections of friendsock processes
 waiting for one, in the accepting thread, and the socket it hands out
@@ -71,7 +74,7 @@ from .._host._payoff import moved_connection_ended
 from .._host._ports import connect_slot, listener_elsewhere, serves
 from .._host._proof import Message
 from .._socket_errors import bad_descriptor
-from ._capable import FriendCapableSocket
+from ._capable import FriendCapableSocket, running_asyncio_loop
 from ._descriptor import OriginalSocket, _ss
 
 logger = logging.getLogger("friendsock")
@@ -429,19 +432,40 @@ def expect_offer(sock: socket.socket, resolved: Any) -> Optional[Tuple[Rendezvou
     return None if wait is None else (rendezvous, wait)
 
 
+# How long a non-blocking socket's connect() to another friendsock process
+# may hold its caller (an event loop of its own: tornado's, Twisted's) for
+# the handshake and the offer: the move must be made before connect()
+# returns, as the caller registers the descriptor with its poller then (a
+# registration follows the open file, not the number). Past it, TCP's.
+NONBLOCKING_OFFER_TIMEOUT = 0.05
+
+
 def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[float]) -> bool:
-    """``connect()`` of the blocking ``sock`` to ``resolved`` (numeric, on
-    loopback), a port a friendsock process of this host serves: made, and
-    the connection moved off TCP if that process offers it in time (True,
-    either way); False, nothing connected, where it is not to be tried."""
+    """``connect()`` of ``sock`` to ``resolved`` (numeric, on loopback), a
+    port a friendsock process of this host serves: made, and the
+    connection moved off TCP if that process offers it in time (True,
+    either way); False, nothing connected, where it is not to be tried.
+    A non-blocking ``sock`` waits at most NONBLOCKING_OFFER_TIMEOUT; where
+    its handshake is not done by then, BlockingIOError (EINPROGRESS): the
+    connect goes on over TCP, as the kernel's own."""
     expecting = expect_offer(sock, resolved)
     if expecting is None:
         return False
     rendezvous, wait = expecting
     try:
-        _ss.connect(sock, resolved)
+        if sock.gettimeout() == 0.0:
+            deadline = time.monotonic() + NONBLOCKING_OFFER_TIMEOUT
+            if not _connected_by(sock, resolved, deadline):
+                if _take(sock, rendezvous.end_wait(wait), wait, rendezvous):
+                    return True  # (taken as the wait ended: the handshake was done)
+                counters.fallback(Fallback.NOT_OFFERED, resolved)
+                raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
+        else:
+            _ss.connect(sock, resolved)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         wait.settled.wait(OFFER_TIMEOUT if left is None else min(OFFER_TIMEOUT, left))
+    except BlockingIOError:
+        raise
     except BaseException:
         # (Interrupted, a signal's handler raising, say: an offer taken
         # meanwhile is still served, so that both ends agree.)
@@ -450,6 +474,21 @@ def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[
     if not _take(sock, rendezvous.end_wait(wait), wait, rendezvous):
         counters.fallback(Fallback.NOT_OFFERED, resolved)
     return True
+
+
+def _connected_by(sock: FriendCapableSocket, resolved: Any, deadline: float) -> bool:
+    """The non-blocking ``sock``'s connect to ``resolved`` made, and its
+    handshake done by ``deadline`` (True); False while it goes on, or once
+    it failed (its error left in SO_ERROR for its caller to read)."""
+    try:
+        _ss.connect(sock, resolved)
+        return True
+    except (BlockingIOError, InterruptedError):
+        pass
+    poller = _select.poll()
+    poller.register(_ss.fileno(sock), _select.POLLOUT)
+    events = poller.poll(max(0, math.ceil((deadline - time.monotonic()) * 1000)))
+    return bool(events) and not events[0][1] & (_select.POLLERR | _select.POLLHUP)
 
 
 def _take(sock: FriendCapableSocket, pair_end: Optional[socket.socket], wait: Waiting,
@@ -468,10 +507,14 @@ def _take(sock: FriendCapableSocket, pair_end: Optional[socket.socket], wait: Wa
 
 
 def may_cross(sock: socket.socket, resolved: Any) -> bool:
-    """Whether a connect of the blocking ``sock`` to ``resolved`` (no
-    listener of this process there) is one to another friendsock process
-    of this host (the table's word, no system call unless it names one)."""
-    return (sock.gettimeout() != 0.0 and sock.type == socket.SOCK_STREAM
+    """Whether a connect of ``sock`` to ``resolved`` (no listener of this
+    process there) is one to another friendsock process of this host (the
+    table's word, no system call unless it names one). Not a non-blocking
+    one on a thread that runs an asyncio loop: that loop's code may hand
+    the socket to a transport that does its I/O in C (uvloop's), and the
+    wait for the offer would hold the loop."""
+    return (sock.type == socket.SOCK_STREAM
+            and (sock.gettimeout() != 0.0 or running_asyncio_loop() is None)
             and is_loopback(resolved[0]) and listener_elsewhere(resolved[1])
             and serves(resolved[0], resolved[1], sock.family))
 
