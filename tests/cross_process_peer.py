@@ -18,7 +18,8 @@ server (``socketserver``'s threading TCP server, under ``patch_socket()``;
 LOOP ``-``; ``blocking-timeout``, its listener with a timeout of 0.5 s),
 and ``blocking-select`` by a select() loop on a non-blocking listener; ``trio`` and ``trio-install`` by a trio server
 (``friendsock.trio.serve_tcp``, or trio's own under ``install()``);
-``anyio`` by anyio's own listener on LOOP (with ``FRIENDSOCK_INSTALL=1``).
+``anyio`` by anyio's own listener on LOOP (with ``FRIENDSOCK_INSTALL=1``;
+``anyio-timeout``: its accepts each under a deadline).
 
 ``serve`` prints its port, echoes each connection until EOF and then
 finishes it, and prints one JSON line per connection as it ends: the
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -234,9 +236,10 @@ def serve_trio(door: str) -> None:
     trio.run(main)
 
 
-def serve_anyio() -> None:
+def serve_anyio(door: str) -> None:
     """``serve`` by anyio's own TCP listener on asyncio (its accepts are
-    ``loop.sock_accept``'s), switched on by ``FRIENDSOCK_INSTALL=1``."""
+    ``loop.sock_accept``'s), switched on by ``FRIENDSOCK_INSTALL=1``;
+    ``anyio-timeout``: each accept under a 0.3 s deadline, in a loop."""
     import anyio
     from anyio.abc import SocketAttribute
 
@@ -264,8 +267,13 @@ def serve_anyio() -> None:
     async def main() -> None:
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
         print(listener.extra(SocketAttribute.local_port), flush=True)
+        async def accepting() -> None:
+            while True:
+                with anyio.move_on_after(0.3):
+                    group.start_soon(echo, await listener.listeners[0].accept())
+
         async with listener, anyio.create_task_group() as group:
-            group.start_soon(listener.serve, echo)
+            group.start_soon(accepting if door == "anyio-timeout" else functools.partial(listener.serve, echo))
             await anyio.to_thread.run_sync(sys.stdin.read)
             group.cancel_scope.cancel()
 
@@ -478,8 +486,8 @@ def main() -> None:
         serve_blocking(door)
     elif role == "serve" and door.startswith("trio"):
         serve_trio(door)
-    elif role == "serve" and door == "anyio":
-        serve_anyio()
+    elif role == "serve" and door.startswith("anyio"):
+        serve_anyio(door)
     elif role == "serve":
         asyncio.run(serve(door))
     elif role == "shared":

@@ -18,9 +18,10 @@ held the same way until ``connect_accepted_socket``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import weakref
-from typing import Any, Callable, Optional, Tuple, cast
+from typing import Any, Callable, Deque, Optional, Tuple, cast
 
 from .. import _handshake
 from .._blocking._across import reset_in_place
@@ -28,6 +29,8 @@ from .._blocking._listen import listener_passed_on, take_listener
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
+from .._handshake._process import close_with_reset
+from .._socket_errors import bad_descriptor
 from .._handshake import (
     Entry,
     Pending,
@@ -244,14 +247,23 @@ class _SharedListener:
     accepted by anyio keeps its port published too (``keep_published``),
     for clients in other processes."""
 
-    __slots__ = ("entry", "__dict__", "__weakref__")
+    __slots__ = ("entry", "held", "__dict__", "__weakref__")
 
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
+        # Connections accepted whose offer an accept, cancelled, left out:
+        # handed out first by the next accepts, as the kernel's backlog
+        # keeps a connection no accept took.
+        self.held: Deque[Tuple[socket.socket, Any, "asyncio.Task[Any]"]] = collections.deque()
 
     def forget(self) -> None:
         stop_publishing(self)
         forget_listener(self.entry)
+        # As the kernel resets its backlog as a listener closes.
+        while self.held:
+            conn, _, offer = self.held.popleft()
+            offer.cancel()
+            _reset(conn)
 
     _loop_gone = forget
 
@@ -316,6 +328,9 @@ async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> T
     from a friendsock process of this host, to a listener that published
     its port, is offered there first."""
     entry = _shared_listener(loop, sock)
+    listener = None if entry is None else _listeners.get(sock)
+    if listener is not None and listener.held:
+        return await _held_accepted(listener)
     conn, address = await native(loop, "sock_accept")(sock)
     if entry is not None:
         make_room(entry)
@@ -323,42 +338,74 @@ async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> T
                                            listener=entry.handle)
         if pending is not None:
             _accepted[conn] = (pending, sockname, address)
-        elif not await _offered_across(loop, sock, conn, (sockname or conn.getsockname(), address)):
-            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
+        else:
+            offer = _offer_across(loop, sock, listener, conn, (sockname or conn.getsockname(), address))
+            if offer is None or not _offer_settled(conn, await _answer(listener, conn, address, offer)):
+                counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
     return conn, address
 
 
-async def _offered_across(loop: asyncio.AbstractEventLoop, listening: socket.socket,
-                          conn: socket.socket, names: Tuple[Any, Any]) -> bool:
-    """Whether ``conn`` (``names``: its own and its peer's), accepted on
-    ``listening``, was offered to a friendsock process of this host that
-    waits for it: taken, the pair kept for :func:`connect_accepted_socket`;
-    or, the answer without its proof or not in time, ``conn`` reset in
-    place, as a connection its client reset. (The accept waits for the
-    answer: a bounded wait, see ``Rendezvous.offer``.)"""
-    listener = _listeners.get(listening)
+def _offer_across(loop: asyncio.AbstractEventLoop, listening: socket.socket,
+                  listener: Optional[_SharedListener], conn: socket.socket,
+                  names: Tuple[Any, Any]) -> "Optional[asyncio.Task[Any]]":
+    """The offer of ``conn`` (``names``: its own and its peer's), accepted
+    on ``listening``, to the friendsock process of this host that waits
+    for it, made (a task: see :func:`_answer`); None if none waits."""
     port = None if listener is None else published_port(listener)
     if port is None:
-        return False
+        return None
     if port_table() is None:  # switched off since: its clients must not wait
         stop_publishing(listener)
-        return False
+        return None
     keep_published(listener, listening)  # (again, if a sharing process withdrew it)
     slot = connect_slot(names[1], port)
     across = None if slot is None else rendezvous(loop)
     if across is None:
-        return False
+        return None
     assert slot is not None
+    return loop.create_task(across.offer(conn, names, slot, bounded=True))
+
+
+async def _answer(listener: Any, conn: socket.socket, address: Any,
+                  offer: "asyncio.Task[Any]") -> Any:
+    """What ``offer`` (of ``conn``, from ``address``) comes to (see
+    ``Rendezvous.offer``; a bounded wait). An accept cancelled meanwhile
+    leaves the connection to the listener's next accepts, as the kernel's
+    backlog keeps one no accept took."""
     try:
-        offered = await across.offer(conn, names, slot, bounded=True)
-    except OSError:  # (no descriptor left for the pair, say): not offered, so TCP
-        return False
-    except BaseException:
-        # Cancelled, with the offer out: nothing is handed out, and the
-        # connection is reset, where the other process took it or not.
-        reset_in_place(conn)
-        conn.close()
+        return await asyncio.shield(offer)
+    except asyncio.CancelledError:
+        listener.held.append((conn, address, offer))
         raise
+    except OSError:  # (no descriptor left for the pair, say): not offered, so TCP
+        return None
+
+
+async def _held_accepted(listener: _SharedListener) -> Tuple[socket.socket, Any]:
+    """The first connection an accept left to the next (see :func:`_answer`),
+    handed out once its offer is answered."""
+    conn, address, offer = listener.held[0]
+    try:
+        answer = await asyncio.shield(offer)
+    except asyncio.CancelledError:
+        if offer.cancelled():  # its listener closed meanwhile, resetting it
+            raise bad_descriptor() from None
+        raise  # (still held, for the next)
+    except OSError:
+        answer = None
+    finally:
+        if offer.done() and listener.held and listener.held[0][2] is offer:
+            listener.held.popleft()
+    if not _offer_settled(conn, answer):
+        counters.fallback(Fallback.PEER_NOT_FRIEND, listener.entry.endpoint)
+    return conn, address
+
+
+def _offer_settled(conn: socket.socket, offered: Any) -> bool:
+    """``conn`` as its offer's answer leaves it (False: TCP's): taken, the
+    pair kept for :func:`connect_accepted_socket`; or, the answer without
+    its proof or not in time, reset in place, as a connection its client
+    reset."""
     if offered is None:
         return False
     if offered is RESET:
@@ -367,6 +414,16 @@ async def _offered_across(loop: asyncio.AbstractEventLoop, listening: socket.soc
         pair_end = cast(Offered, offered).pair_end
         _accepted_across[conn] = (cast(Offered, offered), weakref.finalize(conn, pair_end.close))
     return True
+
+
+def _reset(conn: socket.socket) -> None:
+    """``conn`` reset and closed (shut down first: another process may
+    hold a copy, handed over with an offer)."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    close_with_reset(conn)
 
 
 async def connect_accepted_socket(
