@@ -387,7 +387,8 @@ def answer(how: str, port: int) -> None:
     channel.listen(1)
     client = socket.socket()
     client.bind(("127.0.0.1", 0))
-    table.write(CONNECTS, client.getsockname()[1], named, port, TOKEN)
+    client_port = client.getsockname()[1]
+    table.write(CONNECTS, client_port, named, port, TOKEN)
     client.connect(("127.0.0.1", port))
     if how != "squatted":
         offers, _ = channel.accept()
@@ -419,7 +420,7 @@ def answer(how: str, port: int) -> None:
         print(json.dumps({"read": got.decode()}), flush=True)
     except OSError as exc:
         print(json.dumps({"error": errno.errorcode.get(exc.errno or 0, type(exc).__name__)}), flush=True)
-    table.clear(CONNECTS, client.getsockname()[1], named)
+    table.clear(CONNECTS, client_port, named)  # (its own name is the pair's once it took one)
 
 
 def shared() -> None:
