@@ -17,7 +17,13 @@ import pytest
 
 import friendsock
 from friendsock._handshake._tcp_info import payload_moved
-from friendsock._host._payoff import PAYING_READS, SHORT_RUN
+from friendsock._host._payoff import (
+    PAYING_BYTES,
+    PAYING_CALLS,
+    SHORT_RUN,
+    moved_connection_ended,
+    worth_an_offer,
+)
 
 from support import bounded
 from test_cross_process import _serving, peer_loop, socket_patched  # noqa: F401 (fixtures)
@@ -98,8 +104,33 @@ async def test_short_connections_go_over_tcp_until_one_pays(path, client):
         assert [await connection(1) for _ in range(SHORT_RUN - 1)] == [False] * (SHORT_RUN - 1)
         assert short_lived() - before == (SHORT_RUN - 1 if friend else 0)
         # That one moves, and lasts (it pays): the next moves again.
-        assert await connection(PAYING_READS) is friend
+        assert await connection(PAYING_CALLS) is friend
         assert await connection(1) is friend
         assert short_lived() - before == (SHORT_RUN - 1 if friend else 0)
     finally:
         await peer.finish()
+
+
+def _a_free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("paying", ["calls", "bytes"])
+def test_a_connection_pays_by_its_calls_or_by_its_bytes(paying):
+    """The rule itself: a run of SHORT_RUN short connections sends the
+    connects to that server over TCP, but for one in SHORT_RUN, then one
+    in twice as many; one connection that pays (a dozen reads or writes
+    at the connecting end, or a megabyte in a single call, as an upload)
+    starts over."""
+    port = _a_free_port()
+    for _ in range(SHORT_RUN - 1):
+        moved_connection_ended(port, 1, 128)
+    assert worth_an_offer(port)  # (not a run yet)
+    moved_connection_ended(port, 1, 128)
+    decided = [worth_an_offer(port) for _ in range(3 * SHORT_RUN)]
+    assert decided == ([False] * (SHORT_RUN - 1) + [True] + [False] * (2 * SHORT_RUN - 1) + [True])
+    calls, moved = (PAYING_CALLS, 128) if paying == "calls" else (1, PAYING_BYTES)
+    moved_connection_ended(port, calls, moved)
+    assert all(worth_an_offer(port) for _ in range(SHORT_RUN))

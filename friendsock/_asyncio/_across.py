@@ -455,6 +455,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         self._sent = 0  # bytes given to write()
         self._received = 0  # bytes passed to the protocol
         self._reads = 0  # how often (does the move pay? see _host._payoff)
+        self._writes = 0
         self._eof_sent = False
         self._eof_came = False
         self._paused_writing = False
@@ -472,6 +473,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
     # (the inner transport answers for what it does)
     def write(self, data: Any) -> None:
         self._inner.write(data)
+        self._writes += 1
         if type(data) is bytes and self._tap is None:
             self._sent += len(data)
         else:
@@ -480,6 +482,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
     def writelines(self, list_of_data: Any) -> None:
         list_of_data = list(list_of_data)  # (an iterator is read once)
         self._inner.writelines(list_of_data)
+        self._writes += 1
         for data in list_of_data:
             self._wrote(data)
 
@@ -576,7 +579,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
             live_across.discard(self)
             counters.read_across(self._received)
             if self._client:
-                moved_connection_ended(self._peername[1], self._reads)
+                moved_connection_ended(self._peername[1], max(self._reads, self._writes),
+                                       self._sent + self._received)
             self._rendezvous.release(tcp, self._client)
 
     def link_info(self, now: float) -> Optional[LinkInfo]:

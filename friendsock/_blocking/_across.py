@@ -632,7 +632,7 @@ class _Traffic:
     by its socket's duplicates: bytes its calls sent and received (a
     trio socket's too), since when, and on what."""
 
-    __slots__ = ("born", "ended", "received", "reads", "scheduler", "sent", "thread")
+    __slots__ = ("born", "ended", "received", "reads", "scheduler", "sent", "thread", "writes")
 
     def __init__(self, scheduler: Optional[str]) -> None:
         self.born = time.monotonic()
@@ -641,6 +641,7 @@ class _Traffic:
         self.sent = 0
         self.received = 0
         self.reads = 0  # how often (does the move pay? see _host._payoff)
+        self.writes = 0
         self.ended = False  # (told, by whichever copy closed first)
 
 
@@ -776,7 +777,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def sent(self, count: int) -> None:
         """``count`` bytes were handed to the kernel."""
-        self.__dict__[_STATE].traffic.sent += count
+        traffic = self.__dict__[_STATE].traffic
+        traffic.sent += count
+        traffic.writes += 1
 
     def _raise_reset(self) -> None:
         """At EOF: the reset, if the other end's abort sent one."""
@@ -818,11 +821,13 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
     def _real_close(self, _ss: Any = _ss) -> None:
         moved: _Moved = self.__dict__[_STATE]
         live_across.discard(self)
-        counters.read_across(moved.traffic.received)
-        moved.traffic.received = 0  # (counted once, whichever copy closes first)
-        if moved.client and not moved.traffic.ended:
-            moved.traffic.ended = True
-            moved_connection_ended(moved.names[1][1], moved.traffic.reads)
+        traffic = moved.traffic
+        if moved.client and not traffic.ended:
+            traffic.ended = True
+            moved_connection_ended(moved.names[1][1], max(traffic.reads, traffic.writes),
+                                   traffic.sent + traffic.received)
+        counters.read_across(traffic.received)
+        traffic.received = 0  # (counted once, whichever copy closes first)
         if closes_with_reset(moved.tcp):
             moved.release()  # the reset first, for the other end to find at EOF
             _ss.close(self)

@@ -3,19 +3,20 @@ moving off TCP.
 
 A move costs a rendezvous before the first byte: an offer and its answer,
 two wake-ups across the processes, and the pair's descriptors made, handed
-over and checked. A moved connection pays it back read by read: a read
-over the pair saves about as much whatever its size, 64 B to 64 KiB, and
-a dozen such reads pay for the rendezvous (``benchmarks/RESULTS.md``). A
-connection per request never does: moving each made such a workload
-0.4-0.6x TCP's rate.
+over and checked. A moved connection pays it back call by call: a read or
+a write over the pair saves about as much whatever its size, 64 B to
+64 KiB, and a dozen such pay for the rendezvous, as does a megabyte
+streamed in fewer, larger calls (``benchmarks/RESULTS.md``). A connection
+per request never does: moving each made such a workload 0.4-0.6x TCP's
+rate.
 
 So each process keeps, per server (its port, and the process the port
-table names for it), how its moved
-connections there have been ending at its end (the connecting one): after
-:data:`SHORT_RUN` in a row that ended with fewer than
-:data:`PAYING_READS` reads, its connects there go over TCP at once, with
-one in a growing number (up to :data:`PROBE_MOST`) still moved, to look
-again; one that pays starts the count over. Only the connecting end
+table names for it), how its moved connections there have been ending at
+its end (the connecting one): after :data:`SHORT_RUN` in a row that ended
+with fewer than :data:`PAYING_CALLS` reads and as many writes, and fewer
+than :data:`PAYING_BYTES` moved, its connects there go over TCP at once,
+with one in a growing number (up to :data:`PROBE_MOST`) still moved, to
+look again; one that pays starts the count over. Only the connecting end
 decides, as for every move: the accepting process offers only to a
 connect that waits. (No lock: a race between threads miscounts a probe,
 no more.)
@@ -27,16 +28,20 @@ from typing import Dict, Tuple
 
 from . import LISTENERS, port_table
 
-# Reads at the connecting end that pay for a connection's rendezvous.
-PAYING_READS = 12
-# Moved connections to a port in a row that did not pay, before its
+# Reads (or writes) at the connecting end that pay for a connection's
+# rendezvous; or bytes moved, either way, in fewer calls.
+PAYING_CALLS = 12
+PAYING_BYTES = 1 << 20
+# Moved connections to a server in a row that did not pay, before its
 # connects stop waiting for an offer.
 SHORT_RUN = 8
-# The most connects to such a port that go over TCP for one still moved.
+# The most connects to such a server that go over TCP for one still moved.
 PROBE_MOST = 256
+# Servers kept track of, at most (the oldest go first).
+MAX_SERVERS = 256
 
 
-class _Port:
+class _Server:
     __slots__ = ("short_run", "probe_every", "until_probe")
 
     def __init__(self) -> None:
@@ -45,7 +50,7 @@ class _Port:
         self.until_probe = SHORT_RUN
 
 
-_servers: Dict[Tuple[int, int], _Port] = {}  # by (pid, port)
+_servers: Dict[Tuple[int, int], _Server] = {}  # by (pid, port)
 
 
 def worth_an_offer(port: int) -> bool:
@@ -63,17 +68,20 @@ def worth_an_offer(port: int) -> bool:
     return True
 
 
-def moved_connection_ended(port: int, reads: int) -> None:
+def moved_connection_ended(port: int, calls: int, moved: int) -> None:
     """A connection to ``port``, moved off TCP, ended at its connecting end,
-    which read from it ``reads`` times."""
+    which read or wrote ``calls`` times at most either way, ``moved``
+    bytes in all."""
     key = _server(port)
-    if reads >= PAYING_READS:
+    if calls >= PAYING_CALLS or moved >= PAYING_BYTES:
         _servers.pop(key, None)
-    else:
-        found = _servers.get(key)
-        if found is None:
-            found = _servers[key] = _Port()
-        found.short_run += 1
+        return
+    found = _servers.get(key)
+    if found is None:
+        if len(_servers) >= MAX_SERVERS:
+            del _servers[next(iter(_servers))]
+        found = _servers[key] = _Server()
+    found.short_run += 1
 
 
 def _server(port: int) -> Tuple[int, int]:
