@@ -29,7 +29,6 @@ from .._blocking._listen import listener_passed_on, take_listener
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
-from .._handshake._process import close_with_reset
 from .._socket_errors import bad_descriptor
 from .._handshake import (
     Entry,
@@ -49,7 +48,7 @@ from .._handshake import (
     settle_held,
 )
 from .._host import port_table
-from .._host._offers import RESET
+from .._host._offers import RESET, reset_offered
 from .._host._ports import connect_slot, keep_published, published_port, stop_publishing
 from ._across import Offered, rendezvous, start_across
 from ._loop_state import loop_state, post_to_loop
@@ -263,7 +262,7 @@ class _SharedListener:
         while self.held:
             conn, _, offer = self.held.popleft()
             offer.cancel()
-            _reset(conn)
+            reset_offered(conn)
 
     _loop_gone = forget
 
@@ -414,16 +413,6 @@ def _offer_settled(conn: socket.socket, offered: Any) -> bool:
         pair_end = cast(Offered, offered).pair_end
         _accepted_across[conn] = (cast(Offered, offered), weakref.finalize(conn, pair_end.close))
     return True
-
-
-def _reset(conn: socket.socket) -> None:
-    """``conn`` reset and closed (shut down first: another process may
-    hold a copy, handed over with an offer)."""
-    try:
-        conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    close_with_reset(conn)
 
 
 async def connect_accepted_socket(

@@ -32,9 +32,8 @@ from .._handshake import (
     make_room,
     register_listener,
 )
-from .._handshake._process import close_with_reset
 from .._host import Slot, port_table
-from .._host._offers import RESET
+from .._host._offers import RESET, reset_offered
 from .._host._ports import connect_slot, publish_listener, republish_if_cleared, withdraw_listener
 from ._across import Offered, rendezvous, start_across
 from ._adoption import hold_for_client
@@ -358,15 +357,8 @@ class FriendServer(asyncio.AbstractServer):
         except OSError:  # no descriptor left for the pair, say: not offered, so TCP
             offered = None
         address = names[1]
-        if offered is RESET:
-            # It took a pair whose proof failed: neither path is safe. (Shut
-            # down first: that process holds a copy of the socket, which a
-            # close alone would leave open.)
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            close_with_reset(conn)
+        if offered is RESET:  # it took a pair whose proof failed: neither path is safe
+            reset_offered(conn)
             return
         await self._accept_native(conn, address, offered)  # type: ignore[arg-type]
 

@@ -17,6 +17,7 @@ import termios
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from .._core._addresses import is_unspecified
+from .._handshake._process import close_with_reset
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
 
 # Messages read from a channel in one go, at most (the rest wait their turn).
@@ -250,6 +251,18 @@ def runs(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in (b"T", b"t", b"Z", b"X")
+
+
+def reset_offered(conn: socket.socket) -> None:
+    """The accepted ``conn``, offered, reset and closed: neither path is to
+    serve it. (Shut down first: the other process holds a copy of the
+    socket, handed over with the offer, which a close alone would leave
+    open.)"""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    close_with_reset(conn)
 
 
 def channel_gone(exc: OSError) -> bool:

@@ -25,9 +25,8 @@ import trio
 from .._blocking._across import Rendezvous, TakenOffer, expect_offer, move_onto_pair, offer_accepted
 from .._blocking._capable import FriendCapableSocket
 from .._core._stats import Fallback, counters
-from .._handshake._process import close_with_reset
 from .._host import is_loopback
-from .._host._offers import OFFER_TIMEOUT, Peer
+from .._host._offers import OFFER_TIMEOUT, Peer, reset_offered
 from .._host._ports import connect_slot, listener_elsewhere, serves
 from ._socket import TrioSocketType
 
@@ -125,11 +124,7 @@ class _Offer:
     def _undo(self) -> None:
         if self.taken is not None:
             self.taken.pair_end.close()  # (the other end reads EOF, and the reset)
-        try:
-            self.conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        close_with_reset(self.conn)
+        reset_offered(self.conn)
 
 
 def _take(trio_sock: Any, pair_end: socket.socket, names: Any, peer: Peer, rendezvous: Rendezvous,
