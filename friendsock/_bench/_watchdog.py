@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import _thread
+import sys
 import threading
 import time
 from typing import Optional
@@ -40,9 +41,18 @@ class Watchdog:
             self._cond.notify()
 
     def disarm(self) -> None:
+        """(Called as the step ends, in the runner's handler for the
+        interrupt.)"""
         with self._cond:
             self._deadline = None
             self._cond.notify()
+        if self.fired and not _interrupt_in_flight():
+            # The deadline passed as the step returned: the interrupt is
+            # pending, and must land here, where the runner catches it, not
+            # in whatever runs after it returned.
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                time.sleep(0.001)
 
     def close(self) -> None:
         with self._cond:
@@ -66,3 +76,13 @@ class Watchdog:
                 self._deadline = None
                 self.fired = True
                 _thread.interrupt_main()
+
+
+def _interrupt_in_flight() -> bool:
+    """Whether the interrupt has landed already: the step's finally runs
+    as it goes by (alone, or in trio's exception group)."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    subgroup = getattr(exc, "subgroup", None)
+    return subgroup is not None and subgroup(KeyboardInterrupt) is not None
