@@ -13,12 +13,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import signal
 import sys
 import warnings
 
 import pytest
 import pytest_asyncio
 import uvloop
+
+# The suite interrupts its own main thread (the benchmark's watchdog) and
+# stops servers it started with SIGINT, as ^C would. Started with SIGINT
+# ignored (as a background job of a non-interactive shell is, and every
+# process it starts after it), both would wait for good: the default is
+# put back, for this process and those it starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _new_uvloop() -> asyncio.AbstractEventLoop:
