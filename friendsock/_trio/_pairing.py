@@ -23,7 +23,8 @@ from .._core._registry import registry
 from .._core._link import Link
 from .._core._stats import Fallback, counters
 from .._host._payoff import worth_an_offer
-from .._host._ports import listener_elsewhere, publish_listener, republish_if_cleared, withdraw_listener
+from .._host._ports import (listener_elsewhere, keep_published, published_port, republish_if_cleared,
+                             stop_publishing)
 from .._handshake import (
     ConnectAttempt,
     Entry,
@@ -107,14 +108,14 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         self._backlog = SocketlessBacklog.serving(self._entry, state.token)
         state.listeners[id(self)] = self._entry
         # Its accepts are friendsock's: other processes' connects may wait for its offer.
-        self._published = publish_listener(sock)
+        keep_published(self, sock)
 
     def __repr__(self) -> str:
         return f"<friendsock.trio.FriendListener {self.socket!r}>"
 
     async def accept(self) -> trio.abc.HalfCloseableStream:
         return await accept_stream(self._sock, self._entry, self._backlog, self._state,
-                                   self._published)
+                                   published_port(self))
 
     async def aclose(self) -> None:
         self._forget()
@@ -122,9 +123,7 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         await trio.lowlevel.checkpoint()
 
     def _forget(self) -> None:
-        if self._published is not None:
-            withdraw_listener(self._published)
-            self._published = None
+        stop_publishing(self)
         entry = self._entry
         if entry is not None:
             self._entry = None
