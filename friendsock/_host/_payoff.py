@@ -57,6 +57,8 @@ def worth_an_offer(port: int) -> bool:
     """Whether a connect to ``port``, which another friendsock process of
     this host serves, should wait for its offer (False: plain TCP, the
     recent connections there having been too short to pay for a move)."""
+    if not _servers:  # (the usual case: no port table read)
+        return True
     found = _servers.get(_server(port))
     if found is None or found.short_run < SHORT_RUN:
         return True
