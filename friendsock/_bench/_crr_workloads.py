@@ -5,14 +5,13 @@ answers once and the client end that waits for the answer and the close."""
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import friendsock
 
 from ._transports import FRIEND_TRANSPORTS
 from ._samples import Sample, fallback_delta
-from ._workloads import Responder, Workload, until
+from ._workloads import Responder, Workload, repeat_for, until
 
 
 class CrrServer(Responder):
@@ -56,6 +55,35 @@ class CrrClient(asyncio.Protocol):
             self.lost.set_result(exc)
 
 
+class CrrResult(NamedTuple):
+    rate: float  # transactions per second in the measured part
+    opened: int  # connections, warm-up included
+    friends: int  # of them, friend ends at the client
+
+
+async def run_crr(endpoint: Any, size: int, request: bytes, seconds: float,
+                  warmup: float) -> CrrResult:
+    """Connect, request, response, close, one after another, for ``warmup``
+    then ``seconds`` measured, then to the end of the one in progress (its
+    error, if any, is raised)."""
+    loop = asyncio.get_running_loop()
+    count = {"opened": 0, "friends": 0}
+    factory: Callable[[], CrrClient] = lambda: CrrClient(size, request, loop)
+
+    async def transaction() -> None:
+        transport, protocol = await endpoint.connect(factory)
+        count["opened"] += 1
+        count["friends"] += friendsock.is_friend(transport)
+        try:
+            await protocol.answered
+        finally:
+            transport.close()
+        await protocol.lost
+
+    rate, _ = await repeat_for(transaction, seconds, warmup)
+    return CrrResult(rate, count["opened"], count["friends"])
+
+
 class CRRWorkload(Workload):
     """TCP_CRR: connect, request, response, close; transactions/s."""
 
@@ -65,45 +93,19 @@ class CRRWorkload(Workload):
         self.request = payload
 
     async def measure(self, seconds: float, warmup: float) -> Sample:
-        loop = asyncio.get_running_loop()
-        state = {"running": True, "done": 0, "not_friend": 0, "opened": 0}
-        size, request, endpoint = self.size, self.request, self.endpoint
-        factory: Callable[[], CrrClient] = lambda: CrrClient(size, request, loop)
-
-        async def client() -> None:
-            while state["running"]:
-                transport, protocol = await endpoint.connect(factory)
-                state["opened"] += 1
-                if not friendsock.is_friend(transport):
-                    state["not_friend"] += 1
-                try:
-                    await protocol.answered
-                finally:
-                    transport.close()
-                await protocol.lost
-                state["done"] += 1
-
         before = friendsock.stats()
         friend_ends, lost = self.tally.friend_ends, self.tally.lost
-        task = loop.create_task(client())
-        try:
-            await asyncio.sleep(warmup)
-            done, start = state["done"], time.perf_counter()
-            await asyncio.wait({task}, timeout=seconds)
-            done, elapsed = state["done"] - done, time.perf_counter() - start
-        finally:
-            state["running"] = False
-        await task  # the transaction in progress, and its error if any
+        result = await run_crr(self.endpoint, self.size, self.request, seconds, warmup)
         # Server ends close once they see the client's EOF.
-        await until(lambda: self.tally.lost >= lost + state["opened"], "server ends to close")
+        await until(lambda: self.tally.lost >= lost + result.opened, "server ends to close")
         ok: Optional[bool] = None
         note: Optional[str] = None
         if self.transport in FRIEND_TRANSPORTS:
             made = friendsock.stats().links_made - before.links_made
             server_friends = self.tally.friend_ends - friend_ends
-            ok = (state["not_friend"] == 0 and server_friends == state["opened"]
-                  and made >= state["opened"])
+            not_friend = result.opened - result.friends
+            ok = not_friend == 0 and server_friends == result.opened and made >= result.opened
             if not ok:
-                note = (f"friends fell back to TCP: {state['not_friend']} of {state['opened']} "
+                note = (f"friends fell back to TCP: {not_friend} of {result.opened} "
                         f"connections not friends (fallbacks: {fallback_delta(before)})")
-        return Sample(done / elapsed, ok, note)
+        return Sample(result.rate, ok, note)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import List, Optional
+from typing import Optional, Sequence, Tuple
 
 import friendsock
 
 from ._samples import Sample, links_verdict, moved_verdict
-from ._workloads import SETTLE_TIMEOUT, ConnectedWorkload, Responder, Workload, until
+from ._workloads import (
+    SETTLE_TIMEOUT, ConnectedWorkload, Responder, Workload, repeat_for, until,
+)
 
 
 class Echo(Responder):
@@ -77,6 +79,26 @@ class Requester(asyncio.Protocol):
             self.idle.set_exception(ConnectionError(f"connection lost mid-round: {exc!r}"))
 
 
+async def run_requesters(requesters: Sequence[Requester], seconds: float,
+                         warmup: float) -> Tuple[float, int]:
+    """Run ``requesters`` for ``warmup``, then ``seconds`` measured, then
+    until none has a request outstanding: round trips per second in all,
+    and ``stats().bytes_moved`` as the measured part began."""
+    for requester in requesters:
+        requester.start()
+    try:
+        await asyncio.sleep(warmup)
+        moved = friendsock.stats().bytes_moved
+        done, start = sum(r.done for r in requesters), time.perf_counter()
+        await asyncio.sleep(seconds)
+        done, elapsed = sum(r.done for r in requesters) - done, time.perf_counter() - start
+    finally:
+        for requester in requesters:
+            requester.stop()
+    await asyncio.gather(*(r.idle for r in requesters if r.idle is not None))
+    return done / elapsed, moved
+
+
 class RRWorkload(ConnectedWorkload):
     """TCP_RR: transactions/s, one request outstanding per connection."""
 
@@ -87,21 +109,9 @@ class RRWorkload(ConnectedWorkload):
         await self._connect(lambda: Requester(self.size, payload, loop))
 
     async def measure(self, seconds: float, warmup: float) -> Sample:
-        requesters: List[Requester] = [p for _, p in self.clients]
-        for requester in requesters:
-            requester.start()
-        try:
-            await asyncio.sleep(warmup)
-            moved = friendsock.stats().bytes_moved
-            done, start = sum(r.done for r in requesters), time.perf_counter()
-            await asyncio.sleep(seconds)
-            done, elapsed = sum(r.done for r in requesters) - done, time.perf_counter() - start
-        finally:
-            for requester in requesters:
-                requester.stop()
-        await asyncio.gather(*(r.idle for r in requesters if r.idle is not None))
+        rate, moved = await run_requesters([p for _, p in self.clients], seconds, warmup)
         ok, note = moved_verdict(self.links_ok, self.links_note, moved)
-        return Sample(done / elapsed, ok, note)
+        return Sample(rate, ok, note)
 
 
 class StreamsRRWorkload(Workload):
@@ -136,27 +146,15 @@ class StreamsRRWorkload(Workload):
 
     async def measure(self, seconds: float, warmup: float) -> Sample:
         reader, writer, request, size = self.reader, self.writer, self.request, self.size
-        state = {"running": True, "done": 0}
 
-        async def client() -> None:
-            while state["running"]:
-                writer.write(request)
-                await writer.drain()
-                await reader.readexactly(size)
-                state["done"] += 1
+        async def transaction() -> None:
+            writer.write(request)
+            await writer.drain()
+            await reader.readexactly(size)
 
-        task = asyncio.get_running_loop().create_task(client())
-        try:
-            await asyncio.sleep(warmup)
-            moved = friendsock.stats().bytes_moved
-            done, start = state["done"], time.perf_counter()
-            await asyncio.wait({task}, timeout=seconds)
-            done, elapsed = state["done"] - done, time.perf_counter() - start
-        finally:
-            state["running"] = False
-        await task
+        rate, moved = await repeat_for(transaction, seconds, warmup)
         ok, note = moved_verdict(self.links_ok, self.links_note, moved)
-        return Sample(done / elapsed, ok, note)
+        return Sample(rate, ok, note)
 
     async def close(self, abort: bool = False) -> None:
         writer = getattr(self, "writer", None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import friendsock
@@ -123,6 +124,32 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = SETTL
         delay = min(0.001 if delay == 0 else delay * 2, 0.005)
 
 
+async def repeat_for(step: Callable[[], Awaitable[None]], seconds: float,
+                     warmup: float) -> Tuple[float, int]:
+    """Run ``step`` over and over: for ``warmup``, then ``seconds``
+    measured, then to the end of the one in progress (its error raised).
+    Steps per second in the measured part, and ``stats().bytes_moved`` as
+    that part began."""
+    state = {"running": True, "done": 0}
+
+    async def steps() -> None:
+        while state["running"]:
+            await step()
+            state["done"] += 1
+
+    task = asyncio.get_running_loop().create_task(steps())
+    try:
+        await asyncio.sleep(warmup)
+        moved = friendsock.stats().bytes_moved
+        done, start = state["done"], time.perf_counter()
+        await asyncio.wait({task}, timeout=seconds)
+        done, elapsed = state["done"] - done, time.perf_counter() - start
+    finally:
+        state["running"] = False
+    await task
+    return done / elapsed, moved
+
+
 async def connect_many(endpoint: Endpoint, factory: Callable[[], asyncio.BaseProtocol],
                        count: int, accepted: Callable[[], int]) -> List[Tuple[asyncio.BaseTransport, Any]]:
     """``count`` connections, a batch at a time; all or none.
@@ -152,6 +179,24 @@ async def connect_many(endpoint: Endpoint, factory: Callable[[], asyncio.BasePro
             transport.abort()  # type: ignore[attr-defined]
         raise
     return made
+
+
+async def close_clients(clients: Sequence[Tuple[asyncio.BaseTransport, Any]],
+                        closed: Callable[[], bool], abort: bool) -> None:
+    """Close (or, after a failure, abort) ``clients`` and wait until
+    ``closed()``; after an abort, not long, and a time-out is no error."""
+    for transport, _ in clients:
+        if abort:
+            transport.abort()  # type: ignore[attr-defined]
+        else:
+            transport.close()
+    try:
+        if clients:
+            await until(closed, "the connections to close",
+                        timeout=2.0 if abort else SETTLE_TIMEOUT)
+    except TimeoutError:
+        if not abort:
+            raise
 
 
 def cross_thread_verdict(client_ends: Sequence[Any], server_ends: Sequence[Any],
@@ -263,17 +308,8 @@ class ConnectedWorkload(Workload):
 
     async def close(self, abort: bool = False) -> None:
         clients, self.clients = getattr(self, "clients", []), []
-        for transport, _ in clients:
-            if abort:
-                transport.abort()
-            else:
-                transport.close()
+        lost = self.tally.lost
         try:
-            if clients:
-                await until(lambda: self.tally.lost >= len(clients), "the connections to close",
-                            timeout=2.0 if abort else SETTLE_TIMEOUT)
-        except TimeoutError:
-            if not abort:
-                raise
+            await close_clients(clients, lambda: self.tally.lost - lost >= len(clients), abort)
         finally:
             await super().close(abort)
