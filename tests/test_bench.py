@@ -25,8 +25,8 @@ from rich.console import Console
 
 import friendsock
 from friendsock._bench import (
-    _cli, _loop_runner, _plan, _plot, _results, _rr_workloads, _runner, _tables, _targets,
-    _transports,
+    _cli, _loop_runner, _plan, _plot, _results, _rr_workloads, _runner, _server_process,
+    _tables, _targets, _transports,
 )
 from friendsock._bench._cli import main, parse_size
 
@@ -39,6 +39,7 @@ CASE_KEYS = {
     "stream", "rr", "crr", "streams-rr", "multi-rr", "multi-stream",
     "threads-rr", "threads-stream", "memory-heap", "memory-rss",
     "blocking-rr", "blocking-stream", "blocking-threads-rr", "blocking-threads-stream",
+    "processes-rr", "processes-stream", "processes-agg", "processes-crr",
 }
 # Blocking sockets at both ends: no event loop, one (asyncio) row.
 LOOPLESS_CASE_KEYS = {"blocking-threads-rr", "blocking-threads-stream"}
@@ -116,6 +117,11 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
                     assert cell["unit"] == test["unit"]
                     if transport not in ("friends", "socketless"):
                         assert cell["friend_verified"] is None, where
+                    elif key == "processes-crr" and cell["friend_verified"] is False:
+                        # After a few connections this short, a friendsock
+                        # client connects to that server over TCP; no other
+                        # reason to stay on TCP is taken.
+                        assert cell["notes"] == [_SHORT_LIVED_NOTE], where
                     elif test["test"] == "threads" and cell["friend_verified"] is False:
                         # Where cross-thread friends do not exist, they fall
                         # back, and the cell says so.
@@ -127,7 +133,8 @@ def test_every_test_transport_and_loop(tmp_path, capsys):
 
     for title in ("stream", "rr", "crr", "streams-rr", "multi-rr", "multi-stream",
                   "threads-rr", "threads-stream", "memory-heap", "memory-rss",
-                  "blocking-rr", "blocking-stream", "blocking-threads-rr", "blocking-threads-stream"):
+                  "blocking-rr", "blocking-stream", "blocking-threads-rr", "blocking-threads-stream",
+                  "processes-rr", "processes-stream", "processes-agg", "processes-crr"):
         assert f"{title} — " in out
     assert "the baseline" in out and "AF_UNIX" in out and "Friends" in out
     assert ("friends fell back to real TCP across threads" in out) == fell_back
@@ -156,7 +163,17 @@ TARGET_RATIOS = {
     ("blocking-threads-rr", 64, "asyncio", "friends", "tcp"): 2.0,
     ("blocking-stream", 65536, "asyncio", "friends", "tcp"): 3.0,
     ("blocking-threads-stream", 65536, "asyncio", "friends", "tcp"): 3.0,
+    **{target: ratio for loop in ("asyncio", "uvloop") for target, ratio in {
+        ("processes-rr", 64, loop, "friends", "tcp"): 1.4,
+        ("processes-rr", 64, loop, "friends", "unix"): 1.0,
+        ("processes-stream", 65536, loop, "friends", "tcp"): 1.5,
+        ("processes-stream", 65536, loop, "friends", "unix"): 1.0,
+        ("processes-agg", 64, loop, "friends", "unix"): 1.0,
+        ("processes-crr", 64, loop, "friends", "tcp"): 1.2,
+    }.items()},
 }
+_SHORT_LIVED_NOTE = ("not every connection moved; fallbacks: short-lived (a connection this "
+                     "short is not moved: the move would not pay)")
 
 
 def _check_targets(data, met_known, loops=("trio", "anyio")):
@@ -238,6 +255,86 @@ def test_blocking_friends_that_did_not_pair_are_marked(tmp_path, capsys):
         assert cell["friend_verified"] is False, key
         assert any("fell back" in note for note in cell["notes"]), (key, cell["notes"])
     assert "†" in capsys.readouterr().out
+
+
+@pytest.fixture
+def server_processes(monkeypatch):
+    """The pids of the server processes the run starts."""
+    pids = []
+    start = _server_process.ServerProcess.__init__
+
+    def recording(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        pids.append(self.pid)
+
+    monkeypatch.setattr(_server_process.ServerProcess, "__init__", recording)
+    return pids
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_processes_tables(tmp_path, capsys, server_processes):
+    """The processes test: a server process of each loop's kind; friends
+    are connections moved off TCP to that process (verified by its pid),
+    TCP and AF_UNIX are not; the server processes are gone after."""
+    data = _run_json(tmp_path, [*TINY, "--tests", "processes", "--loops", "asyncio,uvloop"])
+    assert list(data["tests"]) == ["processes-rr", "processes-stream", "processes-agg",
+                                   "processes-crr"]
+    assert len(server_processes) == 2 and all(map(_gone, server_processes))
+    for key, test in data["tests"].items():
+        [param] = test["results"]
+        assert param == {"processes-stream": "65536", "processes-agg": "64"}.get(key, "64")
+        for loop in ("asyncio", "uvloop"):
+            cells = test["results"][param][loop]
+            assert list(cells) == ["tcp", "unix", "friends"], (key, loop)
+            for transport, cell in cells.items():
+                assert cell["error"] is None and cell["median"] >= 0, (key, loop, transport)
+            assert cells["tcp"]["friend_verified"] is None
+            assert cells["unix"]["friend_verified"] is None
+            friends = cells["friends"]
+            if key == "processes-crr" and friends["friend_verified"] is False:
+                assert friends["notes"] == [_SHORT_LIVED_NOTE], loop
+            else:
+                assert friends["friend_verified"] is True, (key, loop, friends["notes"])
+    out = _words(capsys.readouterr().out)
+    assert "the server in a second process on this host" in out
+    assert "processes-agg 64, uvloop: Friends ≥ AF_UNIX" in out
+    assert "every cell measured" in out
+
+
+def test_processes_friends_that_did_not_move_are_marked(tmp_path, monkeypatch, capsys):
+    """A server process with moves between processes switched off: the
+    friends cells are TCP's connections, marked, with the reason."""
+    monkeypatch.setenv("FRIENDSOCK_CROSS_PROCESS", "0")  # read as the server starts
+    data = _run_json(tmp_path, [*TINY, "--tests", "processes", "--loops", "asyncio"])
+    for key, test in data["tests"].items():
+        [cells] = [row["asyncio"] for row in test["results"].values()]
+        friends = cells["friends"]
+        assert friends["error"] is None and friends["median"] >= 0, key
+        assert friends["friend_verified"] is False, key
+        assert any("no-listener" in note for note in friends["notes"]), (key, friends["notes"])
+    assert "†" in capsys.readouterr().out
+
+
+def test_a_server_process_that_cannot_start_is_reported(tmp_path, monkeypatch, capsys):
+    def refuse(self, kind, directory):
+        raise OSError(f"no {kind} server today")
+
+    monkeypatch.setattr(_server_process.ServerProcess, "__init__", refuse)
+    data = _run_json(tmp_path, [*TINY, "--tests", "processes,rr", "--sizes", "64",
+                                "--loops", "asyncio"], status=1)
+    for key in ("processes-rr", "processes-crr"):
+        for cell in data["tests"][key]["results"]["64"]["asyncio"].values():
+            assert cell["error"] == ("could not start the server process: "
+                                     "OSError: no asyncio server today"), key
+    assert data["tests"]["rr"]["results"]["64"]["asyncio"]["friends"]["error"] is None
+    assert "cells with no figure" in capsys.readouterr().out
 
 
 def test_friends_that_did_not_pair_are_marked(tmp_path, capsys):

@@ -18,6 +18,7 @@ from ._crr_workloads import CRRWorkload
 from ._floor import FloorEndpoint
 from ._memory import IdleWorkload
 from ._plan import MULTI_RR_SIZE, MULTI_STREAM_SIZE, Case
+from ._process_workloads import make_process_workload
 from ._rr_workloads import RRWorkload, StreamsRRWorkload
 from ._stream_workloads import StreamWorkload
 from ._transports import Endpoint, is_trio_loop, loop_factory, tls_contexts
@@ -43,6 +44,8 @@ class LoopRunner:
     def make_workload(self, case: Case, param: int, transport: str, tmpdir: str,
                       server_side: Any) -> Workload:
         endpoint: Any
+        if case.test == "processes":
+            return make_process_workload(case, param, transport, server_side)
         if transport == "memory":
             endpoint = FloorEndpoint()
         else:

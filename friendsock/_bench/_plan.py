@@ -13,7 +13,8 @@ from typing import List, Optional, Tuple
 KiB = 1024
 MiB = 1024 * KiB
 
-TESTS = ("stream", "rr", "crr", "streams-rr", "multi", "threads", "blocking", "memory")
+TESTS = ("stream", "rr", "crr", "streams-rr", "multi", "threads", "blocking", "processes",
+         "memory")
 
 # The per-connection message sizes of the multi test (netperf's "32KB I/O x N"
 # for streams; a small request for request/response).
@@ -52,7 +53,7 @@ class Mode:
 # 64 KiB), on every loop: under a minute on 2 cores. The other sizes,
 # multi and memory come with --sizes, --tests or --full.
 QUICK = Mode("quick", seconds=0.08, rounds=3, memory_rounds=1,
-             tests=("stream", "rr", "crr", "streams-rr", "threads", "blocking"),
+             tests=("stream", "rr", "crr", "streams-rr", "threads", "blocking", "processes"),
              trims=(("stream", (64 * KiB,)), ("rr", (64,)), ("crr", (64,)),
                     ("streams-rr", (64,))))
 FULL = Mode("full", seconds=1.0, rounds=5, memory_rounds=3)
@@ -99,6 +100,20 @@ def default_cases() -> List[Case]:
         Case("blocking-threads-stream", "blocking",
              "blocking sockets at both ends, in two threads: stream",
              "Mbit/s", "bytes", (64 * KiB,), sized=True),
+        # In this order: after a run of short connections to a server, a
+        # friendsock client sends its next connections there over TCP for
+        # a while, so crr comes last.
+        Case("processes-rr", "processes",
+             "two processes, client and server: request/response",
+             "trans/s", "bytes", (64,), sized=True),
+        Case("processes-stream", "processes", "two processes, client and server: stream",
+             "Mbit/s", "bytes", (64 * KiB,), sized=True),
+        Case("processes-agg", "processes",
+             f"two processes: N connections, aggregate request/response ({MULTI_RR_SIZE} B)",
+             "trans/s", "connections", (64,)),
+        Case("processes-crr", "processes",
+             "two processes: connect/request/response/close",
+             "trans/s", "bytes", (64,), sized=True),
         Case("memory-heap", "memory",
              "Python heap (tracemalloc) per idle connection, both ends",
              "bytes/conn", "idle connections", (1000, 5000), higher_is_better=False),

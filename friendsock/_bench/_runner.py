@@ -29,6 +29,7 @@ from ._loop_runner import make_loop_runner
 from ._memory import DESCRIPTOR_TRANSPORTS, FD_MARGIN, raise_fd_limit
 from ._plan import TESTS, Case, Config, format_param, plan, rounds_for
 from ._results import Cell, Run
+from ._server_process import ServerProcess
 from ._transports import loop_factory, loop_runs, loop_transports
 from ._watchdog import Hung, Watchdog
 from ._workloads import LoopThread, SameLoop, Workload
@@ -161,12 +162,24 @@ class Runner:
                     self._fail_all(cases, kind, "could not start the server thread: "
                                    + describe_error(exc))
                     return
+            elif cases[0].test == "processes":
+                try:
+                    server_side = ServerProcess(kind, tmpdir)
+                except Exception as exc:
+                    self._fail_all(cases, kind, "could not start the server process: "
+                                   + describe_error(exc))
+                    return
             for case in cases:
                 for param in case.params:
                     self._run_row(runner, case, param, tmpdir, server_side)
         finally:
             if isinstance(server_side, LoopThread):
                 server_side.stop()
+            elif isinstance(server_side, ServerProcess):
+                failure = server_side.stop()
+                if failure is not None:
+                    self.run.note(f"{cases[0].test} on {kind}: the server process exited "
+                                  f"with {failure[0]}: {failure[1]}")
             runner.close()
             self._report_loop_exceptions(runner, cases[0].test)
 

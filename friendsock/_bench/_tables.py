@@ -134,6 +134,11 @@ def _caption(run: Run, case: Case, has: Dict[str, bool], spread: bool) -> List[s
                        "AF_UNIX: plain blocking sockets"
                        + ("; no event loop in the path (measured once, in the asyncio row)"
                           if case.key in LOOPLESS_CASES else ""))
+    if case.test == "processes":
+        caption.append("the server in a second process on this host, on the same kind of loop; "
+                       "Friends: friendsock at both ends, each connection moved off TCP to a "
+                       "socketpair between the two processes (in-process friends: the rr, "
+                       "stream and crr tables)")
     if case.tls:
         caption.append("every transport runs TLS (ssl=): the loop's own TLS over TCP, AF_UNIX "
                        "and the friend link (uvloop's in C on uvloop)")

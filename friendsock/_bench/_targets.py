@@ -5,7 +5,7 @@ as a table under the others."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from rich import box
 from rich.console import Console
@@ -34,6 +34,31 @@ class Target:
 _BY_REFERENCE = "a bytes object by reference against two copies through the kernel"
 _THREAD_WAKE = ("a round trip between threads is mostly waking the other one, which every "
                 "transport pays")
+_ACROSS_RR = ("between two processes each round trip still costs two system calls and two "
+              "wake-ups; a socketpair spares TCP's stack in both")
+_OVER_UNIX = ("a moved connection's bytes go over an AF_UNIX socketpair: only friendsock's "
+              "own layer is between the two")
+
+
+def _across(loop: str) -> Tuple[Target, ...]:
+    """The targets between two processes, on ``loop``."""
+    return (
+        Target(f"processes-rr 64 B, {loop}: Friends ≥ 1.4× TCP", "processes-rr", 64, loop,
+               "friends", "tcp", 1.4, _ACROSS_RR),
+        Target(f"processes-rr 64 B, {loop}: Friends ≥ AF_UNIX", "processes-rr", 64, loop,
+               "friends", "unix", 1.0, _OVER_UNIX),
+        Target(f"processes-stream 64 KiB, {loop}: Friends ≥ 1.5× TCP", "processes-stream",
+               64 * 1024, loop, "friends", "tcp", 1.5,
+               "one copy each way through a socketpair, no segments, no acks"),
+        Target(f"processes-stream 64 KiB, {loop}: Friends ≥ AF_UNIX", "processes-stream",
+               64 * 1024, loop, "friends", "unix", 1.0, _OVER_UNIX),
+        Target(f"processes-agg 64, {loop}: Friends ≥ AF_UNIX", "processes-agg", 64, loop,
+               "friends", "unix", 1.0, _OVER_UNIX),
+        Target(f"processes-crr 64 B, {loop}: Friends ≥ 1.2× TCP", "processes-crr", 64, loop,
+               "friends", "tcp", 1.2, "the move must pay for what it costs at connect"),
+    )
+
+
 TARGETS = (
     Target("trio rr 64 B: Friends ≥ 3× TCP", "rr", 64, "trio", "friends", "tcp", 3.0,
            "no system calls left; trio's scheduler, a checkpoint per call, is what remains"),
@@ -71,6 +96,8 @@ TARGETS = (
            64 * 1024, "asyncio", "friends", "tcp", 3.0, _BY_REFERENCE),
     Target("blocking-threads-stream 64 KiB: Friends ≥ 3× TCP", "blocking-threads-stream",
            64 * 1024, "asyncio", "friends", "tcp", 3.0, _BY_REFERENCE),
+    *_across("asyncio"),
+    *_across("uvloop"),
 )
 
 
