@@ -984,6 +984,61 @@ async def test_a_server_abort_resets_a_trio_client(peer_loop, path):
     assert got == "BrokenResourceError from ConnectionResetError" and theirs == {"aborted": True}
 
 
+def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
+    """A trio client: the payload sent while the echo is read, then its
+    EOF, then the server's."""
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> Dict[str, Any]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        names = {"sockname": list(stream.socket.getsockname()),
+                 "peername": list(stream.socket.getpeername())}
+        echoed = bytearray()
+
+        async def send() -> None:
+            await stream.send_all(payload)
+            await stream.send_eof()
+
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            while data := await stream.receive_some(1 << 16):
+                echoed += data
+            return {"sha256": hashlib.sha256(echoed).hexdigest(), **names,
+                    "captured": [link.captured for link in friendsock.links()
+                                 if list(link.client.address) == names["sockname"]]}
+
+    return trio.run(exchange)
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_capture_here_shows_a_moved_socket(peer_loop, path, client, tmp_path):
+    """A blocking or trio client's connection to a server process, moved,
+    is captured as a transport's is: the handshake, each side's bytes, a
+    FIN each way, all acknowledged; Wireshark follows it. Over TCP it is
+    not in the capture."""
+    payload = random.Random(9).randbytes(300_000)
+    pcap = str(tmp_path / f"{client}.pcap")
+    run = ((lambda port: _blocking_echo(port, payload, "127.0.0.1")) if client == "blocking"
+           else (lambda port: _trio_echo(port, payload)))
+    with friendsock.capture(pcap) as running:
+        ours, theirs = await _on_a_thread_against_a_server(peer_loop, path, run)
+    assert ours["sha256"] == theirs["sha256"] == hashlib.sha256(payload).hexdigest()
+    streams = read_capture(pcap)
+    if path == "tcp":
+        assert streams == {} and running.links == 0
+        return
+    assert running.links == 1
+    if client == "trio":
+        assert ours["captured"] == [True]  # (links() says so)
+    stream = streams[(tuple(ours["sockname"]), tuple(ours["peername"]))]
+    assert stream.up.data == payload and stream.down.data == payload
+    check_tcp_shape(stream)
+    tshark_check(pcap, {0: (payload, payload)})
+
+
 def _trio_dup(port: int) -> Dict[str, Any]:
     import trio
 

@@ -43,7 +43,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 from .._core._addresses import is_unspecified
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._fork import Part, on_fork
+from .._core._pcap import CLIENT, SERVER
 from .._core._stats import Fallback, counters
+from .._core._tap import StreamTap, stream_tap_for
 from .._handshake import current_pid
 from .._handshake._binding import bind_port_now
 from .._handshake._process import close_with_reset
@@ -647,12 +649,15 @@ class _Traffic:
 
 class _Moved:
     """What an :class:`AcrossSocket` answers from: the TCP connection's
-    socket and names, and the finalizer that lets the TCP socket go."""
+    socket and names, the finalizer that lets the TCP socket go, and the
+    capture's tap while one runs (``friendsock.capture``)."""
 
-    __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic")
+    __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic",
+                 "tap", "side", "other_side")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
-                 rendezvous: Rendezvous, client: bool, traffic: _Traffic) -> None:
+                 rendezvous: Rendezvous, client: bool, traffic: _Traffic,
+                 tap: Optional[StreamTap]) -> None:
         self.tcp = tcp
         self.names = names
         self.peer = peer
@@ -660,6 +665,8 @@ class _Moved:
         self.client = client
         self.traffic = traffic
         self.shut_down = False  # writing, by shutdown()
+        self.tap = tap  # (shared by the socket's duplicates, as the connection is)
+        self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
         # Lets the TCP socket go once the user's is closed, or collected.
         self.release = weakref.finalize(sock, _let_go, tcp, rendezvous, client)
 
@@ -682,7 +689,8 @@ def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
     except BaseException:
         tcp.close()
         raise
-    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous, client, _Traffic(scheduler))
+    tap = stream_tap_for(*(names if client else names[::-1]))
+    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous, client, _Traffic(scheduler), tap)
     sock.__class__ = AcrossSocket
     live_across.add(sock)
     counters.moved_across(peer.pid)
@@ -721,76 +729,90 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     # A read that finds EOF where the other end aborted raises its reset,
     # which came on the TCP socket first, as TCP's read would.
-    def recv(self, *args: Any) -> bytes:
-        data: bytes = _ss.recv(self, *args)
-        self.received(len(data))
+    def recv(self, bufsize: int, *args: Any) -> bytes:
+        data: bytes = _ss.recv(self, bufsize, *args)
+        self.received(len(data), data, bufsize > 0)
         return data
 
-    def recv_into(self, *args: Any) -> int:
-        count: int = _ss.recv_into(self, *args)
-        self.received(count)
+    def recv_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> int:
+        count: int = _ss.recv_into(self, buffer, nbytes, *args)
+        self.received(count, buffer, nbytes > 0 or memoryview(buffer).nbytes > 0)
         return count
 
-    def recvfrom(self, *args: Any) -> Any:
-        found = _ss.recvfrom(self, *args)  # (no address, as TCP's)
-        self.received(len(found[0]))
+    def recvfrom(self, bufsize: int, *args: Any) -> Any:
+        found = _ss.recvfrom(self, bufsize, *args)  # (no address, as TCP's)
+        self.received(len(found[0]), found[0], bufsize > 0)
         return found
 
-    def recvfrom_into(self, *args: Any) -> Any:
-        found = _ss.recvfrom_into(self, *args)
-        self.received(found[0])
+    def recvfrom_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> Any:
+        found = _ss.recvfrom_into(self, buffer, nbytes, *args)
+        self.received(found[0], buffer, nbytes > 0 or memoryview(buffer).nbytes > 0)
         return found
 
     def recvmsg(self, bufsize: int, *args: Any) -> Any:
         found = _ss.recvmsg(self, bufsize, *args)
         if found[0] or bufsize:
-            self.received(len(found[0]))
+            self.received(len(found[0]), found[0], True)
         return found
 
-    def received(self, count: int) -> None:
-        """``count`` bytes were read (0: EOF, or the other end's reset)."""
+    def received(self, count: int, data: Any, asked: bool) -> None:
+        """``count`` bytes were read, the first of ``data``; none, where
+        some were ``asked`` for: EOF, or the other end's reset."""
+        moved: _Moved = self.__dict__[_STATE]
         if count:
-            traffic = self.__dict__[_STATE].traffic
+            traffic = moved.traffic
             traffic.received += count
             traffic.reads += 1
-        else:
-            self._raise_reset()
+            if moved.tap is not None:
+                moved.tap.data(moved.other_side, _first(data, count))
+            return
+        reset = tcp_error(moved.tcp)
+        if moved.tap is not None and asked:
+            if isinstance(reset, ConnectionResetError):
+                moved.tap.reset(moved.other_side)
+            else:
+                moved.tap.fin(moved.other_side)
+        if isinstance(reset, ConnectionResetError):
+            raise reset
 
     def send(self, data: Any, *flags: int) -> int:
         count: int = _ss.send(self, data, *flags)
-        self.sent(count)
+        self.sent(count, data)
         return count
 
     def sendall(self, data: Any, *flags: int) -> None:
         _ss.sendall(self, data, *flags)
-        self.sent(memoryview(data).nbytes)
+        self.sent(memoryview(data).nbytes, data)
 
-    def sendmsg(self, *args: Any) -> int:
-        count: int = _ss.sendmsg(self, *args)
-        self.sent(count)
+    def sendmsg(self, buffers: Any, *args: Any) -> int:
+        buffers = list(buffers)  # (an iterable, read twice with a capture)
+        count: int = _ss.sendmsg(self, buffers, *args)
+        self.sent(count, buffers)
         return count
 
-    def _sendfile_use_sendfile(self, *args: Any) -> int:  # (socket.sendfile's os.sendfile path)
-        count: int = OriginalSocket._sendfile_use_sendfile(self, *args)  # type: ignore[attr-defined]
-        self.sent(count)
-        return count
+    def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
+        # (socket.sendfile's os.sendfile path: the kernel reads the file)
+        total: int = OriginalSocket._sendfile_use_sendfile(self, file, offset, count)  # type: ignore[attr-defined]
+        moved: _Moved = self.__dict__[_STATE]
+        self.sent(total, os.pread(file.fileno(), total, offset) if moved.tap is not None else b"")
+        return total
 
-    def sent(self, count: int) -> None:
-        """``count`` bytes were handed to the kernel."""
-        traffic = self.__dict__[_STATE].traffic
+    def sent(self, count: int, data: Any) -> None:
+        """``count`` bytes were handed to the kernel, the first of ``data``."""
+        moved: _Moved = self.__dict__[_STATE]
+        traffic = moved.traffic
         traffic.sent += count
         traffic.writes += 1
-
-    def _raise_reset(self) -> None:
-        """At EOF: the reset, if the other end's abort sent one."""
-        found = tcp_error(self.__dict__[_STATE].tcp)
-        if isinstance(found, ConnectionResetError):
-            raise found
+        if moved.tap is not None and count:
+            moved.tap.data(moved.side, _first(data, count))
 
     def shutdown(self, how: int) -> None:
         _ss.shutdown(self, how)
         if how in (socket.SHUT_WR, socket.SHUT_RDWR):
-            self.__dict__[_STATE].shut_down = True
+            moved: _Moved = self.__dict__[_STATE]
+            moved.shut_down = True
+            if moved.tap is not None:
+                moved.tap.fin(moved.side)
 
     def getsockopt(self, *args: Any) -> Any:
         self._check_open()
@@ -829,10 +851,14 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         counters.read_across(traffic.received)
         traffic.received = 0  # (counted once, whichever copy closes first)
         if closes_with_reset(moved.tcp):
+            if moved.tap is not None:
+                moved.tap.reset(moved.side)
             moved.release()  # the reset first, for the other end to find at EOF
             _ss.close(self)
         else:
             _ss.close(self)
+            if moved.tap is not None:
+                moved.tap.fin(moved.side)
             moved.release()
 
     def detach(self) -> int:
@@ -849,7 +875,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         moved: _Moved = self.__dict__[_STATE]
         copy = OriginalSocket.dup(self)  # (of this class, on a copy of the pair end)
         copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous,
-                                       moved.client, moved.traffic)
+                                       moved.client, moved.traffic, moved.tap)
         return copy
 
     def link_info(self, now: float) -> Optional[LinkInfo]:
@@ -881,7 +907,15 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         return link_between_processes(client_side=moved.client, own=own, peer=peer, sent=sent,
                                       received=received, age=now - traffic.born,
                                       listener=(server[0], server[1]), peer_pid=moved.peer.pid,
-                                      captured=False)
+                                      captured=moved.tap is not None)
+
+
+def _first(data: Any, count: int) -> bytes:
+    """The first ``count`` bytes of the buffer ``data`` (or of a list of
+    them, as sendmsg takes), for the capture."""
+    if isinstance(data, list):
+        data = b"".join(data)
+    return memoryview(data).cast("B")[:count].tobytes()
 
 
 def _peer_shut_down(fd: int) -> bool:

@@ -156,42 +156,39 @@ class MovedTrioSocket(TrioSocketType):
 
     async def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data: bytes = await TrioSocketType.recv(self, bufsize, flags)  # type: ignore[attr-defined]
-        if data or bufsize:
-            self._sock.received(len(data))
+        self._sock.received(len(data), data, bufsize > 0)
         return data
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         count: int = await TrioSocketType.recv_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        if count or nbytes or len(memoryview(buffer)):
-            self._sock.received(count)
+        self._sock.received(count, buffer, nbytes > 0 or memoryview(buffer).nbytes > 0)
         return count
 
     async def recvfrom(self, bufsize: int, flags: int = 0) -> Any:
         found = await TrioSocketType.recvfrom(self, bufsize, flags)  # type: ignore[attr-defined]
-        if found[0] or bufsize:
-            self._sock.received(len(found[0]))
+        self._sock.received(len(found[0]), found[0], bufsize > 0)
         return found
 
     async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Any:
         found = await TrioSocketType.recvfrom_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        if found[0] or nbytes or len(memoryview(buffer)):
-            self._sock.received(found[0])
+        self._sock.received(found[0], buffer, nbytes > 0 or memoryview(buffer).nbytes > 0)
         return found
 
     async def recvmsg(self, bufsize: int, *args: Any) -> Any:
         found = await TrioSocketType.recvmsg(self, bufsize, *args)  # type: ignore[attr-defined]
         if found[0] or bufsize:
-            self._sock.received(len(found[0]))
+            self._sock.received(len(found[0]), found[0], True)
         return found
 
     async def send(self, data: Any, flags: int = 0) -> int:
         count: int = await TrioSocketType.send(self, data, flags)  # type: ignore[attr-defined]
-        self._sock.sent(count)
+        self._sock.sent(count, data)
         return count
 
-    async def sendmsg(self, *args: Any) -> int:
-        count: int = await TrioSocketType.sendmsg(self, *args)  # type: ignore[attr-defined]
-        self._sock.sent(count)
+    async def sendmsg(self, buffers: Any, *args: Any) -> int:
+        buffers = list(buffers)  # (an iterable, read twice with a capture)
+        count: int = await TrioSocketType.sendmsg(self, buffers, *args)  # type: ignore[attr-defined]
+        self._sock.sent(count, buffers)
         return count
 
     def dup(self) -> Any:
