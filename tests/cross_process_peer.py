@@ -17,7 +17,9 @@ one port) and
 server (``socketserver``'s threading TCP server, under ``patch_socket()``;
 LOOP ``-``; ``blocking-timeout``, its listener with a timeout of 0.5 s),
 and ``blocking-select`` by a select() loop on a non-blocking listener; ``trio`` and ``trio-install`` by a trio server
-(``friendsock.trio.serve_tcp``, or trio's own under ``install()``);
+(``friendsock.trio.serve_tcp``, or trio's own under ``install()``;
+``trio-timeout``, ``trio-install-timeout``: its accepts each under a deadline;
+``trio-close``: one accept under a deadline, then its listener closes);
 ``anyio`` by anyio's own listener on LOOP (with ``FRIENDSOCK_INSTALL=1``;
 ``anyio-timeout``: its accepts each under a deadline).
 
@@ -221,15 +223,32 @@ def serve_trio(door: str) -> None:
             report = json.dumps({"error": type(exc.__cause__).__name__})
         print(report, flush=True)
 
+    async def accepting(listener, nursery) -> None:
+        while True:
+            with trio.move_on_after(0.3):
+                nursery.start_soon(echo, await listener.accept())
+
     async def main() -> None:
-        if door == "trio-install":
+        if door.startswith("trio-install"):
             friendsock.trio.install()
             listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         else:
             listeners = await friendsock.trio.open_tcp_listeners(0, host="127.0.0.1")
         print(listeners[0].socket.getsockname()[1], flush=True)
+        if door == "trio-close":
+            # One accept, cut short while its offer waits; then the listener closes.
+            await trio.lowlevel.wait_readable(listeners[0].socket)  # (a connect is in)
+            with trio.move_on_after(0.3):
+                await listeners[0].accept()
+            await listeners[0].aclose()
+            print(json.dumps({"closed": True}), flush=True)
+            await trio.to_thread.run_sync(sys.stdin.read)
+            return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.serve_listeners, echo, listeners)
+            if door.endswith("-timeout"):
+                nursery.start_soon(accepting, listeners[0], nursery)
+            else:
+                nursery.start_soon(trio.serve_listeners, echo, listeners)
             await trio.to_thread.run_sync(sys.stdin.read)
             nursery.cancel_scope.cancel()
 

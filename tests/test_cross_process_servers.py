@@ -282,12 +282,13 @@ async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
         await peer.finish()
 
 
-@pytest.mark.parametrize("server", ["blocking", "trio", "anyio", "anyio-uvloop", "anyio-timeout"])
+@pytest.mark.parametrize("server", ["blocking", "trio", "trio-timeout", "trio-install-timeout",
+                                    "anyio", "anyio-uvloop", "anyio-timeout"])
 async def test_a_client_that_answers_late_is_waited_for(server):
     """A client process that runs but answers the offer late (its GIL or
     its loop busy elsewhere) is waited for, past the offer's second: its
     connection moves, rather than being lost. So it does where each
-    accept has a deadline that passes meanwhile (anyio-timeout): a later
+    accept has a deadline that passes meanwhile (``-timeout``): a later
     accept hands it out, as TCP's backlog keeps a connection no accept
     took."""
     peer, port = await _server("friend", door=server)
@@ -299,6 +300,21 @@ async def test_a_client_that_answers_late_is_waited_for(server):
     finally:
         await peer.finish()
     assert (theirs["sha256"], theirs["friend"]) == (hashlib.sha256(b"ping").hexdigest(), True)
+
+
+async def test_a_listener_that_closes_resets_what_a_cancelled_accept_left():
+    """An accept cut short while the client answers late leaves the
+    connection to the next accept; the listener closes instead, and the
+    connection is reset, as the kernel resets its backlog: no hang, and
+    nothing moves."""
+    peer, port = await _server("friend", door="trio-close")
+    try:
+        client = await Peer.start("answer", "-", "late", str(port), env=_environment("friend"))
+        assert await peer.report() == {"closed": True}
+        assert await client.report() in ({"read": ""}, {"error": "ECONNRESET"}, {"error": "EPIPE"})
+        await client.finish()
+    finally:
+        await peer.finish()
 
 
 async def test_a_listeners_timeout_bounds_the_wait_for_an_answer():

@@ -16,9 +16,10 @@ socket moved the same way (:func:`accept_across`).
 
 from __future__ import annotations
 
+import collections
 import socket
 import threading
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Deque, Optional, Tuple
 
 import trio
 
@@ -74,21 +75,52 @@ async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -
     return True
 
 
-async def accept_across(conn: socket.socket, address: Any, listener_port: int) -> Any:
-    """The trio socket of ``conn``, which a listener on ``listener_port``
-    accepted from ``address``, moved onto the pair if a friendsock process
-    of this host connected it and took the offer; None for TCP (``conn``
-    reset where the offer went wrong, as a blocking server's accept:
-    ``_blocking._across.offer_accepted``). Cancelled while the answer is
-    awaited, the connection is reset, whatever it comes to."""
+async def accept_across(listener: Any, conn: socket.socket, address: Any,
+                        listener_port: int) -> Any:
+    """The trio socket of ``conn``, which ``listener`` (what keeps its port
+    ``listener_port`` published) accepted from ``address``, moved onto the
+    pair if a friendsock process of this host connected it and took the
+    offer; None for TCP (``conn`` reset where the offer went wrong, as a
+    blocking server's accept: ``_blocking._across.offer_accepted``).
+    Cancelled while the answer is awaited, the connection is held for the
+    listener's next accept (:func:`held_connection`), as the kernel's
+    backlog keeps a connection no accept took."""
     if connect_slot(address, listener_port) is None:  # (the usual case: no thread)
         return None
-    offer = _Offer(conn)
+    offer = _Offer(conn, address)
     try:
         taken = await trio.to_thread.run_sync(offer.make, address, listener_port, abandon_on_cancel=True)
     except trio.Cancelled:
-        offer.abandon()
+        offer.hold()
+        listener.__dict__.setdefault(_HELD, collections.deque()).append(offer)
         raise
+    return _moved(conn, taken)
+
+
+async def held_connection(listener: Any) -> Optional[Tuple[Any, socket.socket, Any]]:
+    """The first connection a cancelled accept of ``listener`` left, once
+    its offer is answered: its trio socket if it moved (None for TCP), the
+    connection and its address; None if none is held. Cancelled, it stays
+    held."""
+    held: Optional[Deque[_Offer]] = listener.__dict__.get(_HELD)
+    if not held:
+        return None
+    offer = held[0]
+    assert offer.finished is not None
+    await offer.finished.wait()
+    held.popleft()
+    return _moved(offer.conn, offer.taken), offer.conn, offer.address
+
+
+def drop_held(listener: Any) -> None:
+    """``listener`` closes: the connections its accepts left are reset, as
+    the kernel resets its backlog."""
+    held: Deque[_Offer] = listener.__dict__.pop(_HELD, collections.deque())
+    while held:
+        held.popleft().abandon()
+
+
+def _moved(conn: socket.socket, taken: Optional[TakenOffer]) -> Any:
     if taken is None:
         return None
     trio_sock = _from_stdlib_socket(conn)
@@ -96,16 +128,24 @@ async def accept_across(conn: socket.socket, address: Any, listener_port: int) -
     return trio_sock
 
 
-class _Offer:
-    """An offer made on a worker thread, which its trio task may abandon
-    (cancelled): whichever of the two finishes last undoes what it came to."""
+_HELD = "_friendsock_held_offers"
 
-    def __init__(self, conn: socket.socket) -> None:
+
+class _Offer:
+    """An offer made on a worker thread for a trio task, which may leave it
+    (cancelled): held for a later accept, woken as the answer comes, or
+    abandoned, whichever of the two finishes last undoing what it came to."""
+
+    def __init__(self, conn: socket.socket, address: Any) -> None:
         self.conn = conn
+        self.address = address
         self.lock = threading.Lock()
         self.abandoned = False
         self.done = False
         self.taken: Optional[TakenOffer] = None
+        # Held: set, in the trio run (``wake``), once the answer is in.
+        self.finished: Optional[trio.Event] = None
+        self.wake: Optional[trio.lowlevel.TrioToken] = None
 
     def make(self, address: Any, listener_port: int) -> Optional[TakenOffer]:
         taken = offer_accepted(self.conn, address, listener_port)
@@ -113,7 +153,26 @@ class _Offer:
             self.done, self.taken = True, taken
             if self.abandoned:
                 self._undo()
+            wake = self.wake
+        if wake is not None:
+            try:
+                wake.run_sync_soon(self._finish)
+            except trio.RunFinishedError:  # nobody left to accept it
+                self.abandon()
         return taken
+
+    def hold(self) -> None:
+        """Left by its accept, in the trio run: a later one takes it."""
+        self.finished = trio.Event()
+        with self.lock:
+            if not self.done:
+                self.wake = trio.lowlevel.current_trio_token()
+                return
+        self.finished.set()
+
+    def _finish(self) -> None:
+        assert self.finished is not None
+        self.finished.set()
 
     def abandon(self) -> None:
         with self.lock:
@@ -122,8 +181,9 @@ class _Offer:
                 self._undo()
 
     def _undo(self) -> None:
-        if self.taken is not None:
-            self.taken.pair_end.close()  # (the other end reads EOF, and the reset)
+        taken, self.taken = self.taken, None
+        if taken is not None:
+            taken.pair_end.close()  # (the other end reads EOF, and the reset)
         reset_offered(self.conn)
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import trio
 
-from ._across import accept_across, connect_across, may_cross
+from ._across import accept_across, connect_across, drop_held, held_connection, may_cross
 from .._blocking._capable import listen_unregistered
 from .._blocking._listen import listener_passed_on, take_listener
 from .._blocking._paired import as_plain_socket
@@ -126,6 +126,7 @@ def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
 
 def _forget(trio_sock: Any) -> None:
     stop_publishing(trio_sock)
+    drop_held(trio_sock)
     entry = trio_sock.__dict__.pop(_ENTRY, None)
     if entry is not None:
         forget_listener(entry)
@@ -204,6 +205,13 @@ async def _socket_accept(self: Any) -> Tuple[Any, Any]:
         return await _native(_SocketType, "accept")(self)
     entry = listener_entry(self)
     published = keep_published(self, self._sock) if entry is not None else None
+    held = await held_connection(self)  # (what a cancelled accept left, first)
+    if held is not None:
+        moved, conn, address = held
+        if moved is not None:
+            return moved, address
+        not_a_friend(entry)
+        return _pairing._trio_from_stdlib_socket(conn), address
     conn, address, link = await accept_connection(self._sock, entry, self.__dict__.get(_BACKLOG))
     if link is not None:  # socketless
         trio_sock = socketless_trio_socket(conn)
@@ -211,7 +219,7 @@ async def _socket_accept(self: Any) -> Tuple[Any, Any]:
         return trio_sock, address
     pending, sockname = claim_connection(conn, address, entry)
     if pending is None:
-        moved = None if published is None else await accept_across(conn, address, published)
+        moved = None if published is None else await accept_across(self, conn, address, published)
         if moved is not None:
             return moved, address
         not_a_friend(entry)

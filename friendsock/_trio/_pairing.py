@@ -47,7 +47,7 @@ from .._handshake import (
 )
 from .._reuse import reused_connect
 from .._socketless import socketless_connect, socketless_entry
-from ._across import accept_across, connect_across, may_cross
+from ._across import accept_across, connect_across, drop_held, held_connection, may_cross
 from ._backlog import SocketlessBacklog
 from ._run import RunState, post_to_run, run_state
 from ._stream import FriendStream
@@ -115,7 +115,7 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
 
     async def accept(self) -> trio.abc.HalfCloseableStream:
         return await accept_stream(self._sock, self._entry, self._backlog, self._state,
-                                   published_port(self))
+                                   published_port(self), self)
 
     async def aclose(self) -> None:
         self._forget()
@@ -124,6 +124,7 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
 
     def _forget(self) -> None:
         stop_publishing(self)
+        drop_held(self)
         entry = self._entry
         if entry is not None:
             self._entry = None
@@ -133,12 +134,22 @@ class FriendListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
 
 async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
                         backlog: SocketlessBacklog, state: RunState,
-                        published: Optional[int] = None) -> trio.abc.HalfCloseableStream:
+                        published: Optional[int] = None,
+                        listener: Any = None) -> trio.abc.HalfCloseableStream:
     """``trio.SocketListener.accept`` on ``listen_sock``: a
     :class:`FriendStream` for a friendsock client of this process (a connect
     to the listener ``entry``, or a socketless link from ``backlog``), a
     ``trio.SocketStream`` for anyone else, moved off TCP for a friendsock
-    client of another process where the port is ``published``."""
+    client of another process where the port is ``published`` (by
+    ``listener``, which holds what a cancelled accept left: handed out
+    first)."""
+    held = None if listener is None else await held_connection(listener)
+    if held is not None:
+        moved, conn, _ = held
+        if moved is not None:
+            return trio.SocketStream(moved)
+        not_a_friend(entry)
+        return _socket_stream(conn)
     while True:
         try:
             conn, address, link = await accept_connection(listen_sock, entry, backlog)
@@ -154,7 +165,8 @@ async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
                 return stream
             pending, sockname = claim_connection(conn, address, entry)
             if pending is None:
-                return await _stream_of_another(listen_sock, conn, address, entry, published)
+                return await _stream_of_another(listen_sock, conn, address, entry, published,
+                                                listener)
             stream = FriendStream(pending.link.server, conn, sockname, address, state)
             stream.start()
             claimed(pending)
@@ -162,13 +174,14 @@ async def accept_stream(listen_sock: socket.socket, entry: Optional[Entry],
 
 
 async def _stream_of_another(listen_sock: socket.socket, conn: socket.socket, address: Any,
-                             entry: Optional[Entry], published: Optional[int]) -> trio.SocketStream:
+                             entry: Optional[Entry], published: Optional[int],
+                             listener: Any) -> trio.SocketStream:
     """The stream of ``conn``, a connection from no friendsock client of
     this process: moved off TCP if another friendsock process connected
     it; its TCP's else."""
     if published is not None:
         republish_if_cleared(listen_sock, published)
-        moved = await accept_across(conn, address, published)
+        moved = await accept_across(listener, conn, address, published)
         if moved is not None:
             return trio.SocketStream(moved)
     not_a_friend(entry)
