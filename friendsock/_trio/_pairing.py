@@ -376,10 +376,12 @@ async def _connect_across(host: Union[str, bytes], port: int,
     """A stream to another friendsock process of this host serving ``port``
     on a loopback address ``host`` names (from ``local_address``, if
     given), its connection moved off TCP where that process offers it;
-    None when there is none to try, or its connect failed (trio's own
-    connect takes over, and reports)."""
+    None when there is none to try (trio's own connect takes over). Where
+    every address was tried and failed, the error trio's own raises: a
+    connect that reached the server is not made a second time."""
     infos = numeric_address_infos(host, port) or await trio.socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM)
+    failed: List[OSError] = []
     for af, socktype, proto, _, address in infos:
         trio_sock = trio.socket.socket(af, socktype, proto)
         if not may_cross(trio_sock._sock, address):  # type: ignore[attr-defined]
@@ -390,8 +392,9 @@ async def _connect_across(host: Union[str, bytes], port: int,
             if local_address is not None:
                 await trio_sock.bind((local_address, 0))
             moved = await connect_across(trio_sock, address, type(trio_sock).connect)
-        except OSError:
+        except OSError as exc:
             trio_sock.close()
+            failed.append(exc)
             continue
         except BaseException:
             trio_sock.close()
@@ -401,6 +404,11 @@ async def _connect_across(host: Union[str, bytes], port: int,
         if moved:
             return trio.SocketStream(trio_sock)
         trio_sock.close()
+    if failed and len(failed) == len(infos):
+        # As trio.open_tcp_stream reports it.
+        text = host.decode("ascii") if isinstance(host, bytes) else host
+        message = f"all attempts to connect to {f'[{text}]' if ':' in text else text}:{port} failed"
+        raise OSError(message) from ExceptionGroup(message, failed)
     return None
 
 
