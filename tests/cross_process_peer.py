@@ -20,6 +20,7 @@ and ``blocking-select`` by a select() loop on a non-blocking listener; ``trio`` 
 (``friendsock.trio.serve_tcp``, or trio's own under ``install()``;
 ``trio-timeout``, ``trio-install-timeout``: its accepts each under a deadline;
 ``trio-close``: one accept under a deadline, then its listener closes);
+``closing`` and ``speaking`` by a published listener that offers nothing;
 ``anyio`` by anyio's own listener on LOOP (with ``FRIENDSOCK_INSTALL=1``;
 ``anyio-timeout``: its accepts each under a deadline).
 
@@ -124,6 +125,30 @@ async def serve(door: str) -> None:
     await stdin_closed
     for server in servers:
         server.close()
+
+
+def serve_offering_nothing(door: str) -> None:
+    """``serve`` by a listener whose port is published, as a friendsock
+    server's, that offers nothing: ``closing`` closes it as soon as a
+    connect is in its backlog (a server shutting down: the kernel resets
+    that connection); ``speaking`` accepts and says ``hello`` over TCP (a
+    server without friendsock sharing the port, one that speaks first)."""
+    import select
+
+    from friendsock._host._ports import publish_listener
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    publish_listener(listener)
+    print(listener.getsockname()[1], flush=True)
+    if door == "closing":
+        select.select([listener], [], [])
+        listener.close()
+        print(json.dumps({"closed": True}), flush=True)
+    else:
+        conn, _ = listener.accept()
+        conn.sendall(b"hello")
+        print(json.dumps({"said": "hello"}), flush=True)
+    sys.stdin.read()
 
 
 def serve_blocking(door: str) -> None:
@@ -502,6 +527,8 @@ def main() -> None:
         answer(door, int(rest[0]))
     elif role == "starttls":
         asyncio.run(starttls(int(rest[0]), rest[1]))
+    elif role == "serve" and door in ("closing", "speaking"):
+        serve_offering_nothing(door)
     elif role == "serve" and door.startswith("blocking"):
         serve_blocking(door)
     elif role == "serve" and door.startswith("trio"):

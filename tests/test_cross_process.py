@@ -1039,6 +1039,59 @@ async def test_a_capture_here_shows_a_moved_socket(peer_loop, path, client, tmp_
     tshark_check(pcap, {0: (payload, payload)})
 
 
+def _blocking_first_read(port: int) -> str:
+    try:
+        # (With a timeout the connect reads its result after a wait: a
+        # reset that came first is its error, over TCP too.)
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+            return repr(sock.recv(10))
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def _trio_first_read(port: int) -> str:
+    import trio
+
+    import friendsock.trio
+
+    async def read() -> str:
+        try:
+            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        except OSError as exc:  # (trio checks its connect after the reset came: TCP's does so too)
+            assert str(exc) == f"all attempts to connect to 127.0.0.1:{port} failed"
+            return " ".join(type(error).__name__ for error in exc.__cause__.exceptions)
+        async with stream:
+            try:
+                return repr(await stream.receive_some(10))
+            except trio.BrokenResourceError as exc:
+                return type(exc.__cause__).__name__
+
+    return trio.run(read)
+
+
+@pytest.mark.parametrize("server", ["closing", "speaking"])
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_server_that_offers_nothing_is_not_waited_for(client, server, monkeypatch):
+    """A connect to a port a friendsock process published, where what
+    accepts offers nothing: the listener closes with the connection in its
+    backlog (a server shutting down; the kernel resets it), or a server
+    sharing the port speaks first over TCP. The client stops waiting for
+    an offer as the reset or the bytes come, however long it would wait
+    (here a minute), and reads them, as over TCP."""
+    monkeypatch.setattr(friendsock._blocking._across, "OFFER_TIMEOUT", 60.0)
+    monkeypatch.setattr(friendsock._trio._across, "OFFER_TIMEOUT", 60.0)
+    run = _blocking_first_read if client == "blocking" else _trio_first_read
+    peer = await Peer.start("serve", "-", server, env=_environment("friend"))
+    try:
+        port = int(await peer.line())
+        got = await bounded(asyncio.to_thread(run, port), 20)
+        assert await peer.report() == ({"closed": True} if server == "closing" else {"said": "hello"})
+    finally:
+        await peer.finish()
+    assert got == ("ConnectionResetError" if server == "closing" else "b'hello'")
+
+
 def _trio_dup(port: int) -> Dict[str, Any]:
     import trio
 

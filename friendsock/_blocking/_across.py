@@ -171,6 +171,27 @@ class Rendezvous:
         self.table.write(CONNECTS, wait.port, self.pid, to_port, self.token)
         return wait
 
+    def wait_for_offer(self, wait: Waiting, timeout: float) -> None:
+        """Until the offer ``wait`` expects is taken, or ``timeout`` has
+        passed, or its TCP socket reads anything (a reset, EOF, bytes): the
+        process that accepted it offers nothing then (a listener that
+        closed with the connection in its backlog, a server without
+        friendsock sharing the port), and TCP's is the answer at once."""
+        woken = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            with self.lock:  # (what settles the wait holds it too)
+                if wait.settled.is_set():
+                    return
+                wait.on_settled = lambda: os.eventfd_write(woken, 1)
+            poller = _select.poll()
+            poller.register(wait.sock.fileno(), _select.POLLIN)
+            poller.register(woken, _select.POLLIN)
+            poller.poll(math.ceil(timeout * 1000))
+        finally:
+            with self.lock:
+                wait.on_settled = None
+            os.close(woken)
+
     def end_wait(self, wait: Waiting) -> Optional[socket.socket]:
         """Stop waiting: the pair end taken, or None (an offer that comes
         now is declined)."""
@@ -465,7 +486,7 @@ def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[
         else:
             _ss.connect(sock, resolved)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        wait.settled.wait(OFFER_TIMEOUT if left is None else min(OFFER_TIMEOUT, left))
+        rendezvous.wait_for_offer(wait, OFFER_TIMEOUT if left is None else min(OFFER_TIMEOUT, left))
     except BlockingIOError:
         raise
     except BaseException:

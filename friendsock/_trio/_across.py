@@ -57,8 +57,13 @@ async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -
     wait.on_settled = lambda: token.run_sync_soon(settled.set)
     try:
         await native(trio_sock, resolved)
-        with trio.move_on_after(OFFER_TIMEOUT):
-            await settled.wait()
+        with trio.move_on_after(OFFER_TIMEOUT) as waiting:
+            async with trio.open_nursery() as nursery:
+                # Anything on the TCP socket (a reset, EOF, bytes): the
+                # process that accepted it offers nothing, and TCP's it is.
+                nursery.start_soon(_until_readable, sock, waiting)
+                await settled.wait()
+                waiting.cancel()
     except BaseException:
         # Cancelled or failed: an offer taken meanwhile ends (EOF on the
         # pair), as the connection does (trio closes a socket whose
@@ -73,6 +78,11 @@ async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -
         return True
     _take(trio_sock, taken, wait.names(), wait.peer, rendezvous, client=True)
     return True
+
+
+async def _until_readable(sock: socket.socket, scope: trio.CancelScope) -> None:
+    await trio.lowlevel.wait_readable(sock)
+    scope.cancel()
 
 
 async def accept_across(listener: Any, conn: socket.socket, address: Any,
