@@ -170,21 +170,38 @@ async def _connection(friends: bool) -> Tuple[Streams, Streams, asyncio.Abstract
     return client, served, server
 
 
+async def answer_each(names: List[str], connections: List[Tuple[Streams, Streams]],
+                      drive: Callable[[Streams, Streams], Awaitable[None]], wait: float) -> Dict[str, Any]:
+    """Each call of ``names`` on its own connection of ``connections`` (the
+    same order), the connection put in its state by ``drive`` just before:
+    the connections side by side, so that the calls that wait are given
+    their ``wait`` all at once, not one after another (each still has the
+    whole of it; a connection is its own, what one does no other sees)."""
+
+    async def answer(name: str, client: Streams, served: Streams) -> Any:
+        await drive(client, served)
+        # A sequence gives each of its calls ``wait``.
+        return await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
+
+    found = await asyncio.gather(*(answer(name, *pair) for name, pair in zip(names, connections)))
+    return dict(zip(names, found))
+
+
 async def _answers(friends: bool, state: str, names: Optional[List[str]] = None,
                    wait: float = WAIT) -> Dict[str, Any]:
-    answers = {}
-    for name in names or _calls(None, None):  # type: ignore[arg-type]
-        client, served, server = await _connection(friends)
-        try:
-            await driver_on(Here())[state](client, served)
-            # A sequence gives each of its calls ``wait``.
-            answers[name] = await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
-        finally:
+    names = list(names or _calls(None, None))  # type: ignore[arg-type]
+    opened: List[Tuple[Streams, Streams, asyncio.AbstractServer]] = []
+    try:
+        for _ in names:  # one after another: each counts the descriptors it opens
+            opened.append(await _connection(friends))
+        return await answer_each(names, [(client, served) for client, served, _ in opened],
+                                 driver_on(Here())[state], wait)
+    finally:
+        for client, served, server in opened:
             for writer in (client[1], served[1]):
                 writer.transport.abort()
             server.close()
             await server.wait_closed()
-    return answers
 
 
 @pytest.mark.parametrize("state", states_of(STREAMS))

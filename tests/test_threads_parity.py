@@ -16,7 +16,7 @@ import pytest
 import friendsock
 from parity_states import THREADS, states_of
 from support import LOOP_RUNNERS, answers_that_differ, report, until
-from test_streams_parity import WAIT, Streams, _answer, _calls, driver_on
+from test_streams_parity import WAIT, Streams, _calls, answer_each, driver_on
 from test_threads import TIMEOUT, LoopThread
 
 
@@ -39,17 +39,18 @@ async def _connection(friends: bool, thread: LoopThread) -> Tuple[Streams, Strea
 
 async def _answers(friends: bool, state: str, thread: LoopThread, names: Optional[List[str]] = None,
                    wait: float = WAIT) -> Dict[str, Any]:
-    answers = {}
-    for name in names or _calls(None, None):  # type: ignore[arg-type]
-        client, served, server = await _connection(friends, thread)
-        try:
-            await driver_on(thread, THREADS)[state](client, served)
-            answers[name] = await _answer(_calls(*client)[name], wait * (2 + name.count(",")))
-        finally:
+    names = list(names or _calls(None, None))  # type: ignore[arg-type]
+    opened: List[Tuple[Streams, Streams, asyncio.AbstractServer]] = []
+    try:
+        for _ in names:
+            opened.append(await _connection(friends, thread))
+        return await answer_each(names, [(client, served) for client, served, _ in opened],
+                                 driver_on(thread, THREADS)[state], wait)
+    finally:
+        for client, served, server in opened:
             client[1].transport.abort()
             await thread.call(served[1].transport.abort)
             await thread.call(server.close)
-    return answers
 
 
 @pytest.fixture
