@@ -8,6 +8,7 @@ its own connection, every differing answer printed.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
@@ -23,7 +24,7 @@ import friendsock
 import friendsock.trio as fst
 from parity_states import ANYIO, driver, states_of
 from support import WAITED, report, returned
-from trio_support import differences_under_trio, until_readable
+from trio_support import answer_each, differences_under_trio, until_readable
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -143,17 +144,17 @@ async def _answer(call: Callable[[], Awaitable[Any]], wait: float = WAIT) -> Any
 
 
 async def _answers(state: str, names: Optional[List[str]], wait: float) -> Dict[str, Any]:
-    answers = {}
-    for name in names or _calls(None):  # type: ignore[arg-type]
-        client, server = await _pair()
-        try:
-            await DRIVER[state](client, server)
-            # A sequence gives each of its calls ``wait``.
-            answers[name] = await _answer(_calls(client)[name], wait * (2 + name.count(",")))
-        finally:
-            await client.aclose()
-            await server.aclose()
-    return answers
+    names = list(names or _calls(None))  # type: ignore[arg-type]
+    async with contextlib.AsyncExitStack() as opened:
+        pairs = []
+        for _ in names:
+            client, server = await _pair()
+            opened.push_async_callback(server.aclose)
+            opened.push_async_callback(client.aclose)
+            pairs.append((client, server))
+        # A sequence gives each of its calls ``wait``.
+        return await answer_each(names, pairs, DRIVER[state],
+                                 lambda name, client: _answer(_calls(client)[name], wait * (2 + name.count(","))))
 
 
 @pytest.mark.parametrize("state", states_of(ANYIO))

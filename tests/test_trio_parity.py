@@ -9,6 +9,7 @@ its own pair, every differing answer printed.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
@@ -21,7 +22,7 @@ import friendsock
 import friendsock.trio as fst
 from parity_states import TRIO, driver, states_of
 from support import WAITED, report, returned
-from trio_support import differences_under_trio, until_readable
+from trio_support import answer_each, differences_under_trio, until_readable
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -183,16 +184,19 @@ async def _answer(call: Callable[[], Awaitable[Any]], wait: float = WAIT) -> Any
 
 
 async def _answers(state: str, names: Optional[List[str]] = None, wait: float = WAIT) -> Dict[str, Any]:
-    answers = {}
-    for name in names or _calls(None):
-        client, server = await _pair()
-        # A socket of the kernel's under each end; none when socketless.
-        assert (client.fileno() < 0) is (fst.is_installed() and friendsock.is_socketless())
-        with client, server:
-            await DRIVER[state](client, server)
-            # A sequence gives each of its calls ``wait``.
-            answers[name] = await _answer(_calls(client)[name], wait * (2 + name.count(",")))
-    return answers
+    names = list(names or _calls(None))
+    with contextlib.ExitStack() as opened:
+        pairs = []
+        for _ in names:
+            client, server = await _pair()
+            opened.enter_context(client)
+            opened.enter_context(server)
+            # A socket of the kernel's under each end; none when socketless.
+            assert (client.fileno() < 0) is (fst.is_installed() and friendsock.is_socketless())
+            pairs.append((client, server))
+        # A sequence gives each of its calls ``wait``.
+        return await answer_each(names, pairs, DRIVER[state],
+                                 lambda name, client: _answer(_calls(client)[name], wait * (2 + name.count(","))))
 
 
 @pytest.mark.parametrize("state", states_of(TRIO))

@@ -227,6 +227,25 @@ async def until_readable(sock: Any) -> None:
 # -- parity tests: the same calls over TCP and paired --------------------------------
 
 
+async def answer_each(names: List[str], pairs: List[Tuple[Any, Any]], drive: Any, answer: Any) -> Dict[str, Any]:
+    """``answer(name, client)`` for each of ``names`` on its own pair of
+    ``pairs`` (the same order), the pair put in its state by ``drive(client,
+    server)`` just before: the pairs side by side, in tasks of their own, so
+    that the calls that wait are given their wait all at once, not one after
+    another (each still has the whole of it; a pair is its own, what one
+    does no other sees)."""
+    found: Dict[str, Any] = {}
+
+    async def one(name: str, client: Any, server: Any) -> None:
+        await drive(client, server)
+        found[name] = await answer(name, client)
+
+    async with trio.open_nursery() as nursery:
+        for name, (client, server) in zip(names, pairs):
+            nursery.start_soon(one, name, client, server)
+    return {name: found[name] for name in names}
+
+
 def differences_under_trio(answers: Any, state: str, socketless: bool, wait: float) -> Dict[str, Any]:
     """The calls whose answers differ over TCP and paired (see
     ``support.answers_that_differ``), ``answers(state, names, wait)`` run by
