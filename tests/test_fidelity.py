@@ -13,11 +13,15 @@ skipping, so the guard can not go missing unnoticed.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
+from typing import Iterator
 
 import pytest
 
@@ -25,6 +29,42 @@ SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 # The longest first: the two runs of each go on the two cores.
 MODULES = ["test_events", "test_sslproto", "test_sock_lowlevel", "test_streams", "test_server",
            "test_buffered_proto"]
+
+
+def _run_script(directory) -> dict:
+    """scripts/stdlib-suite's outcome for MODULES (its output under
+    "output"); a "failure" message instead when it wrote none."""
+    out = directory / "outcome.json"
+    env = {key: value for key, value in os.environ.items() if key != "FRIENDSOCK"}
+    run = subprocess.run(
+        [sys.executable, SCRIPT, "-j", "2", "--json", str(out), "--test-timeout", "60", *MODULES],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    if not out.exists():
+        return {"failure": f"scripts/stdlib-suite wrote no outcome (exit {run.returncode}):\n"
+                           f"{run.stdout}\n{run.stderr}"}
+    result = json.loads(out.read_text())
+    result["output"] = run.stdout + run.stderr
+    return result
+
+
+@contextlib.contextmanager
+def _only_one_at_a_time(path, timeout: float) -> Iterator[None]:
+    """An exclusive lock on the file ``path``, waited for ``timeout`` s at most."""
+    with open(path, "a") as file:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{path} still locked after {timeout} s", pytrace=False)
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="module")
@@ -40,21 +80,29 @@ def outcome(tmp_path_factory):
             f"libpython3.{sys.version_info[1]}-testsuite) or use a full CPython build",
             pytrace=False,
         )
-    out = tmp_path_factory.mktemp("fidelity") / "outcome.json"
-    env = {key: value for key, value in os.environ.items() if key != "FRIENDSOCK"}
-    run = subprocess.run(
-        [sys.executable, SCRIPT, "-j", "2", "--json", str(out), "--test-timeout", "60", *MODULES],
-        capture_output=True, text=True, timeout=300, env=env,
-    )
-    if not out.exists():
-        pytest.fail(f"scripts/stdlib-suite wrote no outcome (exit {run.returncode}):\n"
-                    f"{run.stdout}\n{run.stderr}", pytrace=False)
-    result = json.loads(out.read_text())
-    result["output"] = run.stdout + run.stderr
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        result = _run_script(tmp_path_factory.mktemp("fidelity"))
+    else:
+        # pytest-xdist hands this module's tests to whichever workers are
+        # free: each would run the script (two runs of it, each on both
+        # cores, side by side). The first runs it for the whole session (the
+        # workers' temporary directories share a parent, the session's own);
+        # the others wait for it and read what it found.
+        shared = tmp_path_factory.getbasetemp().parent
+        with _only_one_at_a_time(shared / "fidelity.lock", timeout=330):
+            saved = shared / "fidelity.json"
+            if saved.exists():
+                result = json.loads(saved.read_text())
+            else:
+                result = _run_script(tmp_path_factory.mktemp("fidelity"))
+                saved.write_text(json.dumps(result))
+    if "failure" in result:
+        pytest.fail(result["failure"], pytrace=False)
     return result
 
 
-# The first test runs the script (the module's fixture): ~20 s here.
+# The first test runs the script (the module's fixture): ~20 s here; the
+# first of another worker's may wait as long for it.
 pytestmark = pytest.mark.timeout(300)
 
 
