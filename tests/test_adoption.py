@@ -403,7 +403,9 @@ async def test_an_anyio_listener_keeps_its_port_published_while_open(friends):
             assert (table.read(LISTENERS, port).pid == os.getpid()) is friends
         finally:
             await listener.aclose()
-        assert table.read(LISTENERS, port).pid == 0
+        # (Not 0: the table is the host's, and a process killed earlier may
+        # have left its slot for this port, which its clients clear.)
+        assert table.read(LISTENERS, port).pid != os.getpid()
 
 
 async def test_an_anyio_listener_pairs_a_client_that_connects_before_its_first_accept(friends):
