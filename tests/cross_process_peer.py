@@ -37,7 +37,7 @@ echo and prints the same JSON line, with ``sent``: the SHA-256 it sent.
 friendsock server on PORT with a plain socket, writes the port table's
 connect slot for it as a friendsock client would, and answers the offer
 it gets as HOW says: ``late`` (TAKEN with its own socket, as a friendsock
-client does, but 2 s late), ``pipe`` (TAKEN, handing a pipe over as its socket),
+client does, but 1.3 s late), ``pipe`` (TAKEN, handing a pipe over as its socket),
 ``other`` (TAKEN, handing a socket of another connection), ``none`` (TAKEN,
 handing nothing), ``declined``, ``silent`` (no answer: it prints
 ``offered`` and waits to be killed), or ``squatted`` (its slot names the
@@ -448,7 +448,9 @@ def answer(how: str, port: int) -> None:
             other = socket.create_connection(("127.0.0.1", port))
             fds = [other.fileno()]
         elif how == "late":
-            time.sleep(2)  # (running, but slow to answer: its GIL or loop busy elsewhere)
+            # Running, but slow to answer (its GIL or loop busy elsewhere):
+            # past the offer's second, and every accept deadline of the doors.
+            time.sleep(1.3)
             fds = [client.fileno()]
         what = What.DECLINED if how == "declined" else What.TAKEN
         socket.send_fds(offers, [Message(what, message.client_port, message.serial).encode()], fds)

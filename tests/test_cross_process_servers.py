@@ -282,6 +282,11 @@ async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
         await peer.finish()
 
 
+# Both ends are other processes: this one's loop takes no part, one is enough.
+ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])
+
+
+@ONE_LOOP
 @pytest.mark.parametrize("server", ["blocking", "trio", "trio-timeout", "trio-install-timeout",
                                     "anyio", "anyio-uvloop", "anyio-timeout"])
 async def test_a_client_that_answers_late_is_waited_for(server):
@@ -302,6 +307,7 @@ async def test_a_client_that_answers_late_is_waited_for(server):
     assert (theirs["sha256"], theirs["friend"]) == (hashlib.sha256(b"ping").hexdigest(), True)
 
 
+@ONE_LOOP
 async def test_a_listener_that_closes_resets_what_a_cancelled_accept_left():
     """An accept cut short while the client answers late leaves the
     connection to the next accept; the listener closes instead, and the
