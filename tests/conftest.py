@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import os
 import signal
 import sys
 import warnings
@@ -64,6 +65,12 @@ def pytest_pycollect_makeitem(collector, name, obj):
         pytest.mark.usefixtures("loop_guard")(obj)
         pytest.mark.asyncio(obj)
     yield
+
+
+def pytest_xdist_auto_num_workers(config):
+    # One worker more than the cores (-n auto; --maxprocesses caps it): the
+    # tests with other processes spend much of their time waiting on them.
+    return (os.cpu_count() or 1) + 1
 
 
 def pytest_configure(config):
