@@ -117,9 +117,21 @@ async def serve(door: str) -> None:
         writer.close()
 
     start = asyncio.start_server if door == "plain" else friendsock.start_server
-    server = await start(echo, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    servers = [server] + ([await start(echo, "::1", port)] if door == "both" else [])
+    for _ in range(20):
+        server = await start(echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        if door != "both":
+            servers = [server]
+            break
+        try:
+            servers = [server, await start(echo, "::1", port)]
+            break
+        except OSError as exc:  # (the port taken on ::1 meanwhile: another one)
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            server.close()
+    else:
+        raise OSError(errno.EADDRINUSE, "no port free on both 127.0.0.1 and ::1")
     print(port, flush=True)
     stdin_closed = asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await stdin_closed
