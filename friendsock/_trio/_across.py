@@ -97,7 +97,7 @@ async def accept_across(listener: Any, conn: socket.socket, address: Any,
     backlog keeps a connection no accept took."""
     if connect_slot(address, listener_port) is None:  # (the usual case: no thread)
         return None
-    offer = _Offer(conn, address)
+    offer = _Offer(conn, address, listener_port)
     try:
         taken = await trio.to_thread.run_sync(offer.make, address, listener_port, abandon_on_cancel=True)
     except trio.Cancelled:
@@ -146,11 +146,13 @@ class _Offer:
     (cancelled): held for a later accept, woken as the answer comes, or
     abandoned, whichever of the two finishes last undoing what it came to."""
 
-    def __init__(self, conn: socket.socket, address: Any) -> None:
+    def __init__(self, conn: socket.socket, address: Any, listener_port: int) -> None:
         self.conn = conn
         self.address = address
+        self.listener_port = listener_port
         self.lock = threading.Lock()
         self.abandoned = False
+        self.started = False  # (made once, by whichever thread begins first)
         self.done = False
         self.taken: Optional[TakenOffer] = None
         # Held: set, in the trio run (``wake``), once the answer is in.
@@ -158,6 +160,10 @@ class _Offer:
         self.wake: Optional[trio.lowlevel.TrioToken] = None
 
     def make(self, address: Any, listener_port: int) -> Optional[TakenOffer]:
+        with self.lock:
+            if self.started:
+                return None
+            self.started = True
         taken = offer_accepted(self.conn, address, listener_port)
         with self.lock:
             self.done, self.taken = True, taken
@@ -175,10 +181,16 @@ class _Offer:
         """Left by its accept, in the trio run: a later one takes it."""
         self.finished = trio.Event()
         with self.lock:
-            if not self.done:
-                self.wake = trio.lowlevel.current_trio_token()
+            if self.done:
+                self.finished.set()
                 return
-        self.finished.set()
+            self.wake = trio.lowlevel.current_trio_token()
+            started = self.started
+        if not started:
+            # Cancelled before trio began its thread (it checks first), or
+            # just after: a thread of its own makes the offer, once.
+            threading.Thread(target=self.make, args=(self.address, self.listener_port),
+                             name="friendsock-offer", daemon=True).start()
 
     def _finish(self) -> None:
         assert self.finished is not None
