@@ -116,7 +116,6 @@ class FriendTransport(ReadSide, WriteSide):
         self._buffered = fills_buffers(state, protocol)
         self._low_water, self._high_water = state.default_write_limits
         self._drains = state.drains
-        self._drain_now = self._drain  # bound once: scheduled per burst
         # What the protocol's data_received and eof_received run in: a copy
         # of the context the transport is made in, as the loop's own
         # transports copy it, never the context of the friend's write().

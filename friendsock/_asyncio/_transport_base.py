@@ -16,7 +16,7 @@ import contextvars
 import warnings
 from asyncio.log import logger  # what a loop's own transport says, said where it says it
 from asyncio.transports import _FlowControlMixin
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from .._core._channel import Channel
 from .._core._link import LinkEnd
@@ -24,10 +24,6 @@ from .._friend_socket import FriendSocket, show_fin
 from .._handshake import current_pid
 from ._loop_state import LoopState
 from ._wakeups import DrainQueue
-
-
-def _no_drain() -> None:
-    """A closed transport's drain: nothing to deliver."""
 
 
 class TransportBase(_FlowControlMixin):
@@ -53,7 +49,6 @@ class TransportBase(_FlowControlMixin):
         "_conn_lost",
         "_paused_reading",
         "_drains",
-        "_drain_now",
         "_context",
         "_resume_context",
         "_state",
@@ -85,7 +80,6 @@ class TransportBase(_FlowControlMixin):
     _low_water: int
     _high_water: int
     _drains: DrainQueue
-    _drain_now: Callable[[], None]
     _context: contextvars.Context
     _resume_context: Optional[contextvars.Context]
     _state: LoopState
@@ -171,12 +165,11 @@ class TransportBase(_FlowControlMixin):
 
     def _unhook(self) -> None:
         """Done with the link. A transport dropped from then on goes at
-        once, as the loop's own, with its protocol (and what that holds):
-        the bound drain was a reference cycle."""
+        once, as the loop's own, with its protocol (and what that holds).
+        (A drain scheduled before finds the transport closing.)"""
         self._end.describe = self._end.owner = None
         self._in.notify_readable = None
         self._out.notify_writable = None
-        self._drain_now = _no_drain
 
     def _loop_gone(self) -> None:
         """Our loop closed with this end open (called on whatever thread

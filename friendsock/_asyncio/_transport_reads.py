@@ -40,9 +40,9 @@ class ReadSide(TransportBase):
         # See DrainQueue: for the running drain's rounds, or a callback of its own.
         drains = self._drains
         if drains.running:
-            drains.waiting.append((self._drain_now, self._context))
+            drains.waiting.append((self._drain, self._context))
         else:
-            self._loop.call_soon(self._drain_now, context=self._context)
+            self._loop.call_soon(self._drain, context=self._context)
 
     # -- ReadTransport ----------------------------------------------------
     def is_reading(self) -> bool:
@@ -85,7 +85,7 @@ class ReadSide(TransportBase):
         outermost = not drains.running
         if outermost:
             if drains.left <= 0:  # the loop's turn has had its share
-                drains.defer(self._drain_now, self._context)
+                drains.defer(self._drain, self._context)
                 return
             drains.running = True
         try:

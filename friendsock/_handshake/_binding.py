@@ -36,13 +36,20 @@ def numeric_address_infos(host: Any, port: Any, family: int = 0, proto: int = 0)
     if not known:
         return None
     af, host = known
-    address = (host, port) if af == socket.AF_INET else (host, port, 0, 0)
+    # One tuple per place, not per connect: ends keep it as their peer's name.
+    address = _numeric_addresses.get((host, port))
+    if address is None:
+        address = (host, port) if af == socket.AF_INET else (host, port, 0, 0)
+        if len(_numeric_addresses) < 1024:
+            _numeric_addresses[(host, port)] = address
     return [(af, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP, "", address)]
 
 
 # (host text, family asked) -> (family, canonical text), or () for a name
 # to resolve: a program connects to a handful of hosts, again and again.
 _numeric_hosts: Dict[Tuple[str, int], Tuple[Any, ...]] = {}
+# (canonical host, port) -> the socket address.
+_numeric_addresses: Dict[Tuple[str, int], Tuple[Any, ...]] = {}
 
 
 def _numeric_host(host: str, family: int) -> Tuple[Any, ...]:
