@@ -20,7 +20,7 @@ from .._host._payoff import worth_an_offer
 from .._host._ports import listener_elsewhere
 from ._across import AcrossTransport
 from ._adoption import adopt_paired_socket
-from ._native import loop_own_connects, native
+from ._native import loop_own_connects, native, routes_through_friendsock
 from ._pairing import connect
 from ._server import FriendServer
 from ._tls import TLSOptions, over_friend_link, start_tls as start_tls_on
@@ -72,19 +72,25 @@ async def create_connection_on(
             return adopted
     reason = why_not_friends(friends, kwargs)
     across = False
-    if reason is None and (host is None or not _has_listener_port(port)):
+    number = _port_number(port)
+    if reason is None and (host is None or not _has_listener_port(number)):
         # Served by another friendsock process of this host: TCP's handshake,
         # then the bytes move (not under TLS, which stays on TCP).
-        across = host is not None and not kwargs.get("ssl") and listener_elsewhere(_port_number(port))
+        across = host is not None and not kwargs.get("ssl") and listener_elsewhere(number)
         if not across:
             reason = Fallback.NO_LISTENER
-        elif not worth_an_offer(_port_number(port)):
+        elif not worth_an_offer(number):
             reason = Fallback.SHORT_LIVED
     if reason is not None:
+        # (Every connect to a peer without friendsock comes this way: what it
+        # costs, it costs them all.)
         if sock is None or is_tcp_socket(sock):  # (a Unix socket's is no TCP connection)
             counters.fallback(reason, _destination(host, port, sock))
+        own_create_connection = native(loop, "create_connection")
+        if not routes_through_friendsock(loop):
+            return await own_create_connection(protocol_factory, host, port, **kwargs)
         with loop_own_connects():  # its inner sock_connect is not to adopt
-            return await native(loop, "create_connection")(protocol_factory, host, port, **kwargs)
+            return await own_create_connection(protocol_factory, host, port, **kwargs)
     tls = None
     if kwargs:
         tls = _check_connection_arguments(loop, protocol_factory, host, port, kwargs)
@@ -92,12 +98,11 @@ async def create_connection_on(
                          across=across)
 
 
-def _has_listener_port(port: Any) -> bool:
-    """A listener of ours on ``port``, where it is a number or its digits;
-    anything else (a service name, what getaddrinfo refuses) is the loop's
-    own create_connection's to answer."""
-    port = _port_number(port)
-    return isinstance(port, int) and registry.has_port(port)
+def _has_listener_port(number: Any) -> bool:
+    """A listener of ours on port ``number`` (from :func:`_port_number`);
+    anything but a number (a service name, what getaddrinfo refuses) is the
+    loop's own create_connection's to answer."""
+    return isinstance(number, int) and registry.has_port(number)
 
 
 def _port_number(port: Any) -> Any:

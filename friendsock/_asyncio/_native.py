@@ -8,10 +8,9 @@ API, and the API calls back through this, with no import circle."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import types
-from typing import Any, Callable, Coroutine, Dict, Generator, Iterator, Optional, Tuple
+from typing import Any, Callable, Coroutine, Dict, Generator, Optional, Tuple
 
 _PATCHED = ("create_connection", "create_server", "start_tls", "sock_connect", "sock_accept",
             "connect_accepted_socket")
@@ -104,9 +103,15 @@ def _bound(attribute: Any, loop: Any) -> Callable[..., Any]:
 
 def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
     """The loop's own method ``name``, whatever friendsock patched."""
-    saved = getattr(loop, "__dict__", {}).get(_INSTANCE_SAVED)
+    instance = getattr(loop, "__dict__", {})
+    saved = instance.get(_INSTANCE_SAVED)
     if saved is not None and saved.get(name, _MISSING) is not _MISSING:
         return saved[name]
+    if not _class_patches and name not in instance:
+        # The class's own, as the walk below finds it (looked up now: a test
+        # may mock it), by the interpreter's cached lookup: every connect to
+        # a peer without friendsock comes through here.
+        return getattr(loop, name)
     current = _class_wrapper_context.get()
     if current is not None and current[0] is loop:
         patch = _class_patches.get(current[1])
@@ -128,7 +133,7 @@ def is_class_patched(klass: type) -> bool:
 
 def routes_through_friendsock(loop: Any) -> bool:
     """Whether ``loop`` is installed: itself, or by its class."""
-    return _INSTANCE_SAVED in getattr(loop, "__dict__", {}) or any(
+    return _INSTANCE_SAVED in getattr(loop, "__dict__", {}) or bool(_class_patches) and any(
         klass in _class_patches for klass in type(loop).__mro__
     )
 
@@ -140,15 +145,18 @@ _own_connects: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def loop_own_connects() -> Iterator[None]:
-    """Around a call of the loop's own ``create_connection``."""
-    token = _own_connects.set(True)
-    try:
-        yield
-    finally:
+class loop_own_connects:
+    """Around a call of the loop's own ``create_connection``. (A class, not
+    a generator: it is around every connect to a peer without friendsock.)"""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _own_connects.set(True)
+
+    def __exit__(self, *exc_info: Any) -> None:
         try:
-            _own_connects.reset(token)
+            _own_connects.reset(self._token)
         except ValueError:
             # The connect's coroutine closed outside its task's context (by
             # the garbage collector, say): that context is gone with it.

@@ -197,13 +197,16 @@ class Counters:
     def fallback(self, reason: Fallback, address: Any = None) -> None:
         """A connection took real TCP; ``address``: the listener's endpoint,
         or where the connect went when no listener of ours was there."""
-        # Counted by the plain string: FriendStats.fallbacks is looked up by it.
+        # Counted by the plain string: FriendStats.fallbacks is looked up by
+        # it. (_value_ is .value without the property: every connect to a
+        # peer without friendsock counts here.)
+        key = reason._value_
         shard = self.shard()
         fallbacks = shard.fallbacks
-        fallbacks[reason.value] = fallbacks.get(reason.value, 0) + 1
+        fallbacks[key] = fallbacks.get(key, 0) + 1
         if address is not None:
             fallbacks = shard.place(address).fallbacks
-            fallbacks[reason.value] = fallbacks.get(reason.value, 0) + 1
+            fallbacks[key] = fallbacks.get(key, 0) + 1
 
     def link_made(self, listener: Optional[Any]) -> None:
         """A friend link was established to ``listener`` (its endpoint)."""

@@ -10,7 +10,7 @@ import errno
 import socket
 import threading
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .._core._addresses import flow_key, is_ipv4, is_unspecified, kernel_destination, shared_host
 from .._core._link import Link
@@ -39,15 +39,28 @@ def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[Fallback]
     return None
 
 
+# (host, port) as callers name them -> (what fallback_address counts them
+# at, whether numeric): a program connects to a handful of places.
+_fallback_addresses: Dict[Tuple[Any, Any], Tuple[Any, bool]] = {}
+
+
 def fallback_address(host: Any, port: Any) -> Any:
     """Where a connect to ``(host, port)`` that takes real TCP before any
     address is tried is counted in ``stats().listeners``: the endpoint of the
     listener of ours it reaches (a numeric host), else the address as the
     caller named it."""
-    infos = numeric_address_infos(host, port)
-    if infos is None:
-        return (host, port)
-    address = infos[0][4]
+    try:
+        address, numeric = _fallback_addresses[(host, port)]
+    except (KeyError, TypeError):  # (TypeError: a host or port not hashable)
+        infos = numeric_address_infos(host, port)
+        address, numeric = ((host, port), False) if infos is None else (infos[0][4], True)
+        if len(_fallback_addresses) < 1024:
+            try:
+                _fallback_addresses[(host, port)] = address, numeric
+            except TypeError:
+                pass
+    if not numeric:
+        return address
     if registry.has_port(address[1]):
         entry, _ = registry.match_listener(address)
         if entry is not None:

@@ -28,13 +28,13 @@ def listener_elsewhere(port: Any) -> bool:
     table = port_table()
     if table is None or not isinstance(port, int) or not 0 < port < 65536:
         return False
-    slot = table.read(LISTENERS, port)
-    if not slot.pid or slot.pid == current_pid():
+    pid = table.pid(LISTENERS, port)
+    if not pid or pid == current_pid():
         return False
     try:
-        os.kill(slot.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        table.clear(LISTENERS, port, slot.pid)
+        table.clear(LISTENERS, port, pid)
         return False
     except OSError:
         pass

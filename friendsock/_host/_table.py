@@ -28,6 +28,7 @@ import time
 from typing import NamedTuple, Optional
 
 _SLOT = struct.Struct("<iHHq")  # pid, port, loop token, monotonic ns
+_PID = struct.Struct("<i")  # a slot's first field alone
 _PORTS = 1 << 16
 _REGION = _SLOT.size * _PORTS
 LISTENERS, CONNECTS = range(2)
@@ -78,6 +79,10 @@ class PortTable:
 
     def read(self, region: int, port: int) -> Slot:
         return Slot(*_SLOT.unpack_from(self._memory, region * _REGION + port * _SLOT.size))
+
+    def pid(self, region: int, port: int) -> int:
+        """The slot's pid alone (0: empty): every connect asks this first."""
+        return _PID.unpack_from(self._memory, region * _REGION + port * _SLOT.size)[0]
 
     def write(self, region: int, port: int, pid: int, to_port: int = 0, token: int = 0) -> None:
         _SLOT.pack_into(self._memory, region * _REGION + port * _SLOT.size,
