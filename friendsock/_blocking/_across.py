@@ -536,10 +536,10 @@ def may_cross(sock: socket.socket, resolved: Any) -> bool:
     one on a thread that runs an asyncio loop: that loop's code may hand
     the socket to a transport that does its I/O in C (uvloop's), and the
     wait for the offer would hold the loop."""
-    return (sock.type == socket.SOCK_STREAM
+    # The table first: most connects go where no friendsock process listens.
+    return (listener_elsewhere(resolved[1]) and sock.type == socket.SOCK_STREAM
             and (sock.gettimeout() != 0.0 or running_asyncio_loop() is None)
-            and is_loopback(resolved[0]) and listener_elsewhere(resolved[1])
-            and serves(resolved[0], resolved[1], sock.family))
+            and is_loopback(resolved[0]) and serves(resolved[0], resolved[1], sock.family))
 
 
 # -- the accept ----------------------------------------------------------------

@@ -343,7 +343,9 @@ def _may_pair(sock: socket.socket) -> bool:
     """A TCP socket of the patched class itself, with pairing switched on.
     A subclass (one its user defined while patched) keeps its class and its
     own methods doing the I/O: it is TCP."""
-    return type(sock) is FriendCapableSocket and sock.family in _INET and \
+    # (The C socket's own family and type: the socket module's properties
+    # make enums of them, a cost every connect would pay.)
+    return type(sock) is FriendCapableSocket and _ss.family.__get__(sock) in _INET and \
         _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and is_enabled() and \
         not _replaced_io and sock not in _handshake.adoptable_connecting and \
         sock not in natively_driven and (sock.gettimeout() != 0.0 or _loop_lets_pair())

@@ -33,7 +33,7 @@ from .._host._ports import listener_elsewhere
 from . import _ends
 from ._across import connect_across, may_cross
 from ._capable import FriendCapableSocket
-from ._descriptor import Descriptor
+from ._descriptor import Descriptor, _ss
 from ._paired import CONNECT_UNREPORTED, become_friend
 from ._readiness import Readiness
 
@@ -47,7 +47,7 @@ def _resolve(sock: socket.socket, address: Any) -> Optional[Any]:
         host, port = address[0], address[1]
     except (TypeError, IndexError, KeyError):
         return None  # the native connect reports it
-    infos = numeric_address_infos(host, port, sock.family)
+    infos = numeric_address_infos(host, port, _ss.family.__get__(sock))  # (the int, not an enum)
     if infos is None:
         if type(port) is not int or not (registry.has_port(port) or listener_elsewhere(port)):
             return None
