@@ -97,6 +97,8 @@ def in_class_wrapper(coro: Coroutine[Any, Any, Any], loop: Any, klass: type) -> 
 def _bound(attribute: Any, loop: Any) -> Callable[..., Any]:
     """``attribute``, found in a class's ``__dict__``, as ``loop.<name>``
     would give it: bound if a descriptor, as it is if not (a mock)."""
+    if type(attribute) is types.FunctionType:  # (asyncio's own: the common case, made quick)
+        return types.MethodType(attribute, loop)
     get = getattr(type(attribute), "__get__", None)
     return attribute if get is None else get(attribute, loop, type(loop))
 
@@ -107,11 +109,13 @@ def native(loop: asyncio.AbstractEventLoop, name: str) -> Callable[..., Any]:
     saved = instance.get(_INSTANCE_SAVED)
     if saved is not None and saved.get(name, _MISSING) is not _MISSING:
         return saved[name]
-    if not _class_patches and name not in instance:
+    if not _class_patches:
         # The class's own, as the walk below finds it (looked up now: a test
         # may mock it), by the interpreter's cached lookup: every connect to
         # a peer without friendsock comes through here.
-        return getattr(loop, name)
+        if name not in instance:
+            return getattr(loop, name)
+        return _bound(getattr(type(loop), name), loop)
     current = _class_wrapper_context.get()
     if current is not None and current[0] is loop:
         patch = _class_patches.get(current[1])
