@@ -757,7 +757,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def recv_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> int:
         count: int = _ss.recv_into(self, buffer, nbytes, *args)
-        self.received(count, buffer, nbytes > 0 or memoryview(buffer).nbytes > 0)
+        self.received(count, buffer, count > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return count
 
     def recvfrom(self, bufsize: int, *args: Any) -> Any:
@@ -767,7 +767,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def recvfrom_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> Any:
         found = _ss.recvfrom_into(self, buffer, nbytes, *args)
-        self.received(found[0], buffer, nbytes > 0 or memoryview(buffer).nbytes > 0)
+        self.received(found[0], buffer, found[0] > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return found
 
     def recvmsg(self, bufsize: int, *args: Any) -> Any:
@@ -806,7 +806,8 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         self.sent(memoryview(data).nbytes, data)
 
     def sendmsg(self, buffers: Any, *args: Any) -> int:
-        buffers = list(buffers)  # (an iterable, read twice with a capture)
+        if self.capturing():
+            buffers = list(buffers)  # (an iterable, read twice)
         count: int = _ss.sendmsg(self, buffers, *args)
         self.sent(count, buffers)
         return count
@@ -817,6 +818,10 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         moved: _Moved = self.__dict__[_STATE]
         self.sent(total, os.pread(file.fileno(), total, offset) if moved.tap is not None else b"")
         return total
+
+    def capturing(self) -> bool:
+        """Whether what moves is written to a capture too."""
+        return self.__dict__[_STATE].tap is not None
 
     def sent(self, count: int, data: Any) -> None:
         """``count`` bytes were handed to the kernel, the first of ``data``."""

@@ -243,7 +243,7 @@ class MovedTrioSocket(TrioSocketType):
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         count: int = await TrioSocketType.recv_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        self._sock.received(count, buffer, nbytes > 0 or memoryview(buffer).nbytes > 0)
+        self._sock.received(count, buffer, count > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return count
 
     async def recvfrom(self, bufsize: int, flags: int = 0) -> Any:
@@ -253,7 +253,7 @@ class MovedTrioSocket(TrioSocketType):
 
     async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Any:
         found = await TrioSocketType.recvfrom_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        self._sock.received(found[0], buffer, nbytes > 0 or memoryview(buffer).nbytes > 0)
+        self._sock.received(found[0], buffer, found[0] > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return found
 
     async def recvmsg(self, bufsize: int, *args: Any) -> Any:
@@ -268,7 +268,8 @@ class MovedTrioSocket(TrioSocketType):
         return count
 
     async def sendmsg(self, buffers: Any, *args: Any) -> int:
-        buffers = list(buffers)  # (an iterable, read twice with a capture)
+        if self._sock.capturing():
+            buffers = list(buffers)  # (an iterable, read twice)
         count: int = await TrioSocketType.sendmsg(self, buffers, *args)  # type: ignore[attr-defined]
         self._sock.sent(count, buffers)
         return count
