@@ -23,7 +23,7 @@ import struct
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 import trustme
@@ -889,6 +889,32 @@ async def test_a_server_abort_resets_a_blocking_client(peer_loop, path):
     assert got == "ConnectionResetError" and theirs == {"aborted": True}
 
 
+def _blocking_empty_read_then_reset(port: int) -> List[str]:
+    """Once the server's abort is here: a read of no bytes, then one of ten."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+        assert select.select([sock], [], [], 20)[0]  # (the abort came)
+        return [_outcome(lambda: sock.recv(0)), _outcome(lambda: sock.recv(10))]
+
+
+def _outcome(read: Callable[[], bytes]) -> str:
+    try:
+        return repr(read())
+    except OSError as exc:
+        return type(exc).__name__
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_read_of_no_bytes_leaves_the_reset_to_the_next_read(peer_loop, path):
+    """After the server's abort, ``recv(0)`` answers b'' and the reset is
+    raised by the next read that asks for bytes, as TCP's: a read of no
+    bytes neither raises it nor takes it away."""
+    got, _ = await _on_a_thread_against_a_server(peer_loop, path, _blocking_empty_read_then_reset,
+                                                 door="abort")
+    assert got == ["b''", "ConnectionResetError"]
+
+
 def _blocking_from_wildcard(port: int, host: str) -> bool:
     """A client bound to the wildcard address before connect()."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
@@ -982,6 +1008,38 @@ async def test_a_server_abort_resets_a_trio_client(peer_loop, path):
     BrokenResourceError from ConnectionResetError, not EOF."""
     got, theirs = await _on_a_thread_against_a_server(peer_loop, path, _trio_reset, door="abort")
     assert got == "BrokenResourceError from ConnectionResetError" and theirs == {"aborted": True}
+
+
+def _trio_empty_read_then_reset(port: int) -> List[str]:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> List[str]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"ping")
+            assert await stream.receive_some(4) == b"ping"
+            sock = stream.socket
+            with trio.fail_after(20):
+                await trio.lowlevel.wait_readable(sock)  # (the abort came)
+            outcomes = []
+            for size in (0, 10):
+                try:
+                    outcomes.append(repr(await sock.recv(size)))
+                except OSError as exc:
+                    outcomes.append(type(exc).__name__)
+            return outcomes
+
+    return trio.run(exchange)
+
+
+async def test_a_trio_read_of_no_bytes_leaves_the_reset_to_the_next_read(peer_loop, path):
+    """The same for a trio socket: ``recv(0)`` answers b'' after the
+    server's abort, and the next read raises the reset."""
+    got, _ = await _on_a_thread_against_a_server(peer_loop, path, _trio_empty_read_then_reset,
+                                                 door="abort")
+    assert got == ["b''", "ConnectionResetError"]
 
 
 def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:

@@ -787,8 +787,12 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             if moved.tap is not None:
                 moved.tap.data(moved.other_side, _first(data, count))
             return
+        if not asked:
+            # TCP's recv(0) answers b'' and leaves a pending reset to the
+            # next read (the check below takes it off the TCP socket).
+            return
         reset = tcp_error(moved.tcp)
-        if moved.tap is not None and asked:
+        if moved.tap is not None:
             if isinstance(reset, ConnectionResetError):
                 moved.tap.reset(moved.other_side)
             else:
