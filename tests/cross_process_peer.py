@@ -104,6 +104,12 @@ async def serve(door: str) -> None:
             writer.transport.abort()
             print(json.dumps({"aborted": True}), flush=True)
             return
+        if door == "close":  # the answer, then a close while the client still writes
+            writer.write(await reader.readexactly(4))
+            writer.close()
+            await writer.wait_closed()
+            print(json.dumps({"closed": True}), flush=True)
+            return
         try:
             while data := await reader.read(1 << 16):
                 digest.update(data)

@@ -915,6 +915,52 @@ async def test_a_read_of_no_bytes_leaves_the_reset_to_the_next_read(peer_loop, p
     assert got == ["b''", "ConnectionResetError"]
 
 
+def _peer_gone(sock: Any) -> None:
+    """Until the other end's socket is gone: a TCP socket's POLLHUP comes
+    with the reset that answers a write, a moved one's as the pair closes."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLHUP)
+    assert poller.poll(20_000)
+
+
+def _blocking_writes_after_close(port: int) -> List[str]:
+    """Once the server closed: a write, the server gone, a second write,
+    a read."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+        assert select.select([sock], [], [], 20)[0]  # (its FIN came)
+        first = _outcome(lambda: sock.send(b"more"))
+        _peer_gone(sock)
+        return [first, _outcome(lambda: sock.send(b"more")), _outcome(lambda: sock.recv(10))]
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_the_first_write_after_the_other_end_closed_is_taken(peer_loop, path):
+    """The server answers and closes: as TCP's, the client's next send
+    is taken (the other kernel resets it), the one after raises
+    BrokenPipeError, and a read finds EOF; not a BrokenPipeError at once,
+    as a socketpair would give."""
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, _blocking_writes_after_close,
+                                                      door="close")
+    assert got == ["4", "BrokenPipeError", "b''"] and theirs == {"closed": True}
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_write_after_the_other_end_aborted_is_reset(peer_loop, path):
+    """The server aborts: the client's next send raises the reset, as
+    TCP's does, and its next read finds EOF."""
+    def exchange(port: int) -> List[str]:
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+            sock.sendall(b"ping")
+            assert sock.recv(4) == b"ping"
+            _peer_gone(sock)
+            return [_outcome(lambda: sock.send(b"more")), _outcome(lambda: sock.recv(10))]
+
+    got, _ = await _on_a_thread_against_a_server(peer_loop, path, exchange, door="abort")
+    assert got == ["ConnectionResetError", "b''"]
+
+
 def _blocking_from_wildcard(port: int, host: str) -> bool:
     """A client bound to the wildcard address before connect()."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
@@ -1040,6 +1086,61 @@ async def test_a_trio_read_of_no_bytes_leaves_the_reset_to_the_next_read(peer_lo
     got, _ = await _on_a_thread_against_a_server(peer_loop, path, _trio_empty_read_then_reset,
                                                  door="abort")
     assert got == ["b''", "ConnectionResetError"]
+
+
+async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, path):
+    """The server answers and closes: as over TCP, the client's next
+    write is taken, and closing then loses nothing (no BrokenPipeError in
+    connection_lost, as a socketpair's would give)."""
+    peer, port = await _serving(peer_loop, path, door="close")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        assert await bounded(reader.read()) == b""
+        assert await peer.report() == {"closed": True}  # (its socket is gone)
+        writer.write(b"more")
+        closing = writer.transport.is_closing()
+        writer.close()
+        await bounded(writer.wait_closed())
+    finally:
+        await peer.finish()
+    assert not closing
+
+
+def _trio_writes_after_close(port: int) -> List[str]:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> List[str]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"ping")
+            assert await stream.receive_some(4) == b"ping"
+            sock = stream.socket
+            with trio.fail_after(20):
+                await trio.lowlevel.wait_readable(sock)  # (its FIN came)
+            outcomes = []
+            for step in ("send", "gone", "send", "recv"):
+                if step == "gone":
+                    _peer_gone(sock)
+                    continue
+                try:
+                    outcomes.append(repr(await (sock.send(b"more") if step == "send" else sock.recv(10))))
+                except OSError as exc:
+                    outcomes.append(type(exc).__name__)
+            return outcomes
+
+    return trio.run(exchange)
+
+
+async def test_a_trio_write_after_the_other_end_closed_is_taken(peer_loop, path):
+    """The same for a trio socket: the first send after the server's
+    close is taken, the next raises BrokenPipeError, a read finds EOF."""
+    got, _ = await _on_a_thread_against_a_server(peer_loop, path, _trio_writes_after_close,
+                                                 door="close")
+    assert got == ["4", "BrokenPipeError", "b''"]
 
 
 def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:

@@ -19,12 +19,14 @@ import asyncio
 import contextvars
 import itertools
 import os
+import select
 import socket
 import threading
 import time
 from asyncio import trsock
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
+from .._core._link import write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._pcap import CLIENT, SERVER
 from .._core._stats import counters
@@ -458,6 +460,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         self._writes = 0
         self._eof_sent = False
         self._eof_came = False
+        self._wrote_after_close = False  # see _taken_after_close
         self._paused_writing = False
         # The capture's tap while one runs (friendsock.capture): this end's
         # side and the other's, as the segments name them.
@@ -472,7 +475,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
 
     # (the inner transport answers for what it does)
     def write(self, data: Any) -> None:
-        self._inner.write(data)
+        if not (self._eof_came and self._taken_after_close()):
+            self._inner.write(data)
         self._writes += 1
         if type(data) is bytes and self._tap is None:
             self._sent += len(data)
@@ -481,10 +485,28 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
 
     def writelines(self, list_of_data: Any) -> None:
         list_of_data = list(list_of_data)  # (an iterator is read once)
-        self._inner.writelines(list_of_data)
+        if not (self._eof_came and self._taken_after_close()):
+            self._inner.writelines(list_of_data)
         self._writes += 1
         for data in list_of_data:
             self._wrote(data)
+
+    def _taken_after_close(self) -> bool:
+        """After the other end's EOF: whether this write is TCP's first one
+        after that end's socket is gone (its pair end closed), which TCP
+        takes (the other kernel drops it and resets; the core's rule,
+        :func:`write_refused_across`). The pair would refuse it at once;
+        the next write goes to it, and fails as TCP's second would."""
+        if self._inner.is_closing():
+            return False
+        poller = select.poll()
+        poller.register(self._inner.get_extra_info("socket").fileno(), select.POLLHUP)
+        if not poller.poll(0):
+            return False  # (only its writing shut down: it still reads)
+        if write_refused_across(False, self._wrote_after_close) is not None:
+            return False
+        self._wrote_after_close = True
+        return True
 
     def _wrote(self, data: Any) -> None:
         """Count what the inner transport took (and capture it)."""

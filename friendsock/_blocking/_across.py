@@ -41,6 +41,7 @@ import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
 from .._core._addresses import is_unspecified
+from .._core._link import write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._fork import Part, on_fork
 from .._core._pcap import CLIENT, SERVER
@@ -674,7 +675,7 @@ class _Moved:
     capture's tap while one runs (``friendsock.capture``)."""
 
     __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic",
-                 "tap", "side", "other_side")
+                 "tap", "side", "other_side", "wrote_after_close")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
                  rendezvous: Rendezvous, client: bool, traffic: _Traffic,
@@ -686,6 +687,7 @@ class _Moved:
         self.client = client
         self.traffic = traffic
         self.shut_down = False  # writing, by shutdown()
+        self.wrote_after_close = False  # a write taken after the other end closed
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
         # Lets the TCP socket go once the user's is closed, or collected.
@@ -800,21 +802,47 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if isinstance(reset, ConnectionResetError):
             raise reset
 
+    # A write the pair refuses (EPIPE: the other end's socket is gone) is
+    # answered as TCP's would be (see written_after_close).
     def send(self, data: Any, *flags: int) -> int:
-        count: int = _ss.send(self, data, *flags)
+        try:
+            count: int = _ss.send(self, data, *flags)
+        except BrokenPipeError as exc:
+            count = self.written_after_close(exc, memoryview(data).nbytes)
         self.sent(count, data)
         return count
 
     def sendall(self, data: Any, *flags: int) -> None:
-        _ss.sendall(self, data, *flags)
-        self.sent(memoryview(data).nbytes, data)
+        size = memoryview(data).nbytes
+        try:
+            _ss.sendall(self, data, *flags)
+        except BrokenPipeError as exc:
+            self.written_after_close(exc, size)
+        self.sent(size, data)
 
     def sendmsg(self, buffers: Any, *args: Any) -> int:
-        if self.capturing():
+        if self.capturing() or not isinstance(buffers, (list, tuple)):
             buffers = list(buffers)  # (an iterable, read twice)
-        count: int = _ss.sendmsg(self, buffers, *args)
+        try:
+            count: int = _ss.sendmsg(self, buffers, *args)
+        except BrokenPipeError as exc:
+            count = self.written_after_close(exc, sum(memoryview(data).nbytes for data in buffers))
         self.sent(count, buffers)
         return count
+
+    def written_after_close(self, refused: BrokenPipeError, size: int) -> int:
+        """What a write of ``size`` bytes that the pair ``refused`` answers
+        (the core's rule, :func:`write_refused_across`): the count TCP's
+        send gives where it takes the write, else the error it raises."""
+        moved: _Moved = self.__dict__[_STATE]
+        if moved.shut_down:
+            raise refused  # (our own shutdown: EPIPE, as TCP's)
+        reset = tcp_error(moved.tcp)
+        error = write_refused_across(isinstance(reset, ConnectionResetError), moved.wrote_after_close)
+        if error is None:
+            moved.wrote_after_close = True
+            return size
+        raise error.as_os_error() from None
 
     def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
         # (socket.sendfile's os.sendfile path: the kernel reads the file)

@@ -384,6 +384,19 @@ def _may_go_on_over_tcp(client: LinkEnd, server: LinkEnd, limit: int) -> bool:
     return True
 
 
+def write_refused_across(peer_reset: bool, taken_before: bool) -> Optional[LinkBrokenError]:
+    """The rule of :meth:`LinkEnd.send_refused` for a connection moved to
+    another process, whose write the kernel refused because the other
+    end's socket is gone: what that write gets. The other end's reset
+    (it aborted): ECONNRESET. A clean close: TCP takes the first write
+    (the other kernel drops it and resets, after which the next fails),
+    so None the first time (``taken_before`` False), then EPIPE."""
+    if peer_reset:
+        return LinkBrokenError(errno.ECONNRESET)
+    if not taken_before:
+        return None
+    return LinkBrokenError(errno.EPIPE)
+
 class Link:
     """Two channels and two ends: ``client`` and ``server``.
 

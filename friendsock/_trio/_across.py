@@ -262,15 +262,22 @@ class MovedTrioSocket(TrioSocketType):
             self._sock.received(len(found[0]), found[0], True)
         return found
 
+    # A write the pair refuses is answered as TCP's (see written_after_close).
     async def send(self, data: Any, flags: int = 0) -> int:
-        count: int = await TrioSocketType.send(self, data, flags)  # type: ignore[attr-defined]
+        try:
+            count: int = await TrioSocketType.send(self, data, flags)  # type: ignore[attr-defined]
+        except BrokenPipeError as exc:
+            count = self._sock.written_after_close(exc, memoryview(data).nbytes)
         self._sock.sent(count, data)
         return count
 
     async def sendmsg(self, buffers: Any, *args: Any) -> int:
-        if self._sock.capturing():
+        if self._sock.capturing() or not isinstance(buffers, (list, tuple)):
             buffers = list(buffers)  # (an iterable, read twice)
-        count: int = await TrioSocketType.sendmsg(self, buffers, *args)  # type: ignore[attr-defined]
+        try:
+            count: int = await TrioSocketType.sendmsg(self, buffers, *args)  # type: ignore[attr-defined]
+        except BrokenPipeError as exc:
+            count = self._sock.written_after_close(exc, sum(memoryview(data).nbytes for data in buffers))
         self._sock.sent(count, buffers)
         return count
 
