@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import struct
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import pytest
 import trustme
@@ -889,75 +890,97 @@ async def test_a_server_abort_resets_a_blocking_client(peer_loop, path):
     assert got == "ConnectionResetError" and theirs == {"aborted": True}
 
 
-def _blocking_empty_read_then_reset(port: int) -> List[str]:
-    """Once the server's abort is here: a read of no bytes, then one of ten."""
+# After the server's answer: what each step of a client's gets, once the
+# server's FIN or abort came. ``recv0``: recv(0); ``recv``: recv(10);
+# ``send``: a send of 4 bytes; ``gone``: wait until the server's socket is
+# gone (a TCP socket's POLLHUP comes with the reset that answers a write,
+# a moved one's as the pair closes).
+def _blocking_steps(port: int, steps: Sequence[str]) -> List[str]:
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.sendall(b"ping")
         assert sock.recv(4) == b"ping"
-        assert select.select([sock], [], [], 20)[0]  # (the abort came)
-        return [_outcome(lambda: sock.recv(0)), _outcome(lambda: sock.recv(10))]
+        assert select.select([sock], [], [], 20)[0]  # (its FIN or reset came)
+        outcomes = []
+        for step in steps:
+            if step == "gone":
+                _peer_gone(sock)
+                continue
+            try:
+                outcomes.append(repr(sock.send(b"more") if step == "send" else sock.recv(_SIZES[step])))
+            except OSError as exc:
+                outcomes.append(type(exc).__name__)
+        return outcomes
 
 
-def _outcome(read: Callable[[], bytes]) -> str:
-    try:
-        return repr(read())
-    except OSError as exc:
-        return type(exc).__name__
+def _trio_steps(port: int, steps: Sequence[str]) -> List[str]:
+    """The same steps, for a trio socket."""
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> List[str]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"ping")
+            assert await stream.receive_some(4) == b"ping"
+            sock = stream.socket
+            with trio.fail_after(20):
+                await trio.lowlevel.wait_readable(sock)  # (its FIN or reset came)
+            outcomes = []
+            for step in steps:
+                if step == "gone":
+                    _peer_gone(sock)
+                    continue
+                try:
+                    outcomes.append(repr(await (sock.send(b"more") if step == "send"
+                                                else sock.recv(_SIZES[step]))))
+                except OSError as exc:
+                    outcomes.append(type(exc).__name__)
+            return outcomes
+
+    return trio.run(exchange)
 
 
-@pytest.mark.usefixtures("socket_patched")
-async def test_a_read_of_no_bytes_leaves_the_reset_to_the_next_read(peer_loop, path):
-    """After the server's abort, ``recv(0)`` answers b'' and the reset is
-    raised by the next read that asks for bytes, as TCP's: a read of no
-    bytes neither raises it nor takes it away."""
-    got, _ = await _on_a_thread_against_a_server(peer_loop, path, _blocking_empty_read_then_reset,
-                                                 door="abort")
-    assert got == ["b''", "ConnectionResetError"]
+_SIZES = {"recv0": 0, "recv": 10}
+_CLIENT_STEPS = {"blocking": _blocking_steps, "trio": _trio_steps}
 
 
 def _peer_gone(sock: Any) -> None:
-    """Until the other end's socket is gone: a TCP socket's POLLHUP comes
-    with the reset that answers a write, a moved one's as the pair closes."""
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLHUP)
     assert poller.poll(20_000)
 
 
-def _blocking_writes_after_close(port: int) -> List[str]:
-    """Once the server closed: a write, the server gone, a second write,
-    a read."""
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
-        sock.sendall(b"ping")
-        assert sock.recv(4) == b"ping"
-        assert select.select([sock], [], [], 20)[0]  # (its FIN came)
-        first = _outcome(lambda: sock.send(b"more"))
-        _peer_gone(sock)
-        return [first, _outcome(lambda: sock.send(b"more")), _outcome(lambda: sock.recv(10))]
-
-
+@pytest.mark.parametrize("client", ["blocking", "trio"])
 @pytest.mark.usefixtures("socket_patched")
-async def test_the_first_write_after_the_other_end_closed_is_taken(peer_loop, path):
+async def test_a_read_of_no_bytes_leaves_the_reset_to_the_next_read(peer_loop, path, client):
+    """After the server's abort, ``recv(0)`` answers b'' and the reset is
+    raised by the next read that asks for bytes, as TCP's: a read of no
+    bytes neither raises it nor takes it away."""
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("recv0", "recv"))
+    got, _ = await _on_a_thread_against_a_server(peer_loop, path, steps, door="abort")
+    assert got == ["b''", "ConnectionResetError"]
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_the_first_write_after_the_other_end_closed_is_taken(peer_loop, path, client):
     """The server answers and closes: as TCP's, the client's next send
     is taken (the other kernel resets it), the one after raises
     BrokenPipeError, and a read finds EOF; not a BrokenPipeError at once,
     as a socketpair would give."""
-    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, _blocking_writes_after_close,
-                                                      door="close")
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("send", "gone", "send", "recv"))
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="close")
     assert got == ["4", "BrokenPipeError", "b''"] and theirs == {"closed": True}
 
 
+@pytest.mark.parametrize("client", ["blocking", "trio"])
 @pytest.mark.usefixtures("socket_patched")
-async def test_a_write_after_the_other_end_aborted_is_reset(peer_loop, path):
+async def test_a_write_after_the_other_end_aborted_is_reset(peer_loop, path, client):
     """The server aborts: the client's next send raises the reset, as
     TCP's does, and its next read finds EOF."""
-    def exchange(port: int) -> List[str]:
-        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
-            sock.sendall(b"ping")
-            assert sock.recv(4) == b"ping"
-            _peer_gone(sock)
-            return [_outcome(lambda: sock.send(b"more")), _outcome(lambda: sock.recv(10))]
-
-    got, _ = await _on_a_thread_against_a_server(peer_loop, path, exchange, door="abort")
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("gone", "send", "recv"))
+    got, _ = await _on_a_thread_against_a_server(peer_loop, path, steps, door="abort")
     assert got == ["ConnectionResetError", "b''"]
 
 
@@ -1056,38 +1079,6 @@ async def test_a_server_abort_resets_a_trio_client(peer_loop, path):
     assert got == "BrokenResourceError from ConnectionResetError" and theirs == {"aborted": True}
 
 
-def _trio_empty_read_then_reset(port: int) -> List[str]:
-    import trio
-
-    import friendsock.trio
-
-    async def exchange() -> List[str]:
-        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
-        async with stream:
-            await stream.send_all(b"ping")
-            assert await stream.receive_some(4) == b"ping"
-            sock = stream.socket
-            with trio.fail_after(20):
-                await trio.lowlevel.wait_readable(sock)  # (the abort came)
-            outcomes = []
-            for size in (0, 10):
-                try:
-                    outcomes.append(repr(await sock.recv(size)))
-                except OSError as exc:
-                    outcomes.append(type(exc).__name__)
-            return outcomes
-
-    return trio.run(exchange)
-
-
-async def test_a_trio_read_of_no_bytes_leaves_the_reset_to_the_next_read(peer_loop, path):
-    """The same for a trio socket: ``recv(0)`` answers b'' after the
-    server's abort, and the next read raises the reset."""
-    got, _ = await _on_a_thread_against_a_server(peer_loop, path, _trio_empty_read_then_reset,
-                                                 door="abort")
-    assert got == ["b''", "ConnectionResetError"]
-
-
 async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, path):
     """The server answers and closes: as over TCP, the client's next
     write is taken, and closing then loses nothing (no BrokenPipeError in
@@ -1106,41 +1097,6 @@ async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, 
     finally:
         await peer.finish()
     assert not closing
-
-
-def _trio_writes_after_close(port: int) -> List[str]:
-    import trio
-
-    import friendsock.trio
-
-    async def exchange() -> List[str]:
-        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
-        async with stream:
-            await stream.send_all(b"ping")
-            assert await stream.receive_some(4) == b"ping"
-            sock = stream.socket
-            with trio.fail_after(20):
-                await trio.lowlevel.wait_readable(sock)  # (its FIN came)
-            outcomes = []
-            for step in ("send", "gone", "send", "recv"):
-                if step == "gone":
-                    _peer_gone(sock)
-                    continue
-                try:
-                    outcomes.append(repr(await (sock.send(b"more") if step == "send" else sock.recv(10))))
-                except OSError as exc:
-                    outcomes.append(type(exc).__name__)
-            return outcomes
-
-    return trio.run(exchange)
-
-
-async def test_a_trio_write_after_the_other_end_closed_is_taken(peer_loop, path):
-    """The same for a trio socket: the first send after the server's
-    close is taken, the next raises BrokenPipeError, a read finds EOF."""
-    got, _ = await _on_a_thread_against_a_server(peer_loop, path, _trio_writes_after_close,
-                                                 door="close")
-    assert got == ["4", "BrokenPipeError", "b''"]
 
 
 def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
