@@ -360,7 +360,14 @@ class Rendezvous:
                 if taken is not None:
                     wait, pair_end = taken
                     wait.taken = pair_end
+                    # Nothing of the wait kept past this: the next read
+                    # lets the GIL go, and a process whose main thread
+                    # then exits finalizes with this thread's frame kept,
+                    # holding the user's socket (no ResourceWarning for
+                    # one left open, as a TCP one gives).
+                    del taken, pair_end
                     wait.settle()
+                    del wait
 
 
 def _answer_to(chan: _OfferChannel, serial: int, limit: Optional[float]
