@@ -470,23 +470,38 @@ async def test_a_socket_anyio_only_wraps_is_known_from_its_first_accept(friends)
                         assert await server.receive() == b"before any accept"
 
 
-async def test_a_listener_seen_at_listen_pairs_a_client_before_its_first_sock_accept(friends, patient_confirm):
-    """Under ``patch_socket()``, a listener made non-blocking before
-    ``listen()`` (as anyio's and tornado's are) is registered there: a
-    client that connected and wrote before the listener's first
-    ``sock_accept`` on an installed loop is claimed by that accept and
-    pairs, every byte arriving; the loop's accept takes the registration
-    over, so the listener is registered once."""
+def _non_blocking_before_listen() -> socket.socket:
+    listener = raw_socket()
+    listener.bind((LOCALHOST, 0))
+    listener.listen()
+    return listener
+
+
+def _made_by_create_server() -> socket.socket:
+    listener = socket.create_server((LOCALHOST, 0))
+    listener.setblocking(False)  # for sock_accept, on the loop's thread
+    return listener
+
+
+@pytest.mark.parametrize("make_listener", [_non_blocking_before_listen, _made_by_create_server],
+                         ids=["non-blocking-before-listen", "create_server"])
+async def test_a_listener_seen_at_listen_pairs_a_client_before_its_first_sock_accept(
+        friends, make_listener, patient_confirm):
+    """Under ``patch_socket()``, a listener friendsock saw ``listen()``
+    (made non-blocking before, as anyio's and tornado's are; or made by
+    ``socket.create_server()`` and made non-blocking on the loop's thread
+    after) is registered there: a client that connected and wrote before
+    the listener's first ``sock_accept`` on an installed loop is claimed by
+    that accept and pairs, every byte arriving; the loop's accept takes the
+    registration over, so the listener is registered once."""
     payload = os.urandom(4096)
     loop = asyncio.get_running_loop()
     if friends:
         friendsock.patch_socket()
     try:
         with maybe_installed(friends):
-            listener = raw_socket()
+            listener = make_listener()
             with listener:
-                listener.bind((LOCALHOST, 0))
-                listener.listen()
                 port = listener.getsockname()[1]
                 assert registry.has_port(port) is friends
 

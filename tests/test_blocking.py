@@ -1445,11 +1445,18 @@ def test_a_wake_is_a_write_that_cannot_block():
         sleeper.close()
 
 
-def test_sockets_that_cannot_pair_stay_real(patched):
-    """A non-blocking connect, and a connect to no listener of ours, are
-    the real socket's."""
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_listener_an_event_loop_takes_over_stays_real(patched, loop_kind):
+    """A listener made non-blocking on the thread of an event loop
+    friendsock is not installed on (as its ``create_server(sock=)`` does,
+    whose accept may run in C) is passed on: its clients are the real
+    socket's, even once its own ``accept()`` runs again."""
     with socket.create_server((LOCALHOST, 0)) as listener:
-        listener.setblocking(False)  # handed to an event loop, say: no pairing
+        async def take_over() -> None:
+            listener.setblocking(False)
+
+        runner = uvloop.run if loop_kind == "uvloop" else asyncio.run
+        runner(take_over())
         with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
             assert not friendsock.is_friend(client)
             listener.setblocking(True)
@@ -1458,6 +1465,25 @@ def test_sockets_that_cannot_pair_stay_real(patched):
                 assert not friendsock.is_friend(server)
                 client.sendall(b"tcp")
                 assert server.recv(10) == b"tcp"
+
+
+def test_a_listener_made_non_blocking_where_no_loop_runs_pairs_its_first_client(patched):
+    """``socket.create_server()``, then ``setblocking(False)`` for a poller
+    of its user's (a ``selectors`` server's): still the listener it was, so
+    a client that connects before its first ``accept()`` pairs, and every
+    byte arrives."""
+    with socket.create_server((LOCALHOST, 0)) as listener:
+        listener.setblocking(False)
+        with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client:
+            client.sendall(b"before any accept")
+            assert select.select([listener], [], [], TIMEOUT)[0] == [listener]
+            server, _ = listener.accept()
+            with server:
+                assert friendsock.is_friend(client) is patched
+                assert friendsock.is_friend(server) is patched
+                server.setblocking(True)
+                server.settimeout(TIMEOUT)
+                assert server.recv(100) == b"before any accept"
 
 
 def _report_sockname(sock: socket.socket, conn: Any) -> None:

@@ -238,16 +238,19 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
             steps.claim(self, sock, address, entry)
         return sock, address
 
-    # An event loop taking the socket over makes it non-blocking: passed on,
-    # its new owner's accept pairs from then on, or nobody's does.
+    # An event loop friendsock is not installed on, taking the socket over,
+    # makes it non-blocking: passed on, nobody's accept pairs any more. On
+    # an installed loop's thread (its sock_accept, create_server(sock=) take
+    # the registration over) or no loop's, it stays registered, as a socket
+    # made non-blocking before listen() is: its first client pairs.
     def setblocking(self, flag: bool) -> None:
         _ss.setblocking(self, flag)
-        if not flag and self._serves_friends():
+        if not flag and self._serves_friends() and not _loop_lets_pair():
             steps.forget_listener(self, passed_on=True)
 
     def settimeout(self, value: Optional[float]) -> None:
         _ss.settimeout(self, value)
-        if value == 0 and self._serves_friends():
+        if value == 0 and self._serves_friends() and not _loop_lets_pair():
             steps.forget_listener(self, passed_on=True)
 
     def detach(self) -> int:
