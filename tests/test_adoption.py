@@ -58,7 +58,8 @@ class SockAcceptServer:
     each socket to ``connect_accepted_socket``; ``handle`` serves the
     streams (``adopt=False``: it gets the raw socket instead)."""
 
-    def __init__(self, handle: Callable[..., Any], adopt: bool = True) -> None:
+    def __init__(self, handle: Callable[..., Any], adopt: bool = True,
+                 open_connection: bool = False) -> None:
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.bind((LOCALHOST, 0))
         self.listener.listen(100)
@@ -66,6 +67,9 @@ class SockAcceptServer:
         self.port = self.listener.getsockname()[1]
         self.handle = handle
         self.adopt = adopt
+        # Hand each socket to asyncio.open_connection(sock=) instead, as
+        # code that accepts by hand often does.
+        self.open_connection = open_connection
         self.writers: List[asyncio.StreamWriter] = []
         self.tasks: List[asyncio.Task] = []
         self._accepting = asyncio.get_running_loop().create_task(self._accept_forever())
@@ -84,10 +88,13 @@ class SockAcceptServer:
             finally:
                 conn.close()
             return
-        reader = asyncio.StreamReader()
-        protocol = asyncio.StreamReaderProtocol(reader)
-        transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        if self.open_connection:
+            reader, writer = await asyncio.open_connection(sock=conn)
+        else:
+            reader = asyncio.StreamReader()
+            protocol = asyncio.StreamReaderProtocol(reader)
+            transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         self.writers.append(writer)
         try:
             await self.handle(reader, writer)
@@ -103,8 +110,9 @@ class SockAcceptServer:
 
 
 @contextlib.asynccontextmanager
-async def sock_accept_server(handle: Callable[..., Any], adopt: bool = True) -> AsyncIterator[SockAcceptServer]:
-    server = SockAcceptServer(handle, adopt)
+async def sock_accept_server(handle: Callable[..., Any], adopt: bool = True,
+                             open_connection: bool = False) -> AsyncIterator[SockAcceptServer]:
+    server = SockAcceptServer(handle, adopt, open_connection)
     # Its first sock_accept call registers the listener: clients connect after.
     await first_accept_call(server.port, friendsock.is_installed())
     try:
@@ -164,7 +172,14 @@ async def sock_accept_echo() -> AsyncIterator[int]:
         yield server.port
 
 
-SERVERS = {"start_server": start_server_echo, "sock_accept": sock_accept_echo}
+@contextlib.asynccontextmanager
+async def sock_accept_open_connection_echo() -> AsyncIterator[int]:
+    async with sock_accept_server(echo_streams, open_connection=True) as server:
+        yield server.port
+
+
+SERVERS = {"start_server": start_server_echo, "sock_accept": sock_accept_echo,
+           "sock_accept+open_connection": sock_accept_open_connection_echo}
 
 
 # -- pairing -------------------------------------------------------------------
@@ -175,6 +190,8 @@ SERVERS = {"start_server": start_server_echo, "sock_accept": sock_accept_echo}
     ("sock_connect", "start_server"),
     ("sock_connect", "sock_accept"),
     ("open_connection", "sock_accept"),
+    ("sock_connect", "sock_accept+open_connection"),
+    ("open_connection", "sock_accept+open_connection"),
 ])
 async def test_sockets_made_elsewhere_pair(friends, client_kind, server_kind, patient_confirm):
     with maybe_installed(friends):

@@ -148,10 +148,16 @@ async def adopt_connected(
     kwargs: dict,
 ) -> Optional[Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]:
     """``create_connection(sock=sock)`` for a socket :func:`sock_connect`
-    connected: the friend link if it pairs; None when it is the loop's own
-    business (nothing adoptable, or TCP: the caller goes on natively)."""
+    connected, or :func:`sock_accept` accepted (``asyncio.open_connection
+    (sock=)`` after ``sock_accept``): the friend link if it pairs; None
+    when it is the loop's own business (nothing adoptable, or TCP: the
+    caller goes on natively)."""
     pending = _connected.pop(sock, None)
     if pending is None:
+        if sock in _accepted or sock in _accepted_across:
+            # The loop makes the transport connect_accepted_socket would,
+            # with a client's TLS if asked for.
+            return await _adopt_accepted(loop, protocol_factory, sock, kwargs, _client_tls)
         return None
     # As the loop's own transport sets it on a socket handed over (whose
     # user may look); a friend end sets it on its own ones only once asked.
@@ -424,28 +430,43 @@ async def connect_accepted_socket(
     """``loop.connect_accepted_socket``: the friend link for a connection
     :func:`sock_accept` held, when it pairs; the transport of one it moved
     to another process."""
-    across = _accepted_across.pop(sock, None)
-    if across is not None:
-        return await _serve_across(loop, protocol_factory, sock, kwargs, *across)
-    held = _accepted.pop(sock, None)
-    if held is None:
-        adopted = await adopt_paired_socket(loop, protocol_factory, sock, kwargs, accepted=True)
-        if adopted is not None:
-            return adopted
+    if sock in _accepted or sock in _accepted_across:
+        adopted = await _adopt_accepted(loop, protocol_factory, sock, kwargs, _server_tls)
     else:
-        pending, sockname, address = held
-        try:
-            tls = _server_tls(kwargs)
-        except (TypeError, ValueError):
-            go_tcp(pending, Fallback.SOCK)  # the loop's own errors follow
-        else:
-            if payload_moved(sock):
-                go_tcp(pending, Fallback.USED_RAW)
-            elif await _adopt_accepted_end(loop, sock, pending):
-                return await start_server_end(loop, pending, sock, sockname, address,
-                                              protocol_factory, tls)
+        adopted = await adopt_paired_socket(loop, protocol_factory, sock, kwargs, accepted=True)
+    if adopted is not None:
+        return adopted
     return await native(loop, "connect_accepted_socket")(
         protocol_factory, sock, **kwargs)
+
+
+async def _adopt_accepted(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    sock: socket.socket,
+    kwargs: dict,
+    tls_of: Callable[[dict], Optional[TLSOptions]],
+) -> Optional[Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]:
+    """A socket :func:`sock_accept` held (or moved to another process)
+    handed to a loop's call: the friend link if it pairs, the transport
+    over the moved pair; None when the caller goes on natively (TCP, or
+    keywords a friend end does not take: the loop's own errors follow).
+    ``tls_of``: the TLS the call asks for, from its keywords."""
+    across = _accepted_across.pop(sock, None)
+    if across is not None:
+        return await _serve_across(loop, protocol_factory, sock, kwargs, tls_of, *across)
+    pending, sockname, address = _accepted.pop(sock)
+    try:
+        tls = tls_of(kwargs)
+    except (TypeError, ValueError):
+        go_tcp(pending, Fallback.SOCK)
+        return None
+    if payload_moved(sock):
+        go_tcp(pending, Fallback.USED_RAW)
+    elif await _adopt_accepted_end(loop, sock, pending):
+        return await start_server_end(loop, pending, sock, sockname, address,
+                                      protocol_factory, tls)
+    return None
 
 
 async def _serve_across(
@@ -453,18 +474,20 @@ async def _serve_across(
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     sock: socket.socket,
     kwargs: dict,
+    tls_of: Callable[[dict], Optional[TLSOptions]],
     offered: Offered,
     closing: weakref.finalize,
-) -> Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+) -> Optional[Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]:
     """The transport over the pair ``offered`` (taken by the client's
-    process) of the accepted ``sock``; with TLS over it if asked for."""
+    process) of the accepted ``sock``; with TLS over it if asked for (None,
+    the pair closed, for keywords the loop's own call refuses)."""
     closing.detach()
     pair_end = offered.pair_end
     try:
-        tls = _server_tls(kwargs)
+        tls = tls_of(kwargs)
     except (TypeError, ValueError):
         pair_end.close()  # (the other process reads EOF) and the loop's own error follows
-        return await native(loop, "connect_accepted_socket")(protocol_factory, sock, **kwargs)
+        return None
     try:
         protocol = protocol_factory()
         transport: asyncio.BaseTransport = await start_across(
@@ -474,7 +497,8 @@ async def _serve_across(
         raise
     if tls is not None:
         start_tls: Any = loop.start_tls
-        transport = await start_tls(transport, protocol, tls.sslcontext, server_side=True, **tls.timeouts())
+        transport = await start_tls(transport, protocol, tls.sslcontext, server_side=tls.server_side,
+                                    server_hostname=tls.server_hostname, **tls.timeouts())
     return transport, protocol
 
 
