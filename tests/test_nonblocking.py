@@ -20,7 +20,7 @@ import os
 import selectors
 import socket
 import threading
-from typing import Any, Callable, Generator, Iterator, Tuple
+from typing import Any, Generator, Iterator, Tuple
 
 import pytest
 import uvloop

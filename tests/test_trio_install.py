@@ -21,7 +21,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
-from typing import Any, AsyncIterator, Iterator, List, Optional, Tuple
+from typing import Any, AsyncIterator, Iterator, List, Tuple
 
 import anyio
 import anyio.abc

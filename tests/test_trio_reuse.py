@@ -12,7 +12,6 @@ import socket
 import pytest
 import trio
 
-import friendsock
 import friendsock.trio as fst
 from friendsock._trio import _pairing
 from support import always_over_kept_connections, descriptors_open
