@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import errno
 import gc
+import hashlib
 import http.client
 import random
 import select
@@ -611,3 +612,90 @@ async def test_a_paired_accepted_socket_handed_to_the_loop_goes_on_in_a_transpor
                     # its going away.)
                     client.close()
                 await asyncio.wait_for(protocol.lost, TIMEOUT)
+
+
+# -- a TLS listener ------------------------------------------------------------------
+
+
+def tls_listener(server_context: ssl.SSLContext, wrapped: str) -> ssl.SSLSocket:
+    """A TLS listener made as servers make them: wrapped before ``listen()``
+    (anyio's tests) or after (http.server's HTTPS recipe)."""
+    if wrapped == "before-listen":
+        listener = server_context.wrap_socket(socket.socket(), server_side=True)
+        listener.bind((LOCALHOST, 0))
+        listener.listen()
+        return listener
+    plain = socket.socket()
+    plain.bind((LOCALHOST, 0))
+    plain.listen()
+    return server_context.wrap_socket(plain, server_side=True)
+
+
+def serve_digest(listener: ssl.SSLSocket, size: int) -> Tuple[type, bool]:
+    """Accept one TLS client, answer the SHA-256 of its ``size`` bytes: the
+    accepted socket's class, and whether it is a friend."""
+    conn, _ = listener.accept()
+    with conn:
+        conn.settimeout(TIMEOUT)
+        conn.sendall(hashlib.sha256(receive_exactly(conn, size)).digest())
+        return type(conn), friendsock.is_friend(conn)
+
+
+@pytest.mark.parametrize("wrapped", ["before-listen", "after-listen"])
+def test_a_tls_listener_pairs_a_blocking_client(patched, contexts, wrapped):  # noqa: F811
+    server_context, client_context = contexts
+    payload = random.Random(3).randbytes(100_003)
+    with tls_listener(server_context, wrapped) as listener:
+        assert isinstance(listener, ssl.SSLSocket)
+        assert repr(listener).startswith("<ssl.SSLSocket fd=")
+        address = listener.getsockname()
+        join = run_thread(lambda: serve_digest(listener, len(payload)))
+        with socket.create_connection(address, timeout=TIMEOUT) as plain:
+            with client_context.wrap_socket(plain, server_hostname="localhost") as client:
+                assert friendsock.is_friend(client) is patched
+                client.sendall(payload)
+                assert receive_exactly(client, 32) == hashlib.sha256(payload).digest()
+        assert join() == ((FriendSSLSocket if patched else ssl.SSLSocket), patched)
+    with pytest.raises(ConnectionRefusedError):  # closed: forgotten, as the kernel's
+        socket.create_connection(address, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("wrapped", ["before-listen", "after-listen"])
+async def test_a_tls_listener_pairs_an_event_loop_client(patched, contexts, wrapped):  # noqa: F811
+    """A client on an installed loop connects before the listener's thread
+    accepts: it waits for the claim, and pairs."""
+    server_context, client_context = contexts
+    payload = random.Random(4).randbytes(100_003)
+    with friendsock.installed() if patched else contextlib.nullcontext():
+        with tls_listener(server_context, wrapped) as listener:
+            join = run_thread(lambda: serve_digest(listener, len(payload)))
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                *listener.getsockname(), ssl=client_context, server_hostname="localhost"), TIMEOUT)
+            try:
+                assert friendsock.is_friend(writer.transport) is patched
+                writer.write(payload)
+                digest = await asyncio.wait_for(reader.readexactly(32), TIMEOUT)
+                assert digest == hashlib.sha256(payload).digest()
+            finally:
+                writer.close()
+            assert await asyncio.to_thread(join) == ((FriendSSLSocket if patched else ssl.SSLSocket),
+                                                     patched)
+
+
+def test_a_context_with_a_tls_socket_class_of_its_own_keeps_it(patched):  # noqa: F811
+    """``SSLContext.sslsocket_class`` set by its user: its listener is that
+    class, doing its own I/O, and its clients' connections are TCP."""
+    class TrackedSSLSocket(ssl.SSLSocket):
+        pass
+
+    server_context, client_context = tls_contexts(trustme.CA())
+    server_context.sslsocket_class = TrackedSSLSocket
+    with tls_listener(server_context, "before-listen") as listener:
+        assert type(listener) is TrackedSSLSocket
+        join = run_thread(lambda: serve_digest(listener, 5))
+        with socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as plain:
+            with client_context.wrap_socket(plain, server_hostname="localhost") as client:
+                assert not friendsock.is_friend(client)
+                client.sendall(b"hello")
+                assert receive_exactly(client, 32) == hashlib.sha256(b"hello").digest()
+        assert join() == (TrackedSSLSocket, False)

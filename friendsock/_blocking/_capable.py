@@ -222,9 +222,10 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
                 steps.forget_listener(self, passed_on=True)
             else:
                 entry.proven = True  # what it accepts from now on, it claims
-        if patched and _may_pair(self):
+        if patched and type(self) is FriendCapableSocket and _may_pair(self):
             # Its own accept (a passed-on listener's too, accepting here
-            # again): it may offer to clients of other processes.
+            # again): it may offer to clients of other processes. (Not a TLS
+            # listener's: other processes pair with plain listeners only.)
             steps.accepting(self)
         fd, address = self._accept()
         entry = self.__dict__.get(_ENTRY)
@@ -342,13 +343,18 @@ def _friend_of_readiness(fileno: Any) -> Optional[Any]:
 natively_driven: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
 
 
+# The patched class, and the TLS listener built on it (``_tls``): the
+# classes whose sockets pair (a user's subclass does its own I/O).
+pairing_classes: Set[type] = {FriendCapableSocket}
+
+
 def _may_pair(sock: socket.socket) -> bool:
     """A TCP socket of the patched class itself, with pairing switched on.
     A subclass (one its user defined while patched) keeps its class and its
     own methods doing the I/O: it is TCP."""
     # (The C socket's own family and type: the socket module's properties
     # make enums of them, a cost every connect would pay.)
-    return type(sock) is FriendCapableSocket and _ss.family.__get__(sock) in _INET and \
+    return type(sock) in pairing_classes and _ss.family.__get__(sock) in _INET and \
         _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and is_enabled() and \
         not _replaced_io and sock not in _handshake.adoptable_connecting and \
         sock not in natively_driven and (sock.gettimeout() != 0.0 or _loop_lets_pair())

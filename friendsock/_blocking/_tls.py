@@ -21,7 +21,7 @@ import ssl
 import sys
 from typing import Any, Callable, Optional, TypeVar
 
-from ._capable import named_as
+from ._capable import _ENTRY, FriendCapableSocket, _may_pair, named_as, pairing_classes, steps
 from ._descriptor import OriginalSocket
 from ._paired import FriendBlockingSocket
 
@@ -386,21 +386,72 @@ class FriendSSLSocket(ssl.SSLSocket):
 _native_wrap_socket = ssl.SSLContext.wrap_socket
 
 
+class FriendSSLListener(ssl.SSLSocket, FriendCapableSocket):  # type: ignore[misc]
+    """A TLS listener: ``context.wrap_socket(listener, server_side=True)`` of
+    a socket of the patched class (http.server's HTTPS recipe wraps it
+    after ``listen()``, anyio's tests before). It listens and accepts as
+    the patched class does, so a client of this process pairs; and
+    ``SSLSocket.accept`` wraps what it accepted, a friend socket in a
+    :class:`FriendSSLSocket`, TLS over the link."""
+
+    def __repr__(self) -> str:
+        return named_as(OriginalSocket.__repr__(self), "ssl.SSLSocket")
+
+
+pairing_classes.add(FriendSSLListener)
+
+
 def _wrap_socket(self: ssl.SSLContext, sock: socket.socket, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
     if type(sock) is FriendBlockingSocket:
         return wrap_friend(self, sock, *args, **kwargs)
+    if type(sock) is FriendCapableSocket and self.sslsocket_class is ssl.SSLSocket and \
+            _wraps_a_listener(sock, *args, **kwargs):
+        return _wrap_listener(self, sock, *args, **kwargs)
     return _native_wrap_socket(self, sock, *args, **kwargs)
 
 
-def wrap_friend(context: ssl.SSLContext, sock: FriendBlockingSocket, server_side: bool = False,
-                do_handshake_on_connect: bool = True, suppress_ragged_eofs: bool = True,
-                server_hostname: Optional[str] = None, session: Any = None) -> FriendSSLSocket:
+def _wraps_a_listener(sock: socket.socket, server_side: bool = False, *args: Any, **kwargs: Any) -> bool:
+    """A server's socket, not connected: one that listens, or will."""
+    if not server_side:
+        return False
+    try:
+        sock.getpeername()
+    except OSError:
+        return True
+    return False
+
+
+def wrap_friend(context: ssl.SSLContext, sock: FriendBlockingSocket, *args: Any,
+                **kwargs: Any) -> FriendSSLSocket:
     """``context.wrap_socket(sock, ...)`` for a friend socket."""
-    return FriendSSLSocket._create(sock=sock, server_side=server_side,
-                                   do_handshake_on_connect=do_handshake_on_connect,
-                                   suppress_ragged_eofs=suppress_ragged_eofs,
-                                   server_hostname=server_hostname, context=context,
-                                   session=session)
+    return _wrap_as(FriendSSLSocket, context, sock, *args, **kwargs)
+
+
+def _wrap_listener(context: ssl.SSLContext, sock: FriendCapableSocket, *args: Any,
+                   **kwargs: Any) -> FriendSSLListener:
+    """``context.wrap_socket(sock, server_side=True, ...)`` for a socket that
+    listens (or will): a :class:`FriendSSLListener`, registered if ``sock``
+    was (the wrapping detaches ``sock``, which passes it on)."""
+    listening = _ENTRY in sock.__dict__
+    wrapped = _wrap_as(FriendSSLListener, context, sock, *args, **kwargs)
+    if listening and _may_pair(wrapped):
+        steps.register_listener(wrapped)
+    return wrapped
+
+
+_SSLSocketT = TypeVar("_SSLSocketT", bound=ssl.SSLSocket)
+
+
+def _wrap_as(cls: "type[_SSLSocketT]", context: ssl.SSLContext, sock: socket.socket,
+             server_side: bool = False, do_handshake_on_connect: bool = True,
+             suppress_ragged_eofs: bool = True, server_hostname: Optional[str] = None,
+             session: Any = None) -> _SSLSocketT:
+    """``context.wrap_socket(sock, ...)``, as a ``cls``."""
+    return cls._create(sock=sock, server_side=server_side,  # type: ignore[attr-defined]
+                       do_handshake_on_connect=do_handshake_on_connect,
+                       suppress_ragged_eofs=suppress_ragged_eofs,
+                       server_hostname=server_hostname, context=context,
+                       session=session)
 
 
 def patch_ssl() -> None:
