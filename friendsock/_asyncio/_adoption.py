@@ -162,14 +162,8 @@ async def adopt_connected(
     # As the loop's own transport sets it on a socket handed over (whose
     # user may look); a friend end sets it on its own ones only once asked.
     set_nodelay(loop, sock)
-    try:
-        tls = _client_tls(kwargs)
-    except (TypeError, ValueError):
-        # The loop's own business, and its own errors.
-        go_tcp(pending, Fallback.SOCK)
-        return None
-    if payload_moved(sock):
-        go_tcp(pending, Fallback.USED_RAW)
+    adoptable, tls = _adoptable(pending, sock, kwargs, _client_tls)
+    if not adoptable:
         return None
     state = registry.adopt(pending, server=False)
     if state is PendingState.CLAIMED:  # the accepting end holds it: pair
@@ -456,17 +450,28 @@ async def _adopt_accepted(
     if across is not None:
         return await _serve_across(loop, protocol_factory, sock, kwargs, tls_of, *across)
     pending, sockname, address = _accepted.pop(sock)
+    adoptable, tls = _adoptable(pending, sock, kwargs, tls_of)
+    if adoptable and await _adopt_accepted_end(loop, sock, pending):
+        return await start_server_end(loop, pending, sock, sockname, address,
+                                      protocol_factory, tls)
+    return None
+
+
+def _adoptable(pending: Pending, sock: socket.socket, kwargs: dict,
+               tls_of: Callable[[dict], Optional[TLSOptions]]) -> Tuple[bool, Optional[TLSOptions]]:
+    """Whether ``sock``, handed to a loop's call with ``kwargs``, may go on
+    as a friend end, and the TLS the call asks for. Not (its connect gone
+    to TCP, counted) for keywords a friend end does not take (the loop's
+    own call, and its errors, follow), or a socket used raw."""
     try:
         tls = tls_of(kwargs)
     except (TypeError, ValueError):
         go_tcp(pending, Fallback.SOCK)
-        return None
+        return False, None
     if payload_moved(sock):
         go_tcp(pending, Fallback.USED_RAW)
-    elif await _adopt_accepted_end(loop, sock, pending):
-        return await start_server_end(loop, pending, sock, sockname, address,
-                                      protocol_factory, tls)
-    return None
+        return False, None
+    return True, tls
 
 
 async def _serve_across(
