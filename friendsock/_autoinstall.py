@@ -8,22 +8,27 @@ patches the loop classes, and trio once the program imports it (as
 ``python -m friendsock run`` and the pytest plugin do), before the
 program's first line, and reports at exit (on
 stderr, unless no connection went through friendsock; ``FRIENDSOCK_REPORT``
-says where: ``stderr``, ``json=FILE``, ``off``).
+says where: ``stderr``, ``json=FILE``, ``off``). ``FRIENDSOCK_SOCKETS=1``
+as well patches the socket module too (``patch_socket()``, as ``run
+--sockets``): blocking sockets, and tornado's and Twisted's.
 """
 
 from __future__ import annotations
 
 import os
 
+from ._blocking._patch import patch_socket
 from ._everywhere import install_everywhere
 from ._core._switch import _OFF_VALUES
 from ._report import report_at_exit, targets_from_environment
 
 
-def wanted() -> bool:
-    return os.environ.get("FRIENDSOCK_INSTALL", "").strip().lower() not in _OFF_VALUES | {""}
+def wanted(name: str = "FRIENDSOCK_INSTALL") -> bool:
+    return os.environ.get(name, "").strip().lower() not in _OFF_VALUES | {""}
 
 
 if wanted():
     install_everywhere()
+    if wanted("FRIENDSOCK_SOCKETS"):
+        patch_socket()
     report_at_exit(targets_from_environment(os.environ.get("FRIENDSOCK_REPORT")), only_if_used=True)

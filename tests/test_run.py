@@ -92,7 +92,7 @@ def done(result, name, **more):
 
 def _env(**extra: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("FRIENDSOCK", "FRIENDSOCK_INSTALL", "FRIENDSOCK_REPORT")}
+           if k not in ("FRIENDSOCK", "FRIENDSOCK_INSTALL", "FRIENDSOCK_REPORT", "FRIENDSOCK_SOCKETS")}
     env.update(extra)
     return env
 
@@ -259,15 +259,23 @@ asyncio.run(main())
 
 
 @pytest.mark.parametrize("sockets", [True, False])
-def test_sockets_option_pairs_a_tornado_app_unchanged(tmp_path: Path, sockets: bool) -> None:
-    """``run --sockets``: tornado's own non-blocking sockets (its server's
-    listener and its client's connects) pair, with no change to the app,
-    from the server's first accept on (the first request is TCP); without
-    the option they are TCP, as before."""
+@pytest.mark.parametrize("door", ["run", "FRIENDSOCK_INSTALL"])
+def test_sockets_option_pairs_a_tornado_app_unchanged(tmp_path: Path, door: str, sockets: bool) -> None:
+    """``run --sockets``, or ``FRIENDSOCK_INSTALL=1`` with
+    ``FRIENDSOCK_SOCKETS=1``: tornado's own non-blocking sockets (its
+    server's listener and its client's connects) pair, with no change to
+    the app, from the server's first accept on (the first request is TCP);
+    without the option they are TCP, as before."""
     (tmp_path / "app.py").write_text(TORNADO_APP)
     report = tmp_path / "report.json"
-    options = ["--sockets"] if sockets else []
-    result = _result(_run(tmp_path, *options, f"--report=json={report}", "app.py"))
+    if door == "run":
+        options = ["--sockets"] if sockets else []
+        done = _run(tmp_path, *options, f"--report=json={report}", "app.py")
+    else:
+        switches = {"FRIENDSOCK_SOCKETS": "1"} if sockets else {}
+        done = _run(tmp_path, "app.py", python=True,
+                    env=_env(FRIENDSOCK_INSTALL="1", FRIENDSOCK_REPORT=f"json={report}", **switches))
+    result = _result(done)
     assert result["intact"]
     listener = json.loads(report.read_text())["listeners"].get(f"127.0.0.1:{result['port']}")
     assert (listener or {}).get("links_made", 0) == (2 if sockets else 0)
