@@ -397,6 +397,7 @@ def write_refused_across(peer_reset: bool, taken_before: bool) -> Optional[LinkB
         return None
     return LinkBrokenError(errno.EPIPE)
 
+
 class Link:
     """Two channels and two ends: ``client`` and ``server``.
 
