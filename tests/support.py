@@ -140,6 +140,19 @@ def cyclic_garbage_of_ours() -> Iterator[List[str]]:
 
 
 @contextlib.contextmanager
+def every_loop_installed() -> Iterator[None]:
+    """What ``python -m friendsock run``, ``FRIENDSOCK_INSTALL=1`` and the
+    pytest plugin switch on: every loop the process makes is installed."""
+    from friendsock._everywhere import install_everywhere
+
+    undo = install_everywhere()
+    try:
+        yield
+    finally:
+        undo()
+
+
+@contextlib.contextmanager
 def resource_warnings_raised() -> Iterator[List[BaseException]]:
     """In the block, ResourceWarning is an error (as many suites set it),
     and what finalizers raise is collected in the list (the unraisable

@@ -34,7 +34,9 @@ from friendsock._blocking._across import is_moved
 from friendsock._blocking._readiness import Parker, wake
 from friendsock._blocking._descriptor import OriginalSocket
 from friendsock._blocking._paired import FriendBlockingSocket
-from support import cyclic_garbage_of_ours, patient_confirm, resource_warnings_raised, run_inner_pytest  # noqa: F401 (a fixture)
+from friendsock._report import since
+from support import (cyclic_garbage_of_ours, every_loop_installed, patient_confirm,  # noqa: F401 (a fixture)
+                     resource_warnings_raised, run_inner_pytest)
 
 pytest_plugins = ["pytester"]
 
@@ -1484,6 +1486,48 @@ def test_a_listener_made_non_blocking_where_no_loop_runs_pairs_its_first_client(
                 server.setblocking(True)
                 server.settimeout(TIMEOUT)
                 assert server.recv(100) == b"before any accept"
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_an_event_loop_client_pairs_before_the_first_accept_where_every_loop_is_installed(
+        patched, loop_kind):
+    """Every loop installed, a blocking listener (``socket.create_server()``)
+    is accepted through friendsock whoever accepts it: an event loop's
+    client (whose transport cannot go on over TCP) pairs at once, though
+    the listener's first ``accept()`` runs only after ``open_connection``
+    returns, on the client's thread (anyio's tests accept that way)."""
+    with every_loop_installed(), socket.create_server((LOCALHOST, 0)) as listener:
+        before = friendsock.stats()
+
+        def serve() -> None:
+            listener.settimeout(TIMEOUT)
+            server, _ = listener.accept()
+            with server:
+                assert friendsock.is_friend(server) is patched
+                server.settimeout(TIMEOUT)
+                server.sendall(hashlib.sha256(server.recv(4, socket.MSG_WAITALL)).digest())
+
+        async def exchange() -> bytes:
+            reader, writer = await asyncio.open_connection(*listener.getsockname())
+            try:
+                writer.write(b"ping")
+                serving = asyncio.get_running_loop().run_in_executor(None, serve)
+                answer = await asyncio.wait_for(reader.readexactly(32), TIMEOUT)
+                await asyncio.wait_for(serving, TIMEOUT)
+                return answer
+            finally:
+                writer.close()
+                await writer.wait_closed()
+
+        loop = asyncio.new_event_loop() if loop_kind == "asyncio" else uvloop.new_event_loop()
+        try:
+            assert loop.run_until_complete(exchange()) == hashlib.sha256(b"ping").digest()
+        finally:
+            loop.close()
+        delta = since(before, friendsock.stats())
+        # (Over TCP, the installed loop counts its connect to a plain listener.)
+        assert (delta.links_made, dict(delta.fallbacks)) == \
+            ((1, {}) if patched else (0, {"no-listener": 1}))
 
 
 def _report_sockname(sock: socket.socket, conn: Any) -> None:

@@ -27,6 +27,7 @@ import uvloop
 
 import friendsock
 from friendsock._report import since
+from support import every_loop_installed
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10
@@ -106,17 +107,23 @@ def drive(poller: str, scenario: Scenario) -> Any:
 
 
 @contextlib.contextmanager
-def nonblocking_listener(proven: bool = True, **options: int) -> Iterator[socket.socket]:
+def nonblocking_listener(proven: bool = True, after_listen: bool = False,
+                         **options: int) -> Iterator[socket.socket]:
     """``proven``: its accept has run (a first connection, TCP), so a
     non-blocking connect pairs from its connect() on, as with a server
-    that has served before."""
+    that has served before. Made non-blocking before ``listen()``, as
+    tornado's ``bind_sockets`` and Twisted's ports are, or ``after_listen``,
+    as a ``selectors`` loop's ``socket.create_server()`` socket is."""
     listener = socket.socket()
     with listener:
         for name, value in options.items():
             listener.setsockopt(socket.SOL_SOCKET, getattr(socket, name), value)
-        listener.setblocking(False)  # before listen(), as tornado's bind_sockets and Twisted's ports
+        if not after_listen:
+            listener.setblocking(False)
         listener.bind((LOCALHOST, 0))
         listener.listen(8)
+        if after_listen:
+            listener.setblocking(False)
         if proven:
             with socket.socket() as first:
                 first.setblocking(False)
@@ -335,10 +342,85 @@ def test_a_close_with_unread_bytes_resets_the_peer(patched, poller):
     drive(poller, scenario())
 
 
-def test_a_shared_listener_is_tcp_until_it_has_claimed(patched):
+@pytest.mark.parametrize("after_listen", [False, True], ids=["before-listen", "after-listen"])
+@pytest.mark.parametrize("poller", POLLERS)
+def test_a_readiness_loops_first_client_pairs_where_every_loop_is_installed(patched, poller,
+                                                                            after_listen):
+    """Every loop installed, a listener made non-blocking (before its
+    ``listen()``, as tornado's and Twisted's; or after it) is accepted
+    through friendsock, by its owner's readiness loop or an installed
+    loop: the first non-blocking client, connected before any accept,
+    pairs, and nothing falls back. (With ``patch_socket()`` alone, a loop
+    friendsock is not installed on may still take the listener natively:
+    see ``test_an_early_clients_bytes_reach_a_listener_handed_to_uvloop``.)"""
+    data = os.urandom(300_000)
+    counted = []
+
+    def scenario() -> Scenario:
+        with nonblocking_listener(proven=False, after_listen=after_listen) as listener, \
+                socket.socket() as client:
+            counted.append(friendsock.stats())
+            server = yield from _connected(listener, client)
+            with server:
+                assert friendsock.is_friend(client) is friendsock.is_friend(server) is patched
+                echoed = yield from _echo_both_ways(client, server, data)
+                assert hashlib.sha256(echoed).digest() == hashlib.sha256(data).digest()
+
+    with every_loop_installed():
+        drive(poller, scenario())
+    delta = since(counted[0], friendsock.stats())
+    assert (delta.links_made, dict(delta.fallbacks)) == (int(patched), {})
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_an_event_loop_client_pairs_with_a_readiness_loops_listener_before_its_accept(
+        patched, loop_kind):
+    """Every loop installed, an event loop's client (whose transport cannot
+    go on over TCP) connects to a listener made non-blocking before
+    ``listen()``, whose accept runs only after ``open_connection``
+    returns (anyio's tests accept that way, on the client's thread): a
+    friend link from the connect on, every byte there."""
+    with every_loop_installed(), nonblocking_listener(proven=False) as listener:
+        address = listener.getsockname()
+        before = friendsock.stats()
+
+        def serve() -> None:
+            server = drive("poll", _accept(listener))
+            with server:
+                assert friendsock.is_friend(server) is patched
+                server.setblocking(True)
+                server.settimeout(TIMEOUT)
+                server.sendall(hashlib.sha256(server.recv(4, socket.MSG_WAITALL)).digest())
+
+        async def exchange() -> bytes:
+            reader, writer = await asyncio.open_connection(*address)
+            try:
+                writer.write(b"ping")
+                serving = asyncio.get_running_loop().run_in_executor(None, serve)
+                answer = await asyncio.wait_for(reader.readexactly(32), TIMEOUT)
+                await asyncio.wait_for(serving, TIMEOUT)
+                return answer
+            finally:
+                writer.close()
+                await writer.wait_closed()
+
+        loop = asyncio.new_event_loop() if loop_kind == "asyncio" else uvloop.new_event_loop()
+        try:
+            assert loop.run_until_complete(exchange()) == hashlib.sha256(b"ping").digest()
+        finally:
+            loop.close()
+        delta = since(before, friendsock.stats())
+        # (Over TCP, the installed loop counts its connect to a plain listener.)
+        assert (delta.links_made, dict(delta.fallbacks)) == \
+            ((1, {}) if patched else (0, {"no-listener": 1}))
+
+
+@pytest.mark.parametrize("every_loop", [False, True], ids=["patch_socket", "every-loop"])
+def test_a_shared_listener_is_tcp_until_it_has_claimed(patched, every_loop):
     """A listener others may share (SO_REUSEPORT): a non-blocking connect
     cannot wait for its claim, so it takes TCP, counted as unconfirmed (and
-    by the accepting end, which finds no friend connect, as such)."""
+    by the accepting end, which finds no friend connect, as such), with
+    every loop installed too."""
     counted = []
 
     def scenario() -> Scenario:
@@ -350,7 +432,8 @@ def test_a_shared_listener_is_tcp_until_it_has_claimed(patched):
                 echoed = yield from _echo_both_ways(client, server, b"over tcp")
                 assert echoed == b"over tcp"
 
-    drive("epoll", scenario())
+    with every_loop_installed() if every_loop else contextlib.nullcontext():
+        drive("epoll", scenario())
     delta = since(counted[0], friendsock.stats())
     assert delta.links_made == 0
     assert dict(delta.fallbacks) == ({"unconfirmed": 1, "peer-not-friend": 1} if patched else {})
@@ -567,11 +650,14 @@ def test_a_subclass_made_while_patched_keeps_its_own_fileno(patched):
         assert "fd=" in repr(sock)
 
 
-def test_tornado_http_and_websocket_pair_in_one_process(patched):
+@pytest.mark.parametrize("door", ["install", "every-loop"])
+def test_tornado_http_and_websocket_pair_in_one_process(patched, door):
     """A real tornado app: ``HTTPServer`` and ``SimpleAsyncHTTPClient`` (a
-    connection per request) and a websocket, in one process with the
-    loop installed and sockets patched: every connection after the
-    server's first accept a friend link, every body intact."""
+    connection per request) and a websocket, in one process with sockets
+    patched and the loop installed: every connection a friend link, every
+    body intact. With that loop alone installed (``install(loop)``), the
+    first is TCP: until the server's first accept another loop might
+    have taken its listener natively."""
     from tornado import httpserver, netutil, simple_httpclient, websocket
     from tornado import web as tornado_web
 
@@ -612,13 +698,16 @@ def test_tornado_http_and_websocket_pair_in_one_process(patched):
             await server.close_all_connections()
 
     before = friendsock.stats()
-    loop = asyncio.new_event_loop()
-    friendsock.install(loop)
-    try:
-        loop.run_until_complete(main())
-    finally:
-        friendsock.uninstall(loop)
-        loop.close()
-    # Three GETs and a POST on connections of their own, and the websocket;
-    # the first GET is TCP (the server had not accepted before).
-    assert since(before, friendsock.stats()).links_made == (4 if patched else 0)
+    with every_loop_installed() if door == "every-loop" else contextlib.nullcontext():
+        loop = asyncio.new_event_loop()
+        if door == "install":
+            friendsock.install(loop)
+        try:
+            loop.run_until_complete(main())
+        finally:
+            if door == "install":
+                friendsock.uninstall(loop)
+            loop.close()
+    # Three GETs and a POST on connections of their own, and the websocket.
+    links = 5 if door == "every-loop" else 4
+    assert since(before, friendsock.stats()).links_made == (links if patched else 0)

@@ -211,6 +211,14 @@ def loop_classes() -> List[type]:
     return classes
 
 
+def every_loop_installed() -> bool:
+    """Whether every loop the process can make routes through friendsock
+    (:func:`install_classes`): none of them takes a socket over natively.
+    (The stdlib's class first: no import of uvloop where it is not.)"""
+    return is_class_patched(selector_events.BaseSelectorEventLoop) and \
+        all(is_class_patched(klass) for klass in loop_classes())
+
+
 def install_classes() -> List[type]:
     """Patch every loop class of :func:`loop_classes` (:func:`install_class`),
     so every loop the process makes pairs, in any thread, however made

@@ -71,6 +71,8 @@ class PairingSteps:
     claim: Callable[["FriendCapableSocket", "FriendCapableSocket", Any, Optional[Entry]], None]
     #: Whether an asyncio loop routes through friendsock (is installed).
     loop_pairs: Callable[[Any], bool]
+    #: Whether every asyncio loop the process can make does.
+    every_loop_pairs: Callable[[], bool]
 
 
 steps = PairingSteps()

@@ -23,7 +23,7 @@ from .._handshake import (Entry, Pending, adopt_accepted, claim_accepted, forget
 from .._host._ports import keep_published, published_port, stop_publishing
 from . import _ends
 from ._across import accept_across
-from ._capable import _ENTRY, FriendCapableSocket, running_asyncio_loop
+from ._capable import _ENTRY, FriendCapableSocket, running_asyncio_loop, steps
 from ._descriptor import Descriptor, _ss
 from ._over_tcp import link_over_tcp
 from ._paired import become_friend, ends_of_sockets
@@ -38,10 +38,13 @@ def start_pairing(sock: FriendCapableSocket) -> None:
     # Every blocking listener accepts on a thread of its own: its owner is
     # nobody else's, so every link with it is threaded. A weak proxy: the
     # registry must not keep its user's socket open.
-    # Not proven until its accept() runs: its owner may hand it to code
-    # that accepts natively first (see ListenerEntry).
+    # Not proven until its accept() runs: its owner may hand it to an event
+    # loop that accepts natively first (see ListenerEntry). Where every loop
+    # is installed, none does: whoever accepts it (its own thread, a
+    # readiness loop such as tornado's or Twisted's, an installed loop
+    # taking it over) does so through friendsock, from its listen() on.
     entry = register_listener(weakref.proxy(sock), None, owner=object(), exclusive=exclusive,  # type: ignore[arg-type]
-                              proven=False)
+                              proven=steps.every_loop_pairs())
     sock.__dict__[_ENTRY] = entry
     forget_when_collected(sock, entry)
 

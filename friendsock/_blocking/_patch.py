@@ -22,6 +22,7 @@ import threading
 from types import ModuleType
 from typing import Any, Optional
 
+from .._asyncio._install import every_loop_installed
 from .._asyncio._native import routes_through_friendsock
 from .._imports import when_imported
 from . import _at_fork  # noqa: F401 (a fork moves links between blocking sockets to TCP)
@@ -43,6 +44,7 @@ steps.forget_listener = stop_pairing
 steps.accepting = accepting
 steps.claim = claim
 steps.loop_pairs = routes_through_friendsock
+steps.every_loop_pairs = every_loop_installed
 
 _saved: Optional[Any] = None  # what socket.socket was before patch_socket()
 
