@@ -36,7 +36,7 @@ from friendsock._blocking._descriptor import OriginalSocket
 from friendsock._blocking._paired import FriendBlockingSocket
 from friendsock._report import since
 from support import (cyclic_garbage_of_ours, every_loop_installed, patient_confirm,  # noqa: F401 (a fixture)
-                     resource_warnings_raised, run_inner_pytest)
+                     resource_warnings_raised, run_inner_pytest, run_on)
 
 pytest_plugins = ["pytester"]
 
@@ -1528,6 +1528,95 @@ def test_an_event_loop_client_pairs_before_the_first_accept_where_every_loop_is_
         # (Over TCP, the installed loop counts its connect to a plain listener.)
         assert (delta.links_made, dict(delta.fallbacks)) == \
             ((1, {}) if patched else (0, {"no-listener": 1}))
+
+
+def _serve_digests(listener: socket.socket, count: int) -> Callable[[], Any]:
+    """Accept ``count`` connections on a thread, answering each with the
+    SHA-256 of what it sent; returns the join (which friend each was)."""
+    def serve() -> List[bool]:
+        paired = []
+        for _ in range(count):
+            server, _ = listener.accept()
+            with server:
+                server.settimeout(TIMEOUT)
+                size = struct.unpack("!I", server.recv(4, socket.MSG_WAITALL))[0]
+                server.sendall(hashlib.sha256(server.recv(size, socket.MSG_WAITALL)).digest())
+                paired.append(friendsock.is_friend(server))
+        return paired
+
+    return run_thread(serve)
+
+
+def _digest_answered(address: Any, data: bytes) -> bool:
+    """A blocking client's exchange with :func:`_serve_digests`: whether it paired."""
+    with socket.create_connection(address, timeout=TIMEOUT) as client:
+        client.sendall(struct.pack("!I", len(data)) + data)
+        assert client.recv(32, socket.MSG_WAITALL) == hashlib.sha256(data).digest()
+        return friendsock.is_friend(client)
+
+
+async def _digest_answered_on_a_loop(address: Any, data: bytes, friends: bool) -> None:
+    reader, writer = await friendsock.open_connection(*address, friends=friends)
+    try:
+        writer.write(struct.pack("!I", len(data)) + data)
+        assert await asyncio.wait_for(reader.readexactly(32), TIMEOUT) == hashlib.sha256(data).digest()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+@pytest.mark.parametrize("client_kind", ["blocking", "asyncio", "uvloop"])
+@pytest.mark.parametrize("made", ["socket(fileno=)", "fromfd"])
+def test_a_listener_handed_over_by_descriptor_pairs(patched, made, client_kind):
+    """A listening socket made of a descriptor handed over (systemd's socket
+    activation, a process manager's: ``socket.socket(fileno=...)``, or
+    ``socket.fromfd()``) pairs as one that listened here, with the
+    connects this process claims (its siblings may accept from it too):
+    blocking and event loop clients, every byte."""
+    supervisors = OriginalSocket()
+    supervisors.bind((LOCALHOST, 0))
+    supervisors.listen(8)
+    fd = os.dup(supervisors.fileno())
+    supervisors.close()
+    if made == "fromfd":
+        listener = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)
+        os.close(fd)
+    else:
+        listener = socket.socket(fileno=fd)
+    data = os.urandom(100_003)
+    before = friendsock.stats()
+    with listener:
+        join = _serve_digests(listener, 2)
+        for _ in range(2):
+            if client_kind == "blocking":
+                assert _digest_answered(listener.getsockname(), data) is patched
+            else:
+                new_loop = asyncio.new_event_loop if client_kind == "asyncio" else uvloop.new_event_loop
+                run_on(new_loop, _digest_answered_on_a_loop(listener.getsockname(), data, patched))
+        assert join() == [patched, patched]
+    delta = since(before, friendsock.stats())
+    assert delta.links_made == (2 if patched else 0)
+    assert not patched or not delta.fallbacks
+
+
+@pytest.mark.parametrize("acceptor", ["made-again", "first"])
+def test_a_listener_made_again_from_its_descriptor_pairs_through_either(patched, acceptor):
+    """``socket.fromfd()`` of a listener that listened here: two socket
+    objects, one accept queue. Whichever of them accepts, every byte a
+    client sent arrives; so once the other is closed."""
+    with socket.create_server((LOCALHOST, 0)) as first:
+        made_again = socket.fromfd(first.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+        with made_again:
+            accepting, other = (made_again, first) if acceptor == "made-again" else (first, made_again)
+            data = os.urandom(70_001)
+            join = _serve_digests(accepting, 2)
+            for _ in range(2):
+                assert _digest_answered(first.getsockname(), data) is patched
+            assert join() == [patched, patched]
+            other.close()
+            join = _serve_digests(accepting, 1)
+            assert _digest_answered(accepting.getsockname(), data) is patched
+            assert join() == [patched]
 
 
 def _report_sockname(sock: socket.socket, conn: Any) -> None:

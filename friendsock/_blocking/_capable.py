@@ -11,8 +11,9 @@ unchanged, except at three moments:
   does, and its ``fileno()`` shows the link from then on;
 - ``listen()`` of a TCP socket registers it as a friendsock listener
   (until it is closed, duplicated or detached, or passed on to an event
-  loop, which calls ``setblocking(False)`` on it); its ``accept()``
-  claims friend clients (``_listen``);
+  loop, which calls ``setblocking(False)`` on it), and so does making one
+  of a listening descriptor; its ``accept()`` claims friend clients
+  (``_listen``);
 - a socket that paired becomes a ``FriendBlockingSocket`` (``_paired``: the
   same object, still a ``socket.socket``) whose data calls go through the
   link.
@@ -59,8 +60,9 @@ class PairingSteps:
     #: Pair a connect to ``address`` (True: connected; False: connect
     #: natively; a non-blocking socket's: BlockingIOError, EINPROGRESS).
     connect: Callable[["FriendCapableSocket", Any], bool]
-    #: The socket listens: its accept() pairs from now on.
-    register_listener: Callable[["FriendCapableSocket"], None]
+    #: The socket listens: its accept() pairs from now on (``shared=True``:
+    #: with connects this process claims, as other processes may accept).
+    register_listener: Callable[..., None]
     #: The socket stops pairing: closed, or ``passed_on`` to code that accepts natively.
     forget_listener: Callable[..., None]
     #: The listening socket's own accept() runs.
@@ -162,6 +164,11 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
                 friend._share_with(self, fileno)
                 return
         OriginalSocket.__init__(self, family, type, proto, fileno)
+        if fileno is not None and patched and _may_pair(self) and _is_listening(self):
+            # A listener handed over (systemd's socket activation, a process
+            # manager's, socket.fromfd()): it pairs as one made here, with
+            # what this process claims (its siblings may accept too).
+            steps.register_listener(self, shared=True)
 
     def __repr__(self) -> str:
         return named_as(OriginalSocket.__repr__(self), "socket.socket")
@@ -348,6 +355,14 @@ natively_driven: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
 # The patched class, and the TLS listener built on it (``_tls``): the
 # classes whose sockets pair (a user's subclass does its own I/O).
 pairing_classes: Set[type] = {FriendCapableSocket}
+
+
+def _is_listening(sock: socket.socket) -> bool:
+    """Whether the kernel has ``sock`` listening (SO_ACCEPTCONN)."""
+    try:
+        return bool(_ss.getsockopt(sock, socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    except OSError:
+        return False
 
 
 def _may_pair(sock: socket.socket) -> bool:

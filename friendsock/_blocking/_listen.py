@@ -30,10 +30,11 @@ from ._paired import become_friend, ends_of_sockets
 from ._readiness import parker, wake
 
 
-def start_pairing(sock: FriendCapableSocket) -> None:
-    """``sock`` listens: registered, its accept() pairs from now on."""
-    exclusive = True
-    if getattr(socket, "SO_REUSEPORT", None) is not None:
+def start_pairing(sock: FriendCapableSocket, shared: bool = False) -> None:
+    """``sock`` listens: registered, its accept() pairs from now on.
+    ``shared``: other processes may accept from it too."""
+    exclusive = not shared
+    if exclusive and getattr(socket, "SO_REUSEPORT", None) is not None:
         exclusive = not sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
     # Every blocking listener accepts on a thread of its own: its owner is
     # nobody else's, so every link with it is threaded. A weak proxy: the
