@@ -44,6 +44,7 @@ import friendsock._core._link
 from friendsock import _handshake
 from friendsock._core._errors import PairingCheckError
 from friendsock._core._registry import registry
+from support import every_loop_installed
 
 GREETING = b"220 hello from the server\n"
 REQUEST = b"HELO from the client\n"
@@ -354,11 +355,22 @@ def _blocking_exchange(listener: str, destination: str, source: Optional[str]) -
     return Outcome(got, accepted["got"], client_friend, accepted["friend"])
 
 
-def _nonblocking_exchange(listener: str, destination: str, source: Optional[str]) -> Outcome:
+def _with_every_loop(exchange: Callable[..., Outcome]) -> Callable[..., Outcome]:
+    """A door with every loop installed (``run``, ``FRIENDSOCK_INSTALL``,
+    the pytest plugin), around ``exchange``."""
+    def run(listener: str, destination: str, source: Optional[str]) -> Outcome:
+        with every_loop_installed():
+            return exchange(listener, destination, source)
+    return run
+
+
+def _nonblocking_exchange(listener: str, destination: str, source: Optional[str],
+                          first: bool = False) -> Outcome:
     """Both ends non-blocking on one thread, driven by a selector, as
     tornado's and Twisted's are: connect_ex() (EINPROGRESS), writable,
     accept, then the greeting and the request; after a first connection
-    (TCP: a non-blocking connect pairs once its listener has accepted)."""
+    (under ``patch_socket()`` alone a non-blocking connect pairs once its
+    listener has accepted), or on the ``first`` one (every loop installed)."""
     server = _listening_socket(listener, blocking=False)
     with server, selectors.DefaultSelector() as selector:
         family, _, _, _, address = socket.getaddrinfo(destination, server.getsockname()[1],
@@ -382,8 +394,9 @@ def _nonblocking_exchange(listener: str, destination: str, source: Optional[str]
             wait(server, selectors.EVENT_READ)
             return client, server.accept()[0]
 
-        for sock in connected():
-            sock.close()
+        if not first:
+            for sock in connected():
+                sock.close()
         client, conn = connected()
         with client, conn:
             conn.setblocking(False)
@@ -418,6 +431,8 @@ DOORS: Dict[str, Callable[..., Outcome]] = {
     "trio-install": _run_trio(explicit=False),
     "blocking": _with_patched_socket(_blocking_exchange),
     "nonblocking": _with_patched_socket(_nonblocking_exchange),
+    "nonblocking-every-loop": _with_every_loop(_with_patched_socket(
+        functools.partial(_nonblocking_exchange, first=True))),
 }
 
 
