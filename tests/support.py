@@ -139,6 +139,18 @@ def cyclic_garbage_of_ours() -> Iterator[List[str]]:
         gc.enable()
 
 
+def received_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes from a blocking socket with a timeout, read until
+    they are all there (in timeout mode ``MSG_WAITALL`` does not wait:
+    the stdlib polls, then reads what is there, as over TCP)."""
+    got = bytearray()
+    while len(got) < size:
+        chunk = sock.recv(size - len(got))
+        assert chunk, f"EOF after {len(got)} of {size} bytes"
+        got += chunk
+    return bytes(got)
+
+
 @contextlib.contextmanager
 def every_loop_installed() -> Iterator[None]:
     """What ``python -m friendsock run``, ``FRIENDSOCK_INSTALL=1`` and the

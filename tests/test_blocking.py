@@ -36,7 +36,7 @@ from friendsock._blocking._descriptor import OriginalSocket
 from friendsock._blocking._paired import FriendBlockingSocket
 from friendsock._report import since
 from support import (cyclic_garbage_of_ours, every_loop_installed, patient_confirm,  # noqa: F401 (a fixture)
-                     resource_warnings_raised, run_inner_pytest, run_on)
+                     received_exactly, resource_warnings_raised, run_inner_pytest, run_on)
 
 pytest_plugins = ["pytester"]
 
@@ -1505,7 +1505,7 @@ def test_an_event_loop_client_pairs_before_the_first_accept_where_every_loop_is_
             with server:
                 assert friendsock.is_friend(server) is patched
                 server.settimeout(TIMEOUT)
-                server.sendall(hashlib.sha256(server.recv(4, socket.MSG_WAITALL)).digest())
+                server.sendall(hashlib.sha256(received_exactly(server, 4)).digest())
 
         async def exchange() -> bytes:
             reader, writer = await asyncio.open_connection(*listener.getsockname())
@@ -1539,8 +1539,8 @@ def _serve_digests(listener: socket.socket, count: int) -> Callable[[], Any]:
             server, _ = listener.accept()
             with server:
                 server.settimeout(TIMEOUT)
-                size = struct.unpack("!I", server.recv(4, socket.MSG_WAITALL))[0]
-                server.sendall(hashlib.sha256(server.recv(size, socket.MSG_WAITALL)).digest())
+                size = struct.unpack("!I", received_exactly(server, 4))[0]
+                server.sendall(hashlib.sha256(received_exactly(server, size)).digest())
                 paired.append(friendsock.is_friend(server))
         return paired
 
@@ -1551,7 +1551,7 @@ def _digest_answered(address: Any, data: bytes) -> bool:
     """A blocking client's exchange with :func:`_serve_digests`: whether it paired."""
     with socket.create_connection(address, timeout=TIMEOUT) as client:
         client.sendall(struct.pack("!I", len(data)) + data)
-        assert client.recv(32, socket.MSG_WAITALL) == hashlib.sha256(data).digest()
+        assert received_exactly(client, 32) == hashlib.sha256(data).digest()
         return friendsock.is_friend(client)
 
 

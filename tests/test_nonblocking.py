@@ -27,7 +27,7 @@ import uvloop
 
 import friendsock
 from friendsock._report import since
-from support import every_loop_installed
+from support import every_loop_installed, received_exactly
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10
@@ -390,7 +390,7 @@ def test_an_event_loop_client_pairs_with_a_readiness_loops_listener_before_its_a
                 assert friendsock.is_friend(server) is patched
                 server.setblocking(True)
                 server.settimeout(TIMEOUT)
-                server.sendall(hashlib.sha256(server.recv(4, socket.MSG_WAITALL)).digest())
+                server.sendall(hashlib.sha256(received_exactly(server, 4)).digest())
 
         async def exchange() -> bytes:
             reader, writer = await asyncio.open_connection(*address)
