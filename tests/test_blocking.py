@@ -1619,6 +1619,22 @@ def test_a_listener_made_again_from_its_descriptor_pairs_through_either(patched,
             assert join() == [patched]
 
 
+def test_a_duplicated_listener_is_passed_on_not_registered_again(patched):
+    """``listener.dup()`` is for code that accepts natively (it takes the
+    listener over, as ``detach()`` does): neither socket pairs from then
+    on, and a client connects over TCP at once, not waiting for a claim
+    (counted ``no-listener``), every byte to whichever accepts."""
+    with socket.create_server((LOCALHOST, 0)) as first:
+        with first.dup() as twin:
+            before = friendsock.stats()
+            data = os.urandom(70_001)
+            join = _serve_digests(twin, 1)
+            assert _digest_answered(first.getsockname(), data) is False
+            assert join() == [False]
+            delta = since(before, friendsock.stats())
+            assert dict(delta.fallbacks) == ({"no-listener": 1} if patched else {})
+
+
 def _report_sockname(sock: socket.socket, conn: Any) -> None:
     """In a spawned child: what it got."""
     conn.send(sock.getsockname())

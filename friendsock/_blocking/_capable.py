@@ -26,6 +26,7 @@ reaches them.
 
 from __future__ import annotations
 
+import _socket
 import errno
 import operator
 import os
@@ -269,10 +270,16 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
         return OriginalSocket.detach(self)
 
     def dup(self) -> socket.socket:
-        # A duplicate accepts natively, on the same queue: passed on.
+        # A duplicate accepts natively, on the same queue: passed on, and
+        # the duplicate is not registered as one made of a listening
+        # descriptor is (socket.dup's steps, without __init__'s check).
         if self._serves_friends():
             steps.forget_listener(self, passed_on=True)
-        return OriginalSocket.dup(self)
+        klass = type(self)
+        twin = klass.__new__(klass)
+        OriginalSocket.__init__(twin, self.family, self.type, self.proto, _socket.dup(_ss.fileno(self)))
+        twin.settimeout(self.gettimeout())
+        return twin
 
     def _serves_friends(self) -> bool:
         """Registered here, or published to other processes."""
