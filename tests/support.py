@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import gc
+import hashlib
 import os
 import random
 import socket
@@ -149,6 +150,37 @@ def received_exactly(sock: socket.socket, size: int) -> bytes:
         assert chunk, f"EOF after {len(got)} of {size} bytes"
         got += chunk
     return bytes(got)
+
+
+def answered_after_the_connect(address: Any, accept: Callable[[], socket.socket], loop_kind: str,
+                               paired: bool, timeout: float = 10) -> None:
+    """An event loop's client (on asyncio or uvloop) connects to ``address``
+    and writes; only then does ``accept()`` run, on a worker thread (anyio's
+    tests accept on the client's thread after ``connect_tcp`` returns), and
+    answer with the SHA-256 of what came. Checks the answer, and that the
+    accepted end is a friend exactly when ``paired``."""
+    def serve() -> None:
+        server = accept()
+        with server:
+            assert friendsock.is_friend(server) is paired
+            server.setblocking(True)
+            server.settimeout(timeout)
+            server.sendall(hashlib.sha256(received_exactly(server, 4)).digest())
+
+    async def exchange() -> bytes:
+        reader, writer = await asyncio.open_connection(*address)
+        try:
+            writer.write(b"ping")
+            serving = asyncio.get_running_loop().run_in_executor(None, serve)
+            answer = await asyncio.wait_for(reader.readexactly(32), timeout)
+            await asyncio.wait_for(serving, timeout)
+            return answer
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    new_loop = asyncio.new_event_loop if loop_kind == "asyncio" else uvloop.new_event_loop
+    assert run_on(new_loop, exchange()) == hashlib.sha256(b"ping").digest()
 
 
 @contextlib.contextmanager

@@ -35,8 +35,9 @@ from friendsock._blocking._readiness import Parker, wake
 from friendsock._blocking._descriptor import OriginalSocket
 from friendsock._blocking._paired import FriendBlockingSocket
 from friendsock._report import since
-from support import (cyclic_garbage_of_ours, every_loop_installed, patient_confirm,  # noqa: F401 (a fixture)
-                     received_exactly, resource_warnings_raised, run_inner_pytest, run_on)
+from support import (answered_after_the_connect, cyclic_garbage_of_ours,  # noqa: F401 (a fixture)
+                     every_loop_installed, patient_confirm, received_exactly,
+                     resource_warnings_raised, run_inner_pytest, run_on)
 
 pytest_plugins = ["pytester"]
 
@@ -1497,33 +1498,10 @@ def test_an_event_loop_client_pairs_before_the_first_accept_where_every_loop_is_
     the listener's first ``accept()`` runs only after ``open_connection``
     returns, on the client's thread (anyio's tests accept that way)."""
     with every_loop_installed(), socket.create_server((LOCALHOST, 0)) as listener:
+        listener.settimeout(TIMEOUT)
         before = friendsock.stats()
-
-        def serve() -> None:
-            listener.settimeout(TIMEOUT)
-            server, _ = listener.accept()
-            with server:
-                assert friendsock.is_friend(server) is patched
-                server.settimeout(TIMEOUT)
-                server.sendall(hashlib.sha256(received_exactly(server, 4)).digest())
-
-        async def exchange() -> bytes:
-            reader, writer = await asyncio.open_connection(*listener.getsockname())
-            try:
-                writer.write(b"ping")
-                serving = asyncio.get_running_loop().run_in_executor(None, serve)
-                answer = await asyncio.wait_for(reader.readexactly(32), TIMEOUT)
-                await asyncio.wait_for(serving, TIMEOUT)
-                return answer
-            finally:
-                writer.close()
-                await writer.wait_closed()
-
-        loop = asyncio.new_event_loop() if loop_kind == "asyncio" else uvloop.new_event_loop()
-        try:
-            assert loop.run_until_complete(exchange()) == hashlib.sha256(b"ping").digest()
-        finally:
-            loop.close()
+        answered_after_the_connect(listener.getsockname(), lambda: listener.accept()[0], loop_kind,
+                                   patched)
         delta = since(before, friendsock.stats())
         # (Over TCP, the installed loop counts its connect to a plain listener.)
         assert (delta.links_made, dict(delta.fallbacks)) == \

@@ -27,7 +27,7 @@ import uvloop
 
 import friendsock
 from friendsock._report import since
-from support import every_loop_installed, received_exactly
+from support import answered_after_the_connect, every_loop_installed
 
 LOCALHOST = "127.0.0.1"
 TIMEOUT = 10
@@ -381,34 +381,9 @@ def test_an_event_loop_client_pairs_with_a_readiness_loops_listener_before_its_a
     returns (anyio's tests accept that way, on the client's thread): a
     friend link from the connect on, every byte there."""
     with every_loop_installed(), nonblocking_listener(proven=False) as listener:
-        address = listener.getsockname()
         before = friendsock.stats()
-
-        def serve() -> None:
-            server = drive("poll", _accept(listener))
-            with server:
-                assert friendsock.is_friend(server) is patched
-                server.setblocking(True)
-                server.settimeout(TIMEOUT)
-                server.sendall(hashlib.sha256(received_exactly(server, 4)).digest())
-
-        async def exchange() -> bytes:
-            reader, writer = await asyncio.open_connection(*address)
-            try:
-                writer.write(b"ping")
-                serving = asyncio.get_running_loop().run_in_executor(None, serve)
-                answer = await asyncio.wait_for(reader.readexactly(32), TIMEOUT)
-                await asyncio.wait_for(serving, TIMEOUT)
-                return answer
-            finally:
-                writer.close()
-                await writer.wait_closed()
-
-        loop = asyncio.new_event_loop() if loop_kind == "asyncio" else uvloop.new_event_loop()
-        try:
-            assert loop.run_until_complete(exchange()) == hashlib.sha256(b"ping").digest()
-        finally:
-            loop.close()
+        answered_after_the_connect(listener.getsockname(), lambda: drive("poll", _accept(listener)),
+                                   loop_kind, patched)
         delta = since(before, friendsock.stats())
         # (Over TCP, the installed loop counts its connect to a plain listener.)
         assert (delta.links_made, dict(delta.fallbacks)) == \
