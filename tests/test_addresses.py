@@ -43,6 +43,7 @@ import friendsock.trio
 import friendsock._core._link
 from friendsock import _handshake
 from friendsock._core._errors import PairingCheckError
+from friendsock._blocking._descriptor import OriginalSocket
 from friendsock._core._registry import registry
 from support import every_loop_installed
 
@@ -103,9 +104,10 @@ DESTINATIONS = ["0.0.0.0", "::", "127.0.0.1", "127.0.0.2", "localhost", "::1",
 SOURCES = [None, "127.0.0.1", "127.0.0.2", "::1"] + OWN_V4 + OWN_V6
 
 
-def _listening_socket(listener: str, blocking: bool = True) -> socket.socket:
+def _listening_socket(listener: str, blocking: bool = True,
+                      make: Optional[Callable[..., socket.socket]] = None) -> socket.socket:
     _, family, host, v6only = next(spec for spec in LISTENERS if spec[0] == listener)
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = (make or socket.socket)(family, socket.SOCK_STREAM)
     try:
         if v6only is not None:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
@@ -320,8 +322,18 @@ def _with_patched_socket(exchange: Callable[..., Outcome]) -> Callable[..., Outc
     return run
 
 
-def _blocking_exchange(listener: str, destination: str, source: Optional[str]) -> Outcome:
-    server = _listening_socket(listener)  # the patched class: made after patch_socket()
+def _handed_over_listener(listener: str) -> socket.socket:
+    """A listener made of a descriptor handed over, as a supervisor's is
+    (systemd's socket activation): the stdlib's socket listens, and the
+    server makes its own of the descriptor (the patched class, if patched)."""
+    with _listening_socket(listener, make=OriginalSocket) as supervisors:
+        return socket.socket(fileno=os.dup(supervisors.fileno()))
+
+
+def _blocking_exchange(listener: str, destination: str, source: Optional[str],
+                       handed_over: bool = False) -> Outcome:
+    # The patched class: made after patch_socket().
+    server = _handed_over_listener(listener) if handed_over else _listening_socket(listener)
     server.settimeout(WAIT)
     accepted: Dict[str, Any] = {}
 
@@ -430,6 +442,8 @@ DOORS: Dict[str, Callable[..., Outcome]] = {
     "trio-api": _run_trio(explicit=True),
     "trio-install": _run_trio(explicit=False),
     "blocking": _with_patched_socket(_blocking_exchange),
+    "blocking-handed-over": _with_patched_socket(functools.partial(_blocking_exchange,
+                                                                   handed_over=True)),
     "nonblocking": _with_patched_socket(_nonblocking_exchange),
     "nonblocking-every-loop": _with_every_loop(_with_patched_socket(
         functools.partial(_nonblocking_exchange, first=True))),
@@ -609,9 +623,10 @@ def test_a_connection_its_server_names_otherwise_fails_its_paired_client_at_once
 
     monkeypatch.setattr(_handshake.ListenerHandle, "__init__", misnaming)
     before = friendsock.stats().fallbacks.get("names-differ", 0)
-    if door.endswith("sock-connect"):
+    if door.endswith("sock-connect") or door == "blocking-handed-over":
         # Connected by the loop's sock_connect, the client end is not
-        # friendsock's until adopted, so it pairs only once claimed: it
+        # friendsock's until adopted; a listener handed over may be shared
+        # with other processes. Either way it pairs only once claimed: it
         # goes on over TCP, with every byte.
         _check(_exchange(door, "friend", "127.0.0.1", "127.0.0.1", None), "tcp")
     else:
