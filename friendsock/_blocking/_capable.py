@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Set, Tuple
 
 from .. import _handshake
 from .._core._switch import is_enabled
-from .._handshake import Entry, make_room
+from .._handshake import Entry, is_listening, make_room
 from .._host._ports import PUBLISHED
 from .._socket_errors import not_through_descriptor
 from ._descriptor import OriginalSocket, _ss
@@ -165,7 +165,7 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
                 friend._share_with(self, fileno)
                 return
         OriginalSocket.__init__(self, family, type, proto, fileno)
-        if fileno is not None and patched and _may_pair(self) and _is_listening(self):
+        if fileno is not None and patched and _may_pair(self) and is_listening(self):
             # A listener handed over (systemd's socket activation, a process
             # manager's, socket.fromfd()): it pairs as one made here, with
             # what this process claims (its siblings may accept too).
@@ -362,14 +362,6 @@ natively_driven: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
 # The patched class, and the TLS listener built on it (``_tls``): the
 # classes whose sockets pair (a user's subclass does its own I/O).
 pairing_classes: Set[type] = {FriendCapableSocket}
-
-
-def _is_listening(sock: socket.socket) -> bool:
-    """Whether the kernel has ``sock`` listening (SO_ACCEPTCONN)."""
-    try:
-        return bool(_ss.getsockopt(sock, socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
-    except OSError:
-        return False
 
 
 def _may_pair(sock: socket.socket) -> bool:

@@ -60,7 +60,7 @@ from ._listener import (
     register_listener,
 )
 from ._process import SocketRelease, current_pid
-from ._tcp_info import is_tcp_socket, payload_moved
+from ._tcp_info import is_listening, is_tcp_socket, payload_moved
 
 # How long a confirmed connect (a listener that other processes may share)
 # waits for this process to claim it before it goes on as plain TCP. The
@@ -92,6 +92,7 @@ __all__ = [
     "go_tcp",
     "hold_ended",
     "is_bound",
+    "is_listening",
     "is_tcp_socket",
     "KEPT_PER_LISTENER",
     "ListenerHandle",

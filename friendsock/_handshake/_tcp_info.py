@@ -1,8 +1,10 @@
 """What a TCP socket's kernel state says: whether payload crossed it
-(``TCP_INFO``), and whether it is a plain TCP socket at all."""
+(``TCP_INFO``), whether it listens, and whether it is a plain TCP socket
+at all."""
 
 from __future__ import annotations
 
+import _socket
 import socket
 import struct
 from typing import Any
@@ -31,6 +33,16 @@ def payload_moved(sock: socket.socket) -> bool:
         return True
     segs_in, segs_out = _DATA_SEGS.unpack_from(info, _DATA_SEGS_OFFSET)
     return bool(segs_in or segs_out or _NOTSENT.unpack_from(info, _NOTSENT_OFFSET)[0])
+
+
+def is_listening(sock: socket.socket) -> bool:
+    """Whether the kernel has ``sock`` listening (``SO_ACCEPTCONN``); False
+    for a closed one. The C socket's own call: a subclass's or a test's
+    mock of ``getsockopt`` is not asked."""
+    try:
+        return bool(_socket.socket.getsockopt(sock, socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    except OSError:
+        return False
 
 
 def is_tcp_socket(sock: Any) -> bool:

@@ -37,7 +37,7 @@ from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
-                          offer_for_reuse, register_listener, users_sockname)
+                          is_listening, offer_for_reuse, register_listener, users_sockname)
 from .._host._payoff import worth_an_offer
 from .._host._ports import keep_published, stop_publishing
 from .._imports import when_imported
@@ -107,7 +107,7 @@ def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
         return entry
     sock = trio_sock._sock
     try:
-        if not _is_tcp(sock) or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        if not _is_tcp(sock) or not is_listening(sock):
             return None
         if exclusive and getattr(socket, "SO_REUSEPORT", None) is not None:
             exclusive = not sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
