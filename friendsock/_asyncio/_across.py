@@ -739,6 +739,21 @@ def _relay_for(outer: AcrossTransport, protocol: asyncio.BaseProtocol) -> _Relay
     return _Relay(outer, protocol)
 
 
+# asyncio's selector transports read with recv(max_size), 256 KiB, a bytes
+# object glibc allocates above its 128 KiB mmap threshold: mmap, mremap (the
+# shrink to what came) and munmap, three system calls on every read, which
+# cost a round trip between processes a third of its rate. Below it, the
+# heap serves it; a 64 KiB stream write still comes in one read.
+_READ_MAX = 124 * 1024
+
+
+def _read_below_mmap_threshold(inner: asyncio.BaseTransport) -> None:
+    """Reads of at most ``_READ_MAX`` on asyncio's transport (uvloop's read
+    into a buffer they keep, and have no ``max_size``)."""
+    if getattr(inner, "max_size", 0) > _READ_MAX:
+        inner.max_size = _READ_MAX  # type: ignore[attr-defined]
+
+
 async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: socket.socket,
                        names: Tuple[Any, Any], protocol: asyncio.BaseProtocol, peer: Peer,
                        client: bool, on_lost: Optional[Callable[[], Any]] = None) -> AcrossTransport:
@@ -755,6 +770,7 @@ async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: soc
     relay = outer._relay = _relay_for(outer, protocol)
     try:
         await native(loop, "connect_accepted_socket")(lambda: relay, pair_end)
+        _read_below_mmap_threshold(outer._inner)
     except BaseException:
         outer._tcp = None  # (its caller closes it)
         raise
