@@ -80,13 +80,15 @@ def test_the_wheel_installs_and_works_outside_the_source_tree(dist, tmp_path):
 
     # A fresh environment, from the interpreter this venv was made from,
     # with none of the source tree on its path.
+    # (A source tree on PYTHONPATH would also have pip take the wheel as
+    # installed already.)
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PYTHONPATH", "FRIENDSOCK", "FRIENDSOCK_INSTALL", "VIRTUAL_ENV")}
     venv = tmp_path / "venv"
     _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], cwd=tmp_path)
     python, bin_dir = str(venv / "bin" / "python"), venv / "bin"
     _run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", str(wheel),
-          "pytest>=8"], cwd=tmp_path)
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("PYTHONPATH", "FRIENDSOCK", "FRIENDSOCK_INSTALL", "VIRTUAL_ENV")}
+          "pytest>=8"], cwd=tmp_path, env=env)
     work = tmp_path / "work"
     work.mkdir()
 
