@@ -537,6 +537,30 @@ async def _echo_with_pid(reader: asyncio.StreamReader, writer: asyncio.StreamWri
     writer.close()
 
 
+def pool_echo(port: int, seed: int) -> dict:
+    """A process pool's task: 1 MiB (seeded) to the echo server on
+    ``port`` with a blocking socket, then EOF; the echo's SHA-256, this
+    process's id and whether payload crossed the TCP socket."""
+    import threading
+
+    from friendsock._handshake._tcp_info import payload_moved
+
+    payload = random.Random(seed).randbytes(1 << 20)
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+
+        def send() -> None:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+
+        sender = threading.Thread(target=send)  # (while this one reads the echo)
+        sender.start()
+        digest = hashlib.sha256()
+        while data := sock.recv(1 << 16):
+            digest.update(data)
+        sender.join(20)
+        return {"sha256": digest.hexdigest(), "pid": os.getpid(), "payload_moved": payload_moved(sock)}
+
+
 def main() -> None:
     role, loop_name, door, *rest = sys.argv[1:]
     if loop_name == "uvloop":
