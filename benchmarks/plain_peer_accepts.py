@@ -1,0 +1,132 @@
+"""What friendsock costs a server whose clients do not run it: a client
+process that never imports friendsock (plain uvloop) connects, writes
+64 B, reads the 64 B echo and closes, again and again, to a server in
+this process. Each door friendsock offers a server against the loop's own
+``create_server``, interleaved in every round (the order turned round
+each round):
+
+- ``own``: the loop's own ``create_server``;
+- ``friendsock``: ``friendsock.create_server``;
+- ``installed``: the loop's own ``create_server`` under
+  ``friendsock.install()``.
+
+Printed per loop and door, each the median over the rounds: connections
+per second, and the server process's CPU time per connection (user and
+system), each over the loop's own server's (1.00: no cost).
+
+    python benchmarks/plain_peer_accepts.py [--loops asyncio,uvloop]
+        [--count 1000] [--rounds 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+import friendsock
+
+# The client: plain uvloop, no friendsock imported. "PORT COUNT" on its
+# standard input runs COUNT connections to PORT, then prints a line.
+CLIENT = r"""
+import asyncio, sys
+import uvloop
+
+MESSAGE = b"m" * 64
+
+class Client(asyncio.Protocol):
+    def __init__(self, done):
+        self.done = done
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(MESSAGE)
+    def data_received(self, data):
+        self.transport.close()
+    def connection_lost(self, exc):
+        self.done.set_result(None)
+
+async def main():
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        port, count = map(int, line.split())
+        for _ in range(count):
+            done = loop.create_future()
+            await loop.create_connection(lambda: Client(done), "127.0.0.1", port)
+            await done
+        print("done", flush=True)
+
+uvloop.run(main())
+"""
+
+
+class _Echo(asyncio.Protocol):
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+Figures = Tuple[float, float]  # connections per second; server CPU µs per connection
+
+WAYS = ("own", "friendsock", "installed")
+
+
+def run_round(loop_name: str, way: str, client: subprocess.Popen, count: int) -> Figures:
+    async def main() -> Figures:
+        loop = asyncio.get_running_loop()
+        if way == "installed":
+            friendsock.install(loop)
+        create = friendsock.create_server if way == "friendsock" else loop.create_server
+        server = await create(_Echo, "127.0.0.1", 0, backlog=1024)
+        port = server.sockets[0].getsockname()[1]
+        start, cpu = time.perf_counter(), time.process_time()
+        client.stdin.write(f"{port} {count}\n")  # type: ignore[union-attr]
+        client.stdin.flush()  # type: ignore[union-attr]
+        done = await loop.run_in_executor(None, client.stdout.readline)  # type: ignore[union-attr]
+        figures = (count / (time.perf_counter() - start), (time.process_time() - cpu) / count * 1e6)
+        assert done.strip() == "done", done
+        server.close()
+        await server.wait_closed()
+        return figures
+
+    if loop_name == "uvloop":
+        import uvloop
+        return uvloop.run(main())
+    return asyncio.run(main())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loops", default="asyncio,uvloop")
+    parser.add_argument("--count", type=int, default=1000, help="connections per round")
+    parser.add_argument("--rounds", type=int, default=11)
+    args = parser.parse_args()
+    client = subprocess.Popen([sys.executable, "-c", CLIENT], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        print(f"{'server':9} {'way':11} {'connections':>12} {'x own':>6} {'CPU/conn':>9} {'x own':>6}")
+        for loop_name in args.loops.split(","):
+            rounds: Dict[str, List[Figures]] = {way: [] for way in WAYS}
+            run_round(loop_name, "own", client, args.count // 4)  # warm-up
+            for index in range(args.rounds):
+                for way in WAYS if index % 2 == 0 else tuple(reversed(WAYS)):
+                    rounds[way].append(run_round(loop_name, way, client, args.count))
+            own_rate = statistics.median(rate for rate, _ in rounds["own"])
+            own_cpu = statistics.median(cpu for _, cpu in rounds["own"])
+            for way in WAYS:
+                rate = statistics.median(rate for rate, _ in rounds[way])
+                cpu = statistics.median(cpu for _, cpu in rounds[way])
+                print(f"{loop_name:9} {way:11} {rate:>10,.0f}/s {rate / own_rate:6.2f} "
+                      f"{cpu:>7.1f}µs {cpu / own_cpu:6.2f}")
+    finally:
+        client.stdin.close()  # type: ignore[union-attr]
+        client.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
