@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import friendsock
+
+from plain_peer_connects import Figures, print_interleaved
 
 # The client: plain uvloop, no friendsock imported. "PORT COUNT" on its
 # standard input runs COUNT connections to PORT, then prints a line.
@@ -71,8 +72,6 @@ class _Echo(asyncio.Protocol):
         self.transport.write(data)
 
 
-Figures = Tuple[float, float]  # connections per second; server CPU µs per connection
-
 WAYS = ("own", "friendsock", "installed")
 
 
@@ -111,18 +110,9 @@ def main() -> None:
     try:
         print(f"{'server':9} {'way':11} {'connections':>12} {'x own':>6} {'CPU/conn':>9} {'x own':>6}")
         for loop_name in args.loops.split(","):
-            rounds: Dict[str, List[Figures]] = {way: [] for way in WAYS}
-            run_round(loop_name, "own", client, args.count // 4)  # warm-up
-            for index in range(args.rounds):
-                for way in WAYS if index % 2 == 0 else tuple(reversed(WAYS)):
-                    rounds[way].append(run_round(loop_name, way, client, args.count))
-            own_rate = statistics.median(rate for rate, _ in rounds["own"])
-            own_cpu = statistics.median(cpu for _, cpu in rounds["own"])
-            for way in WAYS:
-                rate = statistics.median(rate for rate, _ in rounds[way])
-                cpu = statistics.median(cpu for _, cpu in rounds[way])
-                print(f"{loop_name:9} {way:11} {rate:>10,.0f}/s {rate / own_rate:6.2f} "
-                      f"{cpu:>7.1f}µs {cpu / own_cpu:6.2f}")
+            print_interleaved(loop_name, WAYS,
+                              lambda way, count, name=loop_name: run_round(name, way, client, count),
+                              args.count, args.rounds)
     finally:
         client.stdin.close()  # type: ignore[union-attr]
         client.wait(timeout=10)

@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import friendsock
 
@@ -73,7 +73,7 @@ class _Client(asyncio.Protocol):
             self.done.set_result(None)
 
 
-Figures = Tuple[float, float]  # connections per second; client CPU µs per connection
+Figures = Tuple[float, float]  # connections per second; CPU µs per connection (the measuring end)
 
 
 def _figures(start: float, cpu: float, count: int) -> Figures:
@@ -152,6 +152,25 @@ def run_round(client: str, way: str, port: int, count: int) -> Figures:
     return _blocking_round(way, port, count)
 
 
+def print_interleaved(label: str, ways: Sequence[str], run: Callable[[str, int], Figures],
+                      count: int, rounds: int) -> None:
+    """A warm-up round of ``ways[0]`` (the one without friendsock), then
+    ``rounds`` rounds of every way (``run(way, count)``), the order turned
+    round each round; printed per way: the medians, and over the first's."""
+    results: Dict[str, List[Figures]] = {way: [] for way in ways}
+    run(ways[0], count // 4)
+    for index in range(rounds):
+        for way in ways if index % 2 == 0 else tuple(reversed(ways)):
+            results[way].append(run(way, count))
+    own_rate = statistics.median(rate for rate, _ in results[ways[0]])
+    own_cpu = statistics.median(cpu for _, cpu in results[ways[0]])
+    for way in ways:
+        rate = statistics.median(rate for rate, _ in results[way])
+        cpu = statistics.median(cpu for _, cpu in results[way])
+        print(f"{label:9} {way:11} {rate:>10,.0f}/s {rate / own_rate:6.2f} "
+              f"{cpu:>7.1f}µs {cpu / own_cpu:6.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default=",".join(WAYS))
@@ -164,19 +183,9 @@ def main() -> None:
         port = int(server.stdout.readline())  # type: ignore[union-attr]
         print(f"{'client':9} {'way':11} {'connections':>12} {'x own':>6} {'CPU/conn':>9} {'x own':>6}")
         for client in args.clients.split(","):
-            ways = WAYS[client]
-            rounds: Dict[str, List[Figures]] = {way: [] for way in ways}
-            run_round(client, "own", port, args.count // 4)  # warm-up
-            for index in range(args.rounds):
-                for way in ways if index % 2 == 0 else tuple(reversed(ways)):
-                    rounds[way].append(run_round(client, way, port, args.count))
-            own_rate = statistics.median(rate for rate, _ in rounds["own"])
-            own_cpu = statistics.median(cpu for _, cpu in rounds["own"])
-            for way in ways:
-                rate = statistics.median(rate for rate, _ in rounds[way])
-                cpu = statistics.median(cpu for _, cpu in rounds[way])
-                print(f"{client:9} {way:11} {rate:>10,.0f}/s {rate / own_rate:6.2f} "
-                      f"{cpu:>7.1f}µs {cpu / own_cpu:6.2f}")
+            print_interleaved(client, WAYS[client],
+                              lambda way, count, client=client: run_round(client, way, port, count),
+                              args.count, args.rounds)
     finally:
         server.stdin.close()  # type: ignore[union-attr]
         server.wait(timeout=10)
