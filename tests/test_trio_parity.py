@@ -204,3 +204,42 @@ async def _answers(state: str, names: Optional[List[str]] = None, wait: float = 
 def test_every_call_answers_as_over_tcp(link, state):
     differing = differences_under_trio(_answers, state, link == "socketless", WAIT)
     assert not differing, report(differing)
+
+
+async def _answers_cancelled_meanwhile(state: str, names: Optional[List[str]] = None,
+                                       wait: float = WAIT) -> Dict[str, Any]:
+    """Each call that answers at once (the client shut for reading), its
+    cancel scope cancelled by a task that runs while the call yields."""
+    calls: Dict[str, Callable[[Sock], Awaitable[Any]]] = {
+        "recv": lambda sock: sock.recv(10),
+        "recv MSG_PEEK": lambda sock: sock.recv(4, socket.MSG_PEEK),
+        "recv(0)": lambda sock: sock.recv(0),
+        "recv MSG_OOB": lambda sock: sock.recv(10, socket.MSG_OOB),
+        "accept": lambda sock: sock.accept(),
+    }
+    found: Dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        for name in names or calls:
+            client, server = await _pair()
+            with client, server:
+                client.shutdown(socket.SHUT_RD)
+                scope = trio.CancelScope()
+                nursery.start_soon(_cancel, scope)  # (runs at the call's first yield)
+                with scope:
+                    found[name] = await _answer(lambda: calls[name](client), TIMEOUT)
+                if scope.cancelled_caught:
+                    found[name] = "cancelled"
+    return found
+
+
+async def _cancel(scope: trio.CancelScope) -> None:
+    scope.cancel()
+
+
+@pytest.mark.parametrize("link", ["friend", "socketless"])
+def test_a_call_that_answers_at_once_keeps_its_answer_when_cancelled_meanwhile(link):
+    """As trio's own socket: such a call is cancellable before it runs,
+    and its answer stands once it has one, whatever is cancelled while
+    it yields after."""
+    differing = differences_under_trio(_answers_cancelled_meanwhile, "fresh", link == "socketless", WAIT)
+    assert not differing, report(differing)

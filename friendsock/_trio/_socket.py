@@ -131,7 +131,9 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
         raise invalid_argument()
 
     async def accept(self) -> Any:
-        await _checkpoint()
+        # (Cancellable before, not after: see recv.)
+        await _checkpoint_if_cancelled()
+        await _cancel_shielded_checkpoint()
         self._check_open()
         raise invalid_argument()
 
@@ -151,15 +153,20 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
         bufsize = operator.index(bufsize)
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
+        # As trio's own socket calls one that does not block: cancellable
+        # before it, never after its answer (a yield that a deadline passes
+        # meanwhile would turn the answer into Cancelled).
         if flags & _OOB:
-            await _checkpoint()
+            await _checkpoint_if_cancelled()
+            await _cancel_shielded_checkpoint()
             if self._closed:
                 raise self._closed_error()
             raise no_urgent_data()
         check_flags(flags, _NO_CHANGE_TO_RECV | _PEEK)
         # Shut for reading, Linux still reads what comes (then EOF, not a wait).
         if bufsize == 0 or self._read_shut and self._in.seen() is SEEN_NOTHING:
-            await _checkpoint()
+            await _checkpoint_if_cancelled()
+            await _cancel_shielded_checkpoint()
             return b""
         return await self._receive(bufsize, peek=bool(flags & _PEEK))
 
