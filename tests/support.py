@@ -590,21 +590,30 @@ WAITED = "waits"  # a parity test's answer for a call that was still waiting whe
 
 def answers_that_differ(over_tcp: dict, paired: dict, ask_again) -> dict:
     """The calls whose answers differ over TCP and paired: ``{name: (TCP's,
-    paired's)}``. A call that waited (WAITED) on one side only is asked
-    again there, through ``ask_again(name, paired)``, given longer: a busy
-    machine may take longer than the short wait over a loop turn, which is
-    no difference."""
+    paired's)}``. A call that waited (WAITED) on one side only, alone or
+    in a sequence of calls, is asked again there, through
+    ``ask_again(name, paired)``, given longer: a busy machine may take
+    longer than the short wait over a loop turn, which is no difference."""
     differing = {}
     for name, answer in over_tcp.items():
         other = paired[name]
-        if answer != other and WAITED in (answer, other):
-            if answer == WAITED:
+        if answer != other and (_waited(answer) or _waited(other)):
+            if _waited(answer):
                 answer = ask_again(name, False)
-            else:
+            if _waited(other):
                 other = ask_again(name, True)
         if answer != other:
             differing[name] = (answer, other)
     return differing
+
+
+def _waited(answer: Any) -> bool:
+    """Whether ``answer`` is WAITED, or a sequence's (``("returned",
+    [each call's answer])``) with a call that was."""
+    if answer == WAITED:
+        return True
+    return (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], list)
+            and WAITED in answer[1])
 
 
 async def returned(value: Any) -> Any:
