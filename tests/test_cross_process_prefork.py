@@ -67,15 +67,17 @@ SERVERS = {
 STARTED = re.compile(r"Started server process \[(\d+)\]")
 
 
-async def _prefork_server(kind: str, path: str, directory: Path) -> Tuple[asyncio.subprocess.Process, int]:
+async def _prefork_server(kind: str, path: str, directory: Path,
+                          ended_after: List[asyncio.subprocess.Process]) -> Tuple[asyncio.subprocess.Process, int]:
     """``kind`` serving APP from ``directory``, and its port, once each
     worker has started and the listener is published (its workers' loops
-    serve it)."""
+    serve it); ended after the test (``ended_after``), however it went."""
     (directory / "app.py").write_text(APP)
     args, port_line = SERVERS[kind]
     env = _environment(path, FRIENDSOCK_INSTALL="1", PYTHONPATH=str(directory))
     process = await asyncio.create_subprocess_exec(
         sys.executable, *args, cwd=directory, env=env, stderr=asyncio.subprocess.PIPE)
+    ended_after.append(process)
     assert process.stderr is not None
     port, started = 0, 0
     while not port or started < WORKERS:
@@ -112,8 +114,7 @@ async def test_the_worker_that_accepts_is_the_one_that_pairs(kind, path, tmp_pat
     ``install()``) moves to the worker that accepted it: the pid that
     answered is the one ``links()`` names; kept connections carry a second
     request; every body arrives whole."""
-    process, port = await _prefork_server(kind, path, tmp_path)
-    ended_after.append(process)
+    process, port = await _prefork_server(kind, path, tmp_path, ended_after)
     answered: Set[int] = set()
     with friendsock.installed():
         for client_number in range(4):
