@@ -44,6 +44,15 @@ _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
 
 
+async def _answering_at_once() -> None:
+    """The checkpoints of a call that answers without waiting, as trio's
+    own socket makes them: cancellable before it, never after its answer
+    (a yield that a deadline passes meanwhile would turn the answer into
+    Cancelled)."""
+    await _checkpoint_if_cancelled()
+    await _cancel_shielded_checkpoint()
+
+
 def _as_bytes(data: Any, limit: int) -> bytes:
     """The first ``limit`` bytes of ``data`` (all of it if fewer), as bytes
     the caller cannot change later: a view of a whole bytes object (what
@@ -131,9 +140,7 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
         raise invalid_argument()
 
     async def accept(self) -> Any:
-        # (Cancellable before, not after: see recv.)
-        await _checkpoint_if_cancelled()
-        await _cancel_shielded_checkpoint()
+        await _answering_at_once()
         self._check_open()
         raise invalid_argument()
 
@@ -153,20 +160,15 @@ class FriendTrioSocket(PairedSocketCalls, TrioEnd, TrioSocketType):
         bufsize = operator.index(bufsize)
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
-        # As trio's own socket calls one that does not block: cancellable
-        # before it, never after its answer (a yield that a deadline passes
-        # meanwhile would turn the answer into Cancelled).
         if flags & _OOB:
-            await _checkpoint_if_cancelled()
-            await _cancel_shielded_checkpoint()
+            await _answering_at_once()
             if self._closed:
                 raise self._closed_error()
             raise no_urgent_data()
         check_flags(flags, _NO_CHANGE_TO_RECV | _PEEK)
         # Shut for reading, Linux still reads what comes (then EOF, not a wait).
         if bufsize == 0 or self._read_shut and self._in.seen() is SEEN_NOTHING:
-            await _checkpoint_if_cancelled()
-            await _cancel_shielded_checkpoint()
+            await _answering_at_once()
             return b""
         return await self._receive(bufsize, peek=bool(flags & _PEEK))
 
