@@ -26,6 +26,8 @@ from typing import Any, Dict, Tuple
 import pytest
 
 import friendsock
+from friendsock._asyncio._adoption import _listeners
+from friendsock._asyncio._loop_state import loop_state
 from friendsock._handshake._tcp_info import payload_moved
 from friendsock._host._ports import listener_elsewhere
 
@@ -305,6 +307,45 @@ async def test_a_client_that_answers_late_is_waited_for(server):
     finally:
         await peer.finish()
     assert (theirs["sha256"], theirs["friend"]) == (hashlib.sha256(b"ping").hexdigest(), True)
+
+
+async def test_an_accept_cancelled_as_its_held_connection_is_answered_leaves_it_held():
+    """An anyio accept that hands out the connection a cancelled accept
+    left, and is cancelled itself in the loop turn that its answer came in
+    (its deadline, say), leaves it to the next accept still: the
+    connection moves, rather than being dropped and reset."""
+    import anyio
+    from anyio.abc import SocketAttribute
+
+    loop = asyncio.get_running_loop()
+    with friendsock.installed():
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        [accepting] = listener.listeners
+        try:
+            client = await Peer.start("answer", "-", "late", str(listener.extra(SocketAttribute.local_port)),
+                                      env=_environment("friend"))
+            first = loop.create_task(accepting.accept())
+            # Cancelled while its offer is out: the connection is held.
+            await until(lambda: any(chan.replies for chan in loop_state(loop).across.channels.values())
+                        if loop_state(loop).across is not None else False)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await bounded(first)
+            [(_, _, offer)] = _listeners[listener.extra(SocketAttribute.raw_socket)].held
+            second = loop.create_task(accepting.accept())
+            offer.add_done_callback(lambda _: second.cancel())  # the answer and the cancel, one turn
+            with pytest.raises(asyncio.CancelledError):
+                await bounded(second)
+            assert offer.done() and not offer.cancelled()
+            async with await bounded(accepting.accept()) as stream:
+                assert friendsock.is_friend(stream._transport)
+                assert await bounded(stream.receive()) == b"ping"
+                await stream.send(b"ping")
+                await stream.send_eof()
+                assert await client.report() == {"read": "ping"}
+                await client.finish()
+        finally:
+            await listener.aclose()
 
 
 @ONE_LOOP

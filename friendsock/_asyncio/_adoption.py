@@ -389,12 +389,13 @@ async def _held_accepted(listener: _SharedListener) -> Tuple[socket.socket, Any]
     except asyncio.CancelledError:
         if offer.cancelled():  # its listener closed meanwhile, resetting it
             raise bad_descriptor() from None
-        raise  # (still held, for the next)
+        # Still held, for the next accept, even when its answer came too:
+        # the cancel can land after the answer, before this accept resumes.
+        raise
     except OSError:
         answer = None
-    finally:
-        if offer.done() and listener.held and listener.held[0][2] is offer:
-            listener.held.popleft()
+    if listener.held and listener.held[0][2] is offer:
+        listener.held.popleft()
     if not _offer_settled(conn, answer):
         counters.fallback(Fallback.PEER_NOT_FRIEND, listener.entry.endpoint)
     return conn, address
