@@ -1,11 +1,11 @@
 """Connections between two processes of this host (asyncio and uvloop).
 
-The other process is real (``cross_process_peer.py``), on either loop. On
-the friend path its bytes move over a socketpair and the kernel's TCP_INFO
-shows no payload on either TCP socket; on the TCP path (the other process
-with ``FRIENDSOCK_CROSS_PROCESS=0``) the same test runs over TCP. A process
-that does not play by the rules ends on TCP or a reset, never a hang and
-never another connection's bytes.
+The other process is real (``cross_process_peer.py``), on the other loop
+than this one's. On the friend path its bytes move over a socketpair and
+the kernel's TCP_INFO shows no payload on either TCP socket; on the TCP
+path (the other process with ``FRIENDSOCK_CROSS_PROCESS=0``) the same
+test runs over TCP. A process that does not play by the rules ends on TCP
+or a reset, never a hang and never another connection's bytes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 import pytest
+import pytest_asyncio
 import trustme
+import uvloop
 
 import friendsock
 from friendsock._handshake._tcp_info import payload_moved
@@ -39,10 +41,12 @@ PEER = str(Path(__file__).with_name("cross_process_peer.py"))
 SIZE = 1 << 21
 
 
-@pytest.fixture(params=["asyncio", "uvloop"])
-def peer_loop(request) -> str:
-    """The other process's loop."""
-    return request.param
+@pytest_asyncio.fixture
+async def peer_loop() -> str:
+    """The other process's loop: the other of the two than this test's, so
+    that, as the test runs on both, each loop is at each end, and every
+    connection joins the two."""
+    return "asyncio" if isinstance(asyncio.get_running_loop(), uvloop.Loop) else "uvloop"
 
 
 def _environment(path: str, **extra: str) -> Dict[str, str]:

@@ -49,6 +49,11 @@ from test_cross_process import (  # noqa: F401 (fixtures)
 )
 
 
+# Where this process's loop takes no part (both ends other processes, or
+# its end on a thread of its own), one loop is enough.
+ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])
+
+
 async def _server(path: str, door: str = "blocking") -> Tuple[Peer, int]:
     """A server process (``door``: ``blocking`` echoes, ``blocking-abort``
     aborts after 4 bytes, ``blocking-select`` accepts by select(); ``trio``
@@ -133,11 +138,28 @@ def _nonblocking_echo(port: int, payload: bytes, selector: str = "DefaultSelecto
         sock.close()
 
 
-@pytest.mark.parametrize("client", ["asyncio", "blocking", "trio", "nonblocking"])
-@pytest.mark.parametrize("server", ["blocking", "blocking-select", "trio", "trio-install", "anyio",
-                                    "anyio-uvloop"])
+SERVER_DOORS = pytest.mark.parametrize(
+    "server", ["blocking", "blocking-select", "trio", "trio-install", "anyio", "anyio-uvloop"])
+
+
+@SERVER_DOORS
+@pytest.mark.usefixtures("socket_patched")
+async def test_asyncio_clients_of_a_server_process_move(path, server):
+    """An asyncio client's connection, on either loop, to a server process
+    of each kind moves (see :func:`_clients_move`)."""
+    await _clients_move(path, server, "asyncio")
+
+
+@ONE_LOOP  # (each client runs on a thread of its own: this loop takes no part)
+@pytest.mark.parametrize("client", ["blocking", "trio", "nonblocking"])
+@SERVER_DOORS
 @pytest.mark.usefixtures("socket_patched")
 async def test_clients_of_a_server_process_move(path, server, client):
+    """So does a blocking, a trio and a non-blocking client's."""
+    await _clients_move(path, server, client)
+
+
+async def _clients_move(path: str, server: str, client: str) -> None:
     """A blocking server's connections (past its first), a trio server's
     and an anyio one's on asyncio (which accepts with ``sock_accept``),
     from friendsock clients of every kind (a non-blocking socket driven
@@ -236,6 +258,7 @@ async def test_a_server_leaves_no_time_wait(server, first):
         await peer.finish()
 
 
+@ONE_LOOP
 @pytest.mark.parametrize("how", ["pipe", "other", "none", "declined", "silent"])
 @pytest.mark.parametrize("server", ["blocking", "trio", "anyio"])
 async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
@@ -282,10 +305,6 @@ async def test_a_server_and_a_process_that_breaks_the_rules(server, how):
         assert (await peer.report())["sha256"] == ours["sha256"]
     finally:
         await peer.finish()
-
-
-# Both ends are other processes: this one's loop takes no part, one is enough.
-ONE_LOOP = pytest.mark.asyncio(loop_factories=["asyncio"])
 
 
 @ONE_LOOP
