@@ -349,10 +349,15 @@ def tcp_connections(port: int, state: Optional[str] = None) -> set:
     """The kernel's TCP connections (not listeners) with ``port`` at either
     end, as (local, remote) from /proc; only those in ``state`` if given."""
     found = set()
+    # (the tables hold every socket of the host: a line without the port
+    # is passed over unparsed)
+    named = f":{port:04X} "
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as lines:
             next(lines)
             for line in lines:
+                if named not in line:
+                    continue
                 _, local, remote, seen = line.split()[:4]
                 ports = {int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)}
                 if port in ports and seen != "0A" and (state is None or seen == state):
@@ -485,11 +490,13 @@ def chunked(payload: bytes, rng: random.Random, largest: int) -> List[object]:
 
 def tls_contexts(ca, *names: str) -> Tuple[ssl.SSLContext, ssl.SSLContext]:
     """(server context with a certificate for ``names``, default
-    ``localhost`` and 127.0.0.1; client context that trusts ``ca``), both
-    from ``ssl.create_default_context`` (``ca``: a ``trustme.CA``)."""
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ``localhost`` and 127.0.0.1; client context that trusts ``ca`` alone,
+    verifying the certificate and its host name; ``ca``: a
+    ``trustme.CA``). Made as ``ssl.create_default_context`` makes them but
+    for the system's CAs, whose loading took most of the time of a test."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ca.issue_cert(*(names or ("localhost", LOCALHOST))).configure_cert(server)
-    client = ssl.create_default_context()
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ca.configure_trust(client)
     return server, client
 

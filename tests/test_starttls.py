@@ -60,13 +60,13 @@ def ca() -> trustme.CA:
 
 
 def server_context(ca: trustme.CA) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # (as support.tls_contexts)
     ca.issue_cert(HOSTNAME, LOCALHOST).configure_cert(context)
     return context
 
 
 def client_context(ca: trustme.CA) -> ssl.SSLContext:
-    context = ssl.create_default_context()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ca.configure_trust(context)
     return context
 
