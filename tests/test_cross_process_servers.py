@@ -320,12 +320,13 @@ async def test_a_client_that_answers_late_is_waited_for(server):
     peer, port = await _server("friend", door=server)
     try:
         client = await Peer.start("answer", "-", "late", str(port), env=_environment("friend"))
-        assert await client.report() == {"read": "ping"}
+        ours = await client.report()
         await client.finish()
         theirs = await peer.report()
     finally:
         await peer.finish()
-    assert (theirs["sha256"], theirs["friend"]) == (hashlib.sha256(b"ping").hexdigest(), True)
+    assert (ours, theirs.get("sha256"), theirs.get("friend")) == \
+        ({"read": "ping"}, hashlib.sha256(b"ping").hexdigest(), True), theirs
 
 
 async def test_an_accept_cancelled_as_its_held_connection_is_answered_leaves_it_held():
@@ -363,6 +364,46 @@ async def test_an_accept_cancelled_as_its_held_connection_is_answered_leaves_it_
                 await stream.send_eof()
                 assert await client.report() == {"read": "ping"}
                 await client.finish()
+        finally:
+            await listener.aclose()
+
+
+async def test_an_accept_cancelled_as_its_transport_starts_gives_the_connection_back():
+    """A connection moved to another process, handed out by sock_accept(),
+    whose connect_accepted_socket() is cancelled as its transport starts
+    (anyio's accept, its deadline passing then), is not lost: the next
+    accept hands it out, the bytes its client sent still to read, as the
+    kernel's backlog keeps a connection no accept took."""
+    import anyio
+    from anyio.abc import SocketAttribute
+
+    loop = asyncio.get_running_loop()
+    with friendsock.installed():
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        raw = listener.extra(SocketAttribute.raw_socket)
+        try:
+            client = await Peer.start("answer", "-", "late", str(listener.extra(SocketAttribute.local_port)),
+                                      env=_environment("friend"))
+            conn, _ = await bounded(loop.sock_accept(raw))
+            starting = loop.create_task(loop.connect_accepted_socket(asyncio.Protocol, conn))
+            await asyncio.sleep(0)  # (a turn: its first step, up to the transport's start)
+            assert not starting.done()
+            starting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await bounded(starting)
+            again, _ = await bounded(loop.sock_accept(raw))
+            assert again is conn
+            reader, writer = await bounded(asyncio.open_connection(sock=again))
+            try:
+                assert friendsock.is_friend(writer)
+                assert await bounded(reader.read()) == b"ping"
+                writer.write(b"ping")
+                writer.write_eof()
+                assert await client.report() == {"read": "ping"}
+                await client.finish()
+            finally:
+                writer.close()
+                await writer.wait_closed()
         finally:
             await listener.aclose()
 

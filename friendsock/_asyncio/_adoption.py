@@ -21,7 +21,7 @@ import asyncio
 import collections
 import socket
 import weakref
-from typing import Any, Callable, Deque, Optional, Tuple, cast
+from typing import Any, Callable, Deque, NamedTuple, Optional, Tuple, cast
 
 from .. import _handshake
 from .._blocking._across import reset_in_place
@@ -69,10 +69,8 @@ _accepted: "weakref.WeakKeyDictionary[socket.socket, Tuple[Pending, Any, Any]]" 
 _TLS_KEYWORDS = frozenset({"ssl", "server_hostname", "ssl_handshake_timeout", "ssl_shutdown_timeout"})
 # Accepted sockets whose connection another process took (sock_accept's
 # offer), until connect_accepted_socket; each with what closes its pair end
-# if the socket is dropped before.
-_accepted_across: "weakref.WeakKeyDictionary[socket.socket, Tuple[Offered, weakref.finalize]]" = (
-    weakref.WeakKeyDictionary()
-)
+# if the socket is dropped before, and where it came from (see _Across).
+_accepted_across: "weakref.WeakKeyDictionary[socket.socket, _Across]" = weakref.WeakKeyDictionary()
 # Listening sockets first seen by sock_accept, and their registry entries.
 _listeners: "weakref.WeakKeyDictionary[socket.socket, _SharedListener]" = weakref.WeakKeyDictionary()
 
@@ -238,6 +236,16 @@ async def adopt_paired_socket(
 # -- the accepting end ------------------------------------------------------
 
 
+class _Across(NamedTuple):
+    """An accepted connection another process took, until
+    connect_accepted_socket serves it."""
+
+    offered: Offered
+    closing: weakref.finalize  # (of its pair end, if the socket is dropped first)
+    listener: "_SharedListener"  # (accepted from: the next accept hands it out again)
+    address: Any
+
+
 class _SharedListener:
     """A listening socket friendsock did not make, registered when first
     seen by ``sock_accept``: it may be shared (pre-fork servers), so its
@@ -253,7 +261,7 @@ class _SharedListener:
         # Connections accepted whose offer an accept, cancelled, left out:
         # handed out first by the next accepts, as the kernel's backlog
         # keeps a connection no accept took.
-        self.held: Deque[Tuple[socket.socket, Any, "asyncio.Task[Any]"]] = collections.deque()
+        self.held: Deque[Tuple[socket.socket, Any, "asyncio.Future[Any]"]] = collections.deque()
 
     def forget(self) -> None:
         stop_publishing(self)
@@ -262,7 +270,20 @@ class _SharedListener:
         while self.held:
             conn, _, offer = self.held.popleft()
             offer.cancel()
+            if offer.done() and not offer.cancelled() and isinstance(offer.result(), Offered):
+                offer.result().pair_end.close()  # (answered, not handed out yet)
             reset_offered(conn)
+
+    def hold_again(self, conn: socket.socket, address: Any, offered: Offered) -> bool:
+        """``conn``, handed out with its pair end ``offered``, goes back to
+        be handed out first by the next accept (False, nothing done, if
+        this listener is gone)."""
+        if not registry.is_listening(self.entry):
+            return False
+        answered = offered.rendezvous.loop.create_future()
+        answered.set_result(offered)
+        self.held.appendleft((conn, address, answered))
+        return True
 
     _loop_gone = forget
 
@@ -338,19 +359,23 @@ async def sock_accept(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> T
         if pending is not None:
             _accepted[conn] = (pending, sockname, address)
         else:
-            offer = _offer_across(loop, sock, listener, conn, (sockname or conn.getsockname(), address))
-            if offer is None or not _offer_settled(conn, await _answer(listener, conn, address, offer)):
+            settled = False
+            if listener is not None:
+                offer = _offer_across(loop, sock, listener, conn, (sockname or conn.getsockname(), address))
+                settled = offer is not None and _offer_settled(
+                    conn, await _answer(listener, conn, address, offer), listener, address)
+            if not settled:
                 counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
     return conn, address
 
 
 def _offer_across(loop: asyncio.AbstractEventLoop, listening: socket.socket,
-                  listener: Optional[_SharedListener], conn: socket.socket,
+                  listener: _SharedListener, conn: socket.socket,
                   names: Tuple[Any, Any]) -> "Optional[asyncio.Task[Any]]":
     """The offer of ``conn`` (``names``: its own and its peer's), accepted
     on ``listening``, to the friendsock process of this host that waits
     for it, made (a task: see :func:`_answer`); None if none waits."""
-    port = None if listener is None else published_port(listener)
+    port = published_port(listener)
     if port is None:
         return None
     if port_table() is None:  # switched off since: its clients must not wait
@@ -396,23 +421,24 @@ async def _held_accepted(listener: _SharedListener) -> Tuple[socket.socket, Any]
         answer = None
     if listener.held and listener.held[0][2] is offer:
         listener.held.popleft()
-    if not _offer_settled(conn, answer):
+    if not _offer_settled(conn, answer, listener, address):
         counters.fallback(Fallback.PEER_NOT_FRIEND, listener.entry.endpoint)
     return conn, address
 
 
-def _offer_settled(conn: socket.socket, offered: Any) -> bool:
-    """``conn`` as its offer's answer leaves it (False: TCP's): taken, the
-    pair kept for :func:`connect_accepted_socket`; or, the answer without
-    its proof or not in time, reset in place, as a connection its client
-    reset."""
+def _offer_settled(conn: socket.socket, offered: Any, listener: _SharedListener, address: Any) -> bool:
+    """``conn`` (from ``address``, accepted from ``listener``) as its offer's
+    answer leaves it (False: TCP's): taken, the pair kept for
+    :func:`connect_accepted_socket`; or, the answer without its proof or
+    not in time, reset in place, as a connection its client reset."""
     if offered is None:
         return False
     if offered is RESET:
         reset_in_place(conn)
     else:
         pair_end = cast(Offered, offered).pair_end
-        _accepted_across[conn] = (cast(Offered, offered), weakref.finalize(conn, pair_end.close))
+        _accepted_across[conn] = _Across(cast(Offered, offered), weakref.finalize(conn, pair_end.close),
+                                         listener, address)
     return True
 
 
@@ -449,7 +475,7 @@ async def _adopt_accepted(
     ``tls_of``: the TLS the call asks for, from its keywords."""
     across = _accepted_across.pop(sock, None)
     if across is not None:
-        return await _serve_across(loop, protocol_factory, sock, kwargs, tls_of, *across)
+        return await _serve_across(loop, protocol_factory, sock, kwargs, tls_of, across)
     pending, sockname, address = _accepted.pop(sock)
     adoptable, tls = _adoptable(pending, sock, kwargs, tls_of)
     if adoptable and await _adopt_accepted_end(loop, sock, pending):
@@ -481,26 +507,36 @@ async def _serve_across(
     sock: socket.socket,
     kwargs: dict,
     tls_of: Callable[[dict], Optional[TLSOptions]],
-    offered: Offered,
-    closing: weakref.finalize,
+    across: _Across,
 ) -> Optional[Tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]:
-    """The transport over the pair ``offered`` (taken by the client's
-    process) of the accepted ``sock``; with TLS over it if asked for (None,
-    the pair closed, for keywords the loop's own call refuses)."""
-    closing.detach()
+    """The transport over the pair ``across.offered`` (taken by the
+    client's process) of the accepted ``sock``; with TLS over it if asked
+    for (None, the pair closed, for keywords the loop's own call refuses)."""
+    offered = across.offered
+    across.closing.detach()
     pair_end = offered.pair_end
     try:
         tls = tls_of(kwargs)
     except (TypeError, ValueError):
         pair_end.close()  # (the other process reads EOF) and the loop's own error follows
         return None
+    # The accept that handed the connection out may be cancelled while its
+    # transport starts (anyio's accept under a deadline: the socket is out
+    # of the backlog by then). The loop closes the pair end it was given;
+    # this copy keeps the connection, bytes unread and all, for the
+    # listener's next accept, as one no accept took.
+    kept = pair_end.dup()
     try:
         protocol = protocol_factory()
         transport: asyncio.BaseTransport = await start_across(
             offered.rendezvous, pair_end, sock, offered.names, protocol, offered.peer, client=False)
-    except BaseException:
+    except BaseException as exc:
         pair_end.close()
+        if not (isinstance(exc, asyncio.CancelledError)
+                and across.listener.hold_again(sock, across.address, offered._replace(pair_end=kept))):
+            kept.close()
         raise
+    kept.close()
     if tls is not None:
         start_tls: Any = loop.start_tls
         transport = await start_tls(transport, protocol, tls.sslcontext, server_side=tls.server_side,
