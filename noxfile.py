@@ -35,10 +35,7 @@ def tests(session: nox.Session) -> None:
                                 silent=True)
     session.run("python", "-m", "compileall", "-q", "-j", "0", "friendsock", "tests",
                 str(site_packages).strip())
-    # Bytecode written, whatever the environment says: pytest caches the
-    # test modules and plugins it rewrites only then, where each xdist
-    # worker and each pytest the suite starts would rewrite them again.
-    session.run("python", "-m", "pytest", *session.posargs, env={"PYTHONDONTWRITEBYTECODE": ""})
+    session.run("python", "-m", "pytest", *session.posargs)
 
 
 @nox.session(python=PYTHONS)
