@@ -115,6 +115,25 @@ async def loop_guard():
         pytest.fail(f"unhandled loop exceptions: {errors!r}")
 
 
+# Modules that run other modules' tests again under a mode that changes
+# friend connects alone (socketless links, links over kept connections):
+# there those tests run on the friend path; on the TCP path they would be
+# their home module's runs once more.
+FRIEND_MODE_MODULES = frozenset({"test_socketless", "test_reuse", "test_trio_socketless", "test_trio_reuse"})
+
+
+def pytest_collection_modifyitems(config, items):
+    again_over_tcp = [
+        item for item in items
+        if isinstance(item, pytest.Function) and item.module.__name__ in FRIEND_MODE_MODULES
+        and item.function.__module__ != item.module.__name__
+        and getattr(item, "callspec", None) is not None and item.callspec.params.get("path") == "tcp"]
+    if again_over_tcp:
+        config.hook.pytest_deselected(items=again_over_tcp)
+        dropped = set(again_over_tcp)
+        items[:] = [item for item in items if item not in dropped]
+
+
 def pytest_collection_finish(session):
     # Every coroutine test ends with a gc.collect() (loop_guard). What the
     # imports and the collection made lives for the whole session: moved
