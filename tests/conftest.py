@@ -68,9 +68,9 @@ def pytest_pycollect_makeitem(collector, name, obj):
 
 
 def pytest_xdist_auto_num_workers(config):
-    # One worker more than the cores (-n auto; --maxprocesses caps it): the
-    # tests with other processes spend much of their time waiting on them.
-    return (os.cpu_count() or 1) + 1
+    # Two workers a core (-n auto; --maxprocesses caps it): the tests with
+    # other processes, timers or threads spend much of their time waiting.
+    return (os.cpu_count() or 1) * 2
 
 
 def pytest_configure(config):
