@@ -258,7 +258,8 @@ class _SharedListener:
 
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
-        # Connections accepted whose offer an accept, cancelled, left out:
+        # Connections accepted whose offer an accept, cancelled, left out,
+        # or given back by a cancelled connect_accepted_socket (hold_again):
         # handed out first by the next accepts, as the kernel's backlog
         # keeps a connection no accept took.
         self.held: Deque[Tuple[socket.socket, Any, "asyncio.Future[Any]"]] = collections.deque()
@@ -406,8 +407,9 @@ async def _answer(listener: Any, conn: socket.socket, address: Any,
 
 
 async def _held_accepted(listener: _SharedListener) -> Tuple[socket.socket, Any]:
-    """The first connection an accept left to the next (see :func:`_answer`),
-    handed out once its offer is answered."""
+    """The first connection an accept left to the next (see :func:`_answer`
+    and ``_SharedListener.hold_again``), handed out once its offer is
+    answered."""
     conn, address, offer = listener.held[0]
     try:
         answer = await asyncio.shield(offer)
