@@ -346,8 +346,8 @@ async def test_an_accept_cancelled_as_its_held_connection_is_answered_leaves_it_
                                       env=_environment("friend"))
             first = loop.create_task(accepting.accept())
             # Cancelled while its offer is out: the connection is held.
-            await until(lambda: any(chan.replies for chan in loop_state(loop).across.channels.values())
-                        if loop_state(loop).across is not None else False)
+            await until(lambda: (across := loop_state(loop).across) is not None
+                        and any(chan.replies for chan in across.channels.values()))
             first.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await bounded(first)
