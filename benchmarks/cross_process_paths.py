@@ -38,6 +38,7 @@ lower is better). Client and server each want a core; the load is printed.
     python benchmarks/cross_process_paths.py [--loops asyncio,uvloop]
         [--tests rr,stream,connect] [--paths tcp,socketpair,shm]
         [--seconds 0.5] [--rounds 5] [--connects 1000]
+        [--ring-bytes 1048576] [--pair-sndbuf BYTES]
 
 Linux, Python >= 3.10 (os.eventfd, socket.send_fds).
 
@@ -97,9 +98,8 @@ RR_SIZE, CHUNK = 64, 64 * 1024
 VERIFY_BYTES = 32 << 20
 WARM_UP_SECONDS = 0.2
 TIMEOUT = 30.0  # a lost wake-up fails the run instead of hanging it
-RING_CAPACITY = 1 << 20  # a power of two: a position is a counter masked
+RING_CAPACITY = 1 << 20  # the default; a power of two: a position is a counter masked
 RING_HEADER = 4096  # a page of counters before each ring's bytes
-RING_SPAN = RING_HEADER + RING_CAPACITY
 HIGH_WATER, LOW_WATER = 64 * 1024, 16 * 1024  # asyncio's own defaults
 # One delivery at most. 64 KiB, not a socket read's 256 KiB: glibc serves a
 # 256 KiB bytes object by growing the heap and trims it on free, so each
@@ -142,9 +142,11 @@ class RingTransport(asyncio.Transport):
     other side signals that eventfd only when it finds the flag set."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, protocol: asyncio.Protocol,
-                 shared: mmap.mmap, rx: Tuple[int, Sequence[int]], tx: Tuple[int, Sequence[int]]):
+                 shared: mmap.mmap, capacity: int, rx: Tuple[int, Sequence[int]],
+                 tx: Tuple[int, Sequence[int]]):
         super().__init__()
         self._loop, self._protocol, self._shared = loop, protocol, shared
+        self._capacity = capacity
         self._rx_counters = memoryview(shared)[rx[0]:rx[0] + 128].cast("Q")
         self._tx_counters = memoryview(shared)[tx[0]:tx[0] + 128].cast("Q")
         self._rx_base, self._tx_base = rx[0] + RING_HEADER, tx[0] + RING_HEADER
@@ -179,8 +181,8 @@ class RingTransport(asyncio.Transport):
                 self._loop.call_soon(self._drain)
                 return
             size = min(available, READ_MAX)
-            start = tail & (RING_CAPACITY - 1)
-            first = min(size, RING_CAPACITY - start)
+            start = tail & (self._capacity - 1)
+            first = min(size, self._capacity - start)
             data = shared[base + start:base + start + first]
             if first < size:
                 data += shared[base:base + size - first]
@@ -196,11 +198,11 @@ class RingTransport(asyncio.Transport):
         """Copies what fits of data into the ring; returns how much did."""
         counters, shared, base = self._tx_counters, self._shared, self._tx_base
         head = counters[HEAD]
-        size = min(len(data), RING_CAPACITY - (head - counters[TAIL]))
+        size = min(len(data), self._capacity - (head - counters[TAIL]))
         if size <= 0:
             return 0
-        start = head & (RING_CAPACITY - 1)
-        first = min(size, RING_CAPACITY - start)
+        start = head & (self._capacity - 1)
+        first = min(size, self._capacity - start)
         shared[base + start:base + start + first] = data[:first]
         if first < size:
             shared[base:base + size - first] = data[first:size]
@@ -229,7 +231,7 @@ class RingTransport(asyncio.Transport):
         counters = self._tx_counters
         counters[WRITER_WAITING] = 1
         _full_fence()
-        if counters[HEAD] - counters[TAIL] < RING_CAPACITY:  # freed meanwhile
+        if counters[HEAD] - counters[TAIL] < self._capacity:  # freed meanwhile
             counters[WRITER_WAITING] = 0
             self._loop.call_soon(self._on_space)
 
@@ -264,20 +266,23 @@ class RingTransport(asyncio.Transport):
         self._loop.call_soon(self._protocol.connection_lost, None)
 
 
-def ring_fds() -> List[int]:
-    """A memfd for two rings and their four eventfds: what the peer is sent."""
+def ring_fds(capacity: int) -> List[int]:
+    """A memfd for two rings of ``capacity`` bytes each and their four
+    eventfds: what the peer is sent."""
     memfd = os.memfd_create("rings", os.MFD_CLOEXEC)
-    os.ftruncate(memfd, 2 * RING_SPAN)
+    os.ftruncate(memfd, 2 * (RING_HEADER + capacity))
     return [memfd] + [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(4)]
 
 
 def ring_transport(loop: asyncio.AbstractEventLoop, protocol: asyncio.Protocol,
                    fds: Sequence[int], client: bool) -> RingTransport:
-    shared = mmap.mmap(fds[0], 2 * RING_SPAN)
+    size = os.fstat(fds[0]).st_size  # (the capacity the client chose)
+    shared = mmap.mmap(fds[0], size)
     os.close(fds[0])  # the mapping keeps the memory
-    to_server, to_client = (0, fds[1:3]), (RING_SPAN, fds[3:5])
+    span = size // 2
+    to_server, to_client = (0, fds[1:3]), (span, fds[3:5])
     rx, tx = (to_client, to_server) if client else (to_server, to_client)
-    return RingTransport(loop, protocol, shared, rx, tx)
+    return RingTransport(loop, protocol, shared, span - RING_HEADER, rx, tx)
 
 
 def new_loop(name: str) -> asyncio.AbstractEventLoop:
@@ -502,7 +507,7 @@ class RoundTrips(End):
 
 class Stream(End):
     """stream: writes 64 KiB chunks until sent reaches limit, pausing as told.
-    17 distinct chunks, prime to the 16 a ring holds: stale bytes would differ."""
+    17 distinct chunks, prime to the power of two a ring holds: stale bytes would differ."""
     chunks = [os.urandom(CHUNK) for _ in range(17)]
     index = sent = limit = 0
     paused = scheduled = False
@@ -561,17 +566,20 @@ class Stream(End):
         self.hasher = None
 
 
-async def open_end(loop: asyncio.AbstractEventLoop, ctrl: Control, test: str, path: str) -> End:
+async def open_end(loop: asyncio.AbstractEventLoop, ctrl: Control, test: str, path: str,
+                   args: argparse.Namespace) -> End:
     name = f"{test}-{path}"
     end = (RoundTrips if test == "rr" else Stream)(loop, ctrl, name)
     message = {"op": "open", "id": name, "test": test, "path": path}
     if path == "shm":
-        fds = ring_fds()
+        fds = ring_fds(args.ring_bytes)
         await ctrl.call(message, fds)
         ring_transport(loop, end, fds, client=True)
         return end
     if path == "socketpair":
         sock, peer = socket.socketpair()
+        if args.pair_sndbuf:  # (the kernel doubles what it is given)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, args.pair_sndbuf // 2)
         await ctrl.call(message, [peer.fileno()])
         peer.close()
     else:
@@ -592,7 +600,7 @@ async def measure(loop: asyncio.AbstractEventLoop, ctrl: Control, loop_name: str
     for test in args.tests:
         if test == "connect":
             continue
-        ends = {path: await open_end(loop, ctrl, test, path) for path in args.paths}
+        ends = {path: await open_end(loop, ctrl, test, path, args) for path in args.paths}
         for end in ends.values():
             await end.round(WARM_UP_SECONDS)
         for _ in range(args.rounds):
@@ -682,9 +690,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5, help="per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--connects", type=int, default=1000, help="connects per path (median)")
+    parser.add_argument("--ring-bytes", type=int, default=RING_CAPACITY,
+                        help="each shm ring's size, a power of two")
+    parser.add_argument("--pair-sndbuf", type=int, default=0,
+                        help="the client's socketpair end's SO_SNDBUF as read back (default: the kernel's)")
     args = parser.parse_args()
     for option in ("loops", "tests", "paths"):
         setattr(args, option, getattr(args, option).split(","))
+    if args.ring_bytes < 4096 or args.ring_bytes & (args.ring_bytes - 1):
+        parser.error("--ring-bytes: a power of two of at least 4096")
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     results: Results = {}
     for loop_name in args.loops:
