@@ -8,7 +8,13 @@ each round):
 - ``own``: the loop's own ``create_server``;
 - ``friendsock``: ``friendsock.create_server``;
 - ``installed``: the loop's own ``create_server`` under
-  ``friendsock.install()``.
+  ``friendsock.install()``;
+- ``looked-up``: not a door, a measure of one way a door could go: the
+  loop's own ``create_server``, each connection's protocol first a
+  stand-in that makes friendsock's look-ups for it as it learns of the
+  connection (a connect of this process waiting for it? of another?),
+  finds none, and hands the transport to the server's protocol: what the
+  loop's own accept would cost with friendsock deciding after it.
 
 Printed per loop and door, each the median over the rounds: connections
 per second, and the server process's CPU time per connection (user and
@@ -22,12 +28,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
 import friendsock
+from friendsock._core._registry import registry
+from friendsock._core._stats import Fallback, counters
+from friendsock._host._ports import connect_slot
 
 from plain_peer_connects import Figures, print_interleaved
 
@@ -72,7 +82,23 @@ class _Echo(asyncio.Protocol):
         self.transport.write(data)
 
 
-WAYS = ("own", "friendsock", "installed")
+class _LookedUp(asyncio.Protocol):
+    """The ``looked-up`` way's stand-in (see the module's text)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def connection_made(self, transport: Any) -> None:
+        address = transport.get_extra_info("peername")
+        if registry.pending_count() or connect_slot(address, self.port) is not None:
+            raise AssertionError("a plain client's connection would have paired")
+        counters.fallback(Fallback.PEER_NOT_FRIEND, ("127.0.0.1", self.port))
+        protocol = _Echo()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+
+
+WAYS = ("own", "friendsock", "installed", "looked-up")
 
 
 def run_round(loop_name: str, way: str, client: subprocess.Popen, count: int) -> Figures:
@@ -81,7 +107,12 @@ def run_round(loop_name: str, way: str, client: subprocess.Popen, count: int) ->
         if way == "installed":
             friendsock.install(loop)
         create = friendsock.create_server if way == "friendsock" else loop.create_server
-        server = await create(_Echo, "127.0.0.1", 0, backlog=1024)
+        if way == "looked-up":
+            listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
+            port = listener.getsockname()[1]
+            server = await create(lambda: _LookedUp(port), sock=listener, backlog=1024)
+        else:
+            server = await create(_Echo, "127.0.0.1", 0, backlog=1024)
         port = server.sockets[0].getsockname()[1]
         start, cpu = time.perf_counter(), time.process_time()
         client.stdin.write(f"{port} {count}\n")  # type: ignore[union-attr]
