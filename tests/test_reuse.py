@@ -59,11 +59,10 @@ async def _one_exchange(port: int, friends: bool, use_socket=None):
 
 @contextlib.asynccontextmanager
 async def serving(friends: bool):
-    """A server on 127.0.0.1: yields its protocol factory, port and the
-    server. Closed,
-    it ends the connections it kept: none is left established on its port
-    and, on the friend path, none in TIME_WAIT (TCP's clients, which close
-    first, leave theirs)."""
+    """A server on 127.0.0.1: yields its protocol factory, its port and
+    itself. Closed, it ends the connections it kept: none is left
+    established on its port and, on the friend path, none in TIME_WAIT
+    (TCP's clients, which close first, leave theirs)."""
     echoes = Echoes()
     server = await friendsock.create_server(echoes, "127.0.0.1", 0, friends=friends)
     port = port_of(server)
