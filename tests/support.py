@@ -554,13 +554,6 @@ def rendezvous_thread_settled(timeout: float = 10) -> bool:
     return not busy()
 
 
-def listener_descriptors(server: Any) -> int:
-    """The descriptors a server holds for its listeners: one each, and a
-    friendsock server on uvloop a copy of each too, which the loop's own
-    server accepts through."""
-    return len(server.sockets) + len(getattr(server, "_native_servers", ()))
-
-
 def descriptors_open(collected: bool = False) -> int:
     """How many descriptors this process has open, once friendsock's thread
     has closed what earlier tests left it (:func:`rendezvous_thread_settled`);

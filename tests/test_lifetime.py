@@ -172,9 +172,6 @@ async def test_loop_closing_with_a_link_of_its_own_leaks_nothing(doomed):
     gc.collect()  # no ResourceWarning: the ends were torn down, not leaked
 
 
-# uvloop's own server, accepting for the friendsock server there, is open as
-# its loop closes unwatched: uvloop warns of it, as of any server of its own.
-@pytest.mark.filterwarnings("ignore:unclosed resource <TCPServer:ResourceWarning")
 async def test_a_close_nobody_saw_is_found_on_the_next_write(doomed, monkeypatch):
     """Without the close watch (a loop friendsock cannot watch), the dead
     loop is found when its friend next hands it something: the hand-over

@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import os
 import socket
 import sys
-import types
-from asyncio import selector_events
 
 import pytest
 
 import friendsock
-from friendsock._asyncio import _server
 from support import (  # noqa: F401 (two fixtures)
     LOCALHOST,
     Echoes,
@@ -462,38 +457,3 @@ async def test_unknown_keyword_is_a_type_error(how, friends):
     finally:
         if sock is not None:
             sock.close()
-
-
-async def test_a_server_out_of_descriptors_as_it_accepts_reports_it_and_accepts_later(monkeypatch):
-    """As asyncio's own server out of descriptors: reported to the loop's
-    exception handler, and the connection accepted a moment later, a
-    friend's, its bytes all there. (On asyncio's loops the server's
-    accept() fails; on uvloop, whose own server accepted, the copy of the
-    socket the friend end goes on with does.)"""
-    loop = asyncio.get_running_loop()
-    errors: list = []
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    monkeypatch.setattr(_server, "_ACCEPT_RETRY_DELAY", 0.01)
-    out_of_descriptors = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-
-    def failing_once(*args):
-        monkeypatch.setattr(_server, name, replaced)  # (the next call is the real one)
-        raise out_of_descriptors
-
-    echoes = Echoes()
-    server = await friendsock.create_server(echoes, LOCALHOST, 0)
-    if isinstance(loop, selector_events.BaseSelectorEventLoop):
-        name, replaced = "accept_from", _server.accept_from
-        monkeypatch.setattr(_server, name, failing_once)
-    else:
-        name, replaced = "os", _server.os
-        monkeypatch.setattr(_server, name, types.SimpleNamespace(dup=failing_once))
-    try:
-        transport, client = await bounded(friendsock.create_connection(Recorder, LOCALHOST, port_of(server)))
-        await echo_and_finish(transport, client)
-        assert friendsock.is_friend((await echoes.first).transport)
-    finally:
-        server.close()
-        await bounded(server.wait_closed())
-    assert [(context["message"], context["exception"]) for context in errors] == [
-        ("socket.accept() out of system resource", out_of_descriptors)]

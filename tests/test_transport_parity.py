@@ -236,10 +236,7 @@ async def _connection(friends: bool, tls: bool) -> Tuple[End, End, asyncio.Abstr
     server_protocol = await asyncio.wait_for(served, TIMEOUT)
     await until(lambda: server_protocol.transport is not None)
     # Two sockets, the client's and the accepted one; none when socketless.
-    # (On uvloop the transport a friend end's socket was taken from closes
-    # its copy a turn later.)
-    sockets = 0 if friends and friendsock.is_socketless() else 2
-    await until(lambda: descriptors_open() - descriptors == sockets)
+    assert descriptors_open() - descriptors == (0 if friends and friendsock.is_socketless() else 2)
     return (transport, client), (server_protocol.transport, server_protocol), server  # type: ignore[return-value]
 
 

@@ -226,8 +226,7 @@ async def start_client_end(
     this loop may not have accepted the connection yet (see
     :func:`_accept_turn`)."""
     if tls is None:
-        if accept_to_come and (not loop_state(loop).polls_after_callbacks
-                               or pending.listener.handle.accepts_late):
+        if accept_to_come and not loop_state(loop).polls_after_callbacks:
             await _accept_turn(pending)
         transport, protocol = _start_client(loop, pending, sock, protocol_factory)
         return await connection_made_turn(transport, protocol)

@@ -1,15 +1,9 @@
 """The accepting end of pairing on asyncio: a server that behaves as ``asyncio.Server``.
 
-Every accepted socket is looked up in the registry and the host's port
-table: a claimed connect becomes a friend link, a connect of another
-friendsock process is offered a pair, anything else goes to the loop's
-native transport. On asyncio's loops the server runs its own accept loop.
-On uvloop, which accepts in C, the loop's own server accepts and makes the
-transport, and the look-ups are made as it is made: a connection a connect
-of ours may wait for is taken back from the transport (which has read
-nothing), the rest keep it. A server with ``ssl=`` accepts itself on both
-and runs TLS on both: over the friend link (``_tls``), or the loop's own
-TLS transport.
+Its own accept loop is what lets it look every accepted socket up in the
+registry: a claimed connect becomes a friend link, anything else goes to the
+loop's native transport. A server with ``ssl=`` runs TLS on both: over the
+friend link (``_tls``), or the loop's own TLS transport.
 """
 
 from __future__ import annotations
@@ -17,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import errno
-import os
 import socket
 import sys
 import weakref
@@ -45,7 +38,6 @@ from .._host._ports import connect_slot, publish_listener, republish_if_cleared,
 from ._across import Offered, rendezvous, start_across
 from ._adoption import hold_for_client
 from ._loop_state import loop_state
-from ._native import native
 from ._tls import TLSOptions, begin_tls_end
 from ._transport import FriendTransport
 
@@ -148,12 +140,6 @@ class FriendServer(asyncio.AbstractServer):
         self._serving = False
         self._serving_forever_fut: Optional[asyncio.Future] = None
         self._accept_context: Optional[contextvars.Context] = None  # set as it starts serving
-        # uvloop's own servers that accept for this one (see the module's
-        # text), and the listeners they are still to be made for.
-        self._accepts_natively = tls is None and not isinstance(
-            loop, selector_events.BaseSelectorEventLoop)
-        self._native_servers: List[asyncio.AbstractServer] = []
-        self._to_accept_natively: List[Tuple[socket.socket, Entry]] = []
         self._state = loop_state(loop)
         self._state.servers.add(self)
 
@@ -207,93 +193,7 @@ class FriendServer(asyncio.AbstractServer):
             taken, self._taken = self._taken, None
             if taken is not None:
                 registry.move_listener(taken, entry)
-            if self._accepts_natively:
-                entry.handle.accepts_late = True
-                self._to_accept_natively.append((sock, entry))
-            else:
-                self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
-
-    async def _start_native_servers(self) -> None:
-        """uvloop: its own server accepting on each listener, through a
-        copy of the listener's descriptor (the copy is that server's to
-        close, the listener this one's)."""
-        starting, self._to_accept_natively = self._to_accept_natively, []
-        create_server = native(self._loop, "create_server")
-        for sock, entry in starting:
-            copy = socket.socket(*entry.handle.kind, os.dup(sock.fileno()))
-            try:
-                server = await create_server(partial(_Deciding, self, sock, entry), sock=copy,
-                                             backlog=self._backlog)
-            except BaseException:
-                copy.close()
-                raise
-            if self._sockets is None:  # closed meanwhile
-                server.close()
-            else:
-                self._native_servers.append(server)
-
-    def _natively_accepted(self, transport: Any, sock: socket.socket, entry: Entry) -> None:
-        """The loop's own server accepted a connection on ``sock`` and made
-        ``transport`` for it, which has read nothing yet."""
-        try:
-            address = transport.get_extra_info("peername")  # (None: reset already)
-            port = entry.endpoint[1]
-            if self._published:
-                republish_if_cleared(sock, port)
-            if address is not None and (registry.pending_count() or (
-                    self._published and connect_slot(address, port) is not None)):
-                # A connect of this process, or of another, may wait for
-                # it: the socket goes on without the transport.
-                if transport.is_closing():  # (gone while it waited, below)
-                    return
-                try:
-                    fd = os.dup(transport.get_extra_info("socket").fileno())
-                except OSError as exc:
-                    # Out of descriptors: as asyncio's accept then, reported
-                    # and tried again later (a connect waits meanwhile).
-                    transport.pause_reading()
-                    self._loop.call_exception_handler({
-                        "message": "socket.accept() out of system resource",
-                        "exception": exc,
-                        "socket": trsock.TransportSocket(sock),
-                    })
-                    self._loop.call_later(_ACCEPT_RETRY_DELAY, self._natively_accepted,
-                                          transport, sock, entry)
-                    return
-                transport.abort()
-                conn = socket.socket(*entry.handle.kind, fd)
-                conn.setblocking(False)
-                self._accepted(conn, address, entry)
-                return
-            if self._published and port_table() is None:
-                self._withdraw()  # switched off since: clients must not wait for an offer
-            counters.fallback(Fallback.PEER_NOT_FRIEND, entry.endpoint)
-            self._keep_native_transport(transport)
-        finally:
-            make_room(entry)
-
-    def _keep_native_transport(self, transport: Any) -> None:
-        """A connection that is not a friend's goes on with the transport
-        the loop's own server made, and the server's protocol."""
-        protocol = None
-        try:
-            protocol = self._protocol_factory()
-            if self._sockets is None:  # refused (see _attach)
-                raise AssertionError("the server is closed")
-            counter = _LostCounter.count(protocol, self)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:
-            transport.abort()
-            if self._sockets is None and isinstance(exc, AssertionError):
-                self._late_for(protocol, transport, exc)
-            else:
-                self._report_accept_error(exc, protocol, transport)
-            return
-        if _CLOSES_CLIENTS and counter is not None:
-            self._clients.add(transport)
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
+            self._loop.add_reader(sock.fileno(), self._accept_ready, sock, entry)
 
     def _accept_ready(self, sock: socket.socket, entry: Entry) -> None:
         try:
@@ -564,12 +464,8 @@ class FriendServer(asyncio.AbstractServer):
             return
         self._sockets = None
         for sock in sockets:
-            if self._serving and not self._accepts_natively:
+            if self._serving:
                 self._loop.remove_reader(sock.fileno())
-        native_servers, self._native_servers = self._native_servers, []
-        if not self._loop.is_closed():  # (a closed uvloop's handles are not to be touched)
-            for server in native_servers:
-                server.close()
         self._forget_listeners()
         for sock in sockets:
             sock.close()
@@ -616,12 +512,9 @@ class FriendServer(asyncio.AbstractServer):
             return
         self._sockets = None
         self._serving = False
-        native_servers, self._native_servers = self._native_servers, []
         try:
             self._forget_listeners()
         finally:
-            for server in native_servers:
-                server.close()
             for sock in sockets:
                 sock.close()
 
@@ -643,8 +536,6 @@ class FriendServer(asyncio.AbstractServer):
             self._serving = True
             raise TypeError(f"{self!r} is closed: it cannot start serving")
         self._start_serving()
-        if self._to_accept_natively:
-            await self._start_native_servers()
         # One loop iteration, so the add_reader calls take effect (as asyncio).
         await asyncio.sleep(0)
 
@@ -654,8 +545,6 @@ class FriendServer(asyncio.AbstractServer):
         if self._sockets is None:
             raise RuntimeError(f"server {self!r} is closed")
         self._start_serving()
-        if self._to_accept_natively:
-            await self._start_native_servers()
         self._serving_forever_fut = self._loop.create_future()
         try:
             await self._serving_forever_fut
@@ -678,22 +567,3 @@ class FriendServer(asyncio.AbstractServer):
         waiter = self._loop.create_future()
         self._waiters.append(waiter)
         await waiter
-
-
-class _Deciding(asyncio.Protocol):
-    """The protocol of a connection uvloop's own server accepted for a
-    :class:`FriendServer`, until the server decides what serves it (see
-    :meth:`FriendServer._natively_accepted`)."""
-
-    __slots__ = ("server", "sock", "entry")
-
-    def __init__(self, server: FriendServer, sock: socket.socket, entry: Entry) -> None:
-        self.server = server
-        self.sock = sock
-        self.entry = entry
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.server._natively_accepted(transport, self.sock, self.entry)
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        pass  # (a transport whose socket went on without it)

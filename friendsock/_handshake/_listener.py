@@ -36,7 +36,7 @@ class ListenerHandle:
     per-scheduler state (a client on the same scheduler shares it)."""
 
     __slots__ = ("sock", "kind", "accepted_sockname", "sndbuf", "rcvbuf", "state",
-                 "connect_lock", "socketless_accept", "socketless_close", "kept", "accepts_late")
+                 "connect_lock", "socketless_accept", "socketless_close", "kept")
 
     def __init__(self, listen_sock: socket.socket, state: object) -> None:
         # A weak proxy for a listener its user owns (sock_accept's): the
@@ -65,11 +65,6 @@ class ListenerHandle:
         # The TCP connections of finished links kept for later connects
         # (see keep()); None until the first.
         self.kept: "Optional[collections.deque[KeptConnection]]" = None
-        # Whether its server learns of a connection a scheduler turn after
-        # the kernel's accept (uvloop's own server accepting for
-        # friendsock's): a client on that scheduler waits that turn too,
-        # so that its server end exists when its connect returns, as over TCP.
-        self.accepts_late = False
 
     def keep(self, server_sock: socket.socket, client_sock: socket.socket,
              names: Tuple[Any, Any], sizes: Tuple[int, int, int, int]) -> bool:
