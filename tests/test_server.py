@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import socket
 import sys
 
 import pytest
 
 import friendsock
+from friendsock._asyncio import _server
 from support import (  # noqa: F401 (two fixtures)
     LOCALHOST,
     Echoes,
@@ -457,3 +460,32 @@ async def test_unknown_keyword_is_a_type_error(how, friends):
     finally:
         if sock is not None:
             sock.close()
+
+
+async def test_a_server_out_of_descriptors_as_it_accepts_reports_it_and_accepts_later(monkeypatch):
+    """As asyncio's own server out of descriptors: reported to the loop's
+    exception handler, and the connection accepted a moment later, a
+    friend's, its bytes all there."""
+    loop = asyncio.get_running_loop()
+    errors: list = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    monkeypatch.setattr(_server, "_ACCEPT_RETRY_DELAY", 0.01)
+    out_of_descriptors = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    accept_from = _server.accept_from
+
+    def failing_once(*args):
+        monkeypatch.setattr(_server, "accept_from", accept_from)  # (the next accept is the real one)
+        raise out_of_descriptors
+
+    echoes = Echoes()
+    server = await friendsock.create_server(echoes, LOCALHOST, 0)
+    monkeypatch.setattr(_server, "accept_from", failing_once)
+    try:
+        transport, client = await bounded(friendsock.create_connection(Recorder, LOCALHOST, port_of(server)))
+        await echo_and_finish(transport, client)
+        assert friendsock.is_friend((await echoes.first).transport)
+    finally:
+        server.close()
+        await bounded(server.wait_closed())
+    assert [(context["message"], context["exception"]) for context in errors] == [
+        ("socket.accept() out of system resource", out_of_descriptors)]
