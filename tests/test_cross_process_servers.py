@@ -26,7 +26,8 @@ from typing import Any, Dict, Tuple
 import pytest
 
 import friendsock
-from friendsock._asyncio._adoption import _listeners
+from friendsock._asyncio._across import Offered
+from friendsock._asyncio._adoption import _listeners, forget_sock_accept_listener, listener_for_sock_accept
 from friendsock._asyncio._loop_state import loop_state
 from friendsock._handshake._tcp_info import payload_moved
 from friendsock._host._ports import listener_elsewhere
@@ -555,3 +556,37 @@ async def test_a_nonblocking_connect_on_an_asyncio_loops_thread_stays_on_tcp(pat
         assert (await peer.report())["payload_moved"] is True
     finally:
         await peer.finish()
+
+
+@ONE_LOOP
+async def test_a_listener_that_closes_resets_every_connection_it_held_whatever_its_offer_came_to():
+    """Connections held for the next sock_accept (see the tests above), as
+    the listener closes: each is reset, whether its offer is still out,
+    was answered with a pair (closed too), or failed (no descriptor left
+    for the pair, say); a failed one stops none of the others."""
+    loop = asyncio.get_running_loop()
+    with friendsock.installed(), socket.create_server(("127.0.0.1", 0)) as listening:
+        listening.setblocking(False)
+        listener_for_sock_accept(loop, listening)
+        held = _listeners[listening].held
+        clients = [socket.create_connection(listening.getsockname()) for _ in range(3)]
+        ours, theirs = socket.socketpair()
+        try:
+            failed, answered, out = (loop.create_future() for _ in range(3))
+            failed.set_exception(OSError(errno.EMFILE, os.strerror(errno.EMFILE)))
+            answered.set_result(Offered(ours, None, None, None))  # type: ignore[arg-type]
+            for offer in (failed, answered, out):
+                conn, address = listening.accept()
+                held.append((conn, address, offer))
+            forget_sock_accept_listener(listening)
+            assert not held and out.cancelled() and ours.fileno() == -1
+            for client in clients:  # (its FIN, then its reset: as reset_offered ends them)
+                client.settimeout(10)
+                try:
+                    ended = client.recv(1) == b""
+                except ConnectionResetError:
+                    ended = True
+                assert ended
+        finally:
+            for sock in (*clients, ours, theirs):
+                sock.close()

@@ -271,7 +271,9 @@ class _SharedListener:
         while self.held:
             conn, _, offer = self.held.popleft()
             offer.cancel()
-            if offer.done() and not offer.cancelled() and isinstance(offer.result(), Offered):
+            # (An offer that failed, out of descriptors say, has no pair.)
+            if offer.done() and not offer.cancelled() and offer.exception() is None \
+                    and isinstance(offer.result(), Offered):
                 offer.result().pair_end.close()  # (answered, not handed out yet)
             reset_offered(conn)
 
