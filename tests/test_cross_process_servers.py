@@ -409,6 +409,39 @@ async def test_an_accept_cancelled_as_its_transport_starts_gives_the_connection_
             await listener.aclose()
 
 
+async def test_a_moved_accept_out_of_descriptors_as_its_transport_starts_ends_its_connection(monkeypatch):
+    """connect_accepted_socket() of a connection moved to another process,
+    out of descriptors as it starts (the copy of the pair end it keeps
+    fails): the loop's error is raised, and the pair end is closed rather
+    than left open, so the client's connection ends instead of hanging."""
+    import anyio
+    from anyio.abc import SocketAttribute
+
+    loop = asyncio.get_running_loop()
+    out_of_descriptors = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    with friendsock.installed():
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        raw = listener.extra(SocketAttribute.raw_socket)
+        try:
+            client = await Peer.start("answer", "-", "late", str(listener.extra(SocketAttribute.local_port)),
+                                      env=_environment("friend"))
+            conn, _ = await bounded(loop.sock_accept(raw))
+
+            def failing_once(self):
+                monkeypatch.undo()
+                raise out_of_descriptors
+
+            monkeypatch.setattr(socket.socket, "dup", failing_once)
+            with pytest.raises(OSError) as raised:
+                await bounded(loop.connect_accepted_socket(asyncio.Protocol, conn))
+            assert raised.value is out_of_descriptors
+            assert await client.report() in ({"read": ""}, {"error": "ECONNRESET"}, {"error": "EPIPE"})
+            await client.finish()
+        finally:
+            conn.close()
+            await listener.aclose()
+
+
 @ONE_LOOP
 async def test_a_listener_that_closes_resets_what_a_cancelled_accept_left():
     """An accept cut short while the client answers late leaves the

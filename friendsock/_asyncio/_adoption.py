@@ -529,17 +529,20 @@ async def _serve_across(
     # of the backlog by then). The loop closes the pair end it was given;
     # this copy keeps the connection, bytes unread and all, for the
     # listener's next accept, as one no accept took.
-    kept = pair_end.dup()
+    kept: Optional[socket.socket] = None
     try:
+        kept = pair_end.dup()  # (out of descriptors: the pair end closes below)
         protocol = protocol_factory()
         transport: asyncio.BaseTransport = await start_across(
             offered.rendezvous, pair_end, sock, offered.names, protocol, offered.peer, client=False)
     except BaseException as exc:
         pair_end.close()
-        if not (isinstance(exc, asyncio.CancelledError)
+        if kept is not None and not (
+                isinstance(exc, asyncio.CancelledError)
                 and across.listener.hold_again(sock, across.address, offered._replace(pair_end=kept))):
             kept.close()
         raise
+    assert kept is not None
     kept.close()
     if tls is not None:
         start_tls: Any = loop.start_tls
