@@ -12,6 +12,7 @@ over TCP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import os
@@ -21,7 +22,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import Any, Dict, Tuple
+from typing import Any, AsyncIterator, Dict, Tuple
 
 import pytest
 
@@ -369,44 +370,54 @@ async def test_an_accept_cancelled_as_its_held_connection_is_answered_leaves_it_
             await listener.aclose()
 
 
-async def test_an_accept_cancelled_as_its_transport_starts_gives_the_connection_back():
-    """A connection moved to another process, handed out by sock_accept(),
-    whose connect_accepted_socket() is cancelled as its transport starts
-    (anyio's accept, its deadline passing then), is not lost: the next
-    accept hands it out, the bytes its client sent still to read, as the
-    kernel's backlog keeps a connection no accept took."""
+@contextlib.asynccontextmanager
+async def _moved_accept() -> AsyncIterator[Tuple[socket.socket, "Peer", socket.socket]]:
+    """Under install(): an anyio listener, a friendsock client process that
+    answers its offer late, and the client's connection as sock_accept()
+    hands it out, moved to that process. Yields the listening socket, the
+    client and the accepted socket."""
     import anyio
     from anyio.abc import SocketAttribute
 
-    loop = asyncio.get_running_loop()
     with friendsock.installed():
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
         raw = listener.extra(SocketAttribute.raw_socket)
         try:
             client = await Peer.start("answer", "-", "late", str(listener.extra(SocketAttribute.local_port)),
                                       env=_environment("friend"))
-            conn, _ = await bounded(loop.sock_accept(raw))
-            starting = loop.create_task(loop.connect_accepted_socket(asyncio.Protocol, conn))
-            await asyncio.sleep(0)  # (a turn: its first step, up to the transport's start)
-            assert not starting.done()
-            starting.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await bounded(starting)
-            again, _ = await bounded(loop.sock_accept(raw))
-            assert again is conn
-            reader, writer = await bounded(asyncio.open_connection(sock=again))
-            try:
-                assert friendsock.is_friend(writer)
-                assert await bounded(reader.read()) == b"ping"
-                writer.write(b"ping")
-                writer.write_eof()
-                assert await client.report() == {"read": "ping"}
-                await client.finish()
-            finally:
-                writer.close()
-                await writer.wait_closed()
+            conn, _ = await bounded(asyncio.get_running_loop().sock_accept(raw))
+            yield raw, client, conn
         finally:
             await listener.aclose()
+
+
+async def test_an_accept_cancelled_as_its_transport_starts_gives_the_connection_back():
+    """A connection moved to another process, handed out by sock_accept(),
+    whose connect_accepted_socket() is cancelled as its transport starts
+    (anyio's accept, its deadline passing then), is not lost: the next
+    accept hands it out, the bytes its client sent still to read, as the
+    kernel's backlog keeps a connection no accept took."""
+    loop = asyncio.get_running_loop()
+    async with _moved_accept() as (raw, client, conn):
+        starting = loop.create_task(loop.connect_accepted_socket(asyncio.Protocol, conn))
+        await asyncio.sleep(0)  # (a turn: its first step, up to the transport's start)
+        assert not starting.done()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await bounded(starting)
+        again, _ = await bounded(loop.sock_accept(raw))
+        assert again is conn
+        reader, writer = await bounded(asyncio.open_connection(sock=again))
+        try:
+            assert friendsock.is_friend(writer)
+            assert await bounded(reader.read()) == b"ping"
+            writer.write(b"ping")
+            writer.write_eof()
+            assert await client.report() == {"read": "ping"}
+            await client.finish()
+        finally:
+            writer.close()
+            await writer.wait_closed()
 
 
 async def test_a_moved_accept_out_of_descriptors_as_its_transport_starts_ends_its_connection(monkeypatch):
@@ -414,32 +425,22 @@ async def test_a_moved_accept_out_of_descriptors_as_its_transport_starts_ends_it
     out of descriptors as it starts (the copy of the pair end it keeps
     fails): the loop's error is raised, and the pair end is closed rather
     than left open, so the client's connection ends instead of hanging."""
-    import anyio
-    from anyio.abc import SocketAttribute
-
-    loop = asyncio.get_running_loop()
     out_of_descriptors = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-    with friendsock.installed():
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-        raw = listener.extra(SocketAttribute.raw_socket)
+
+    def failing_once(self):
+        monkeypatch.undo()
+        raise out_of_descriptors
+
+    async with _moved_accept() as (_, client, conn):
         try:
-            client = await Peer.start("answer", "-", "late", str(listener.extra(SocketAttribute.local_port)),
-                                      env=_environment("friend"))
-            conn, _ = await bounded(loop.sock_accept(raw))
-
-            def failing_once(self):
-                monkeypatch.undo()
-                raise out_of_descriptors
-
             monkeypatch.setattr(socket.socket, "dup", failing_once)
             with pytest.raises(OSError) as raised:
-                await bounded(loop.connect_accepted_socket(asyncio.Protocol, conn))
+                await bounded(asyncio.get_running_loop().connect_accepted_socket(asyncio.Protocol, conn))
             assert raised.value is out_of_descriptors
             assert await client.report() in ({"read": ""}, {"error": "ECONNRESET"}, {"error": "EPIPE"})
             await client.finish()
         finally:
             conn.close()
-            await listener.aclose()
 
 
 @ONE_LOOP
