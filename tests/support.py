@@ -21,6 +21,8 @@ import uvloop
 
 import friendsock
 from friendsock import _handshake
+from friendsock._core._registry import registry
+from friendsock._handshake._listener import forget_collected
 
 
 class Recorder(asyncio.Protocol):
@@ -265,6 +267,15 @@ LOCALHOST = "127.0.0.1"
 
 def port_of(server) -> int:
     return server.sockets[0].getsockname()[1]
+
+
+def registered(port: int) -> bool:
+    """Whether a listener on ``port`` is registered for pairing. A listener
+    collected unclosed stays listed until the next connect or listen (its
+    finalizer takes no lock): forgotten first, so that one of an earlier
+    test's, on a port the kernel has handed out again since, is not it."""
+    forget_collected()
+    return registry.has_port(port)
 
 
 def fallbacks_since(before) -> dict:

@@ -26,7 +26,7 @@ import pytest
 import friendsock
 from friendsock._core._registry import registry
 from friendsock._host import LISTENERS, opened_table
-from support import LOCALHOST, bounded, fallbacks_since, patient_confirm, until  # noqa: F401
+from support import LOCALHOST, bounded, fallbacks_since, patient_confirm, registered, until  # noqa: F401
 
 MiB = 1 << 20
 
@@ -434,7 +434,7 @@ async def test_an_anyio_listener_pairs_a_client_that_connects_before_its_first_a
     with maybe_installed(friends):
         async with await anyio.create_tcp_listener(local_host=LOCALHOST, local_port=0) as multi:
             port = multi.extra(anyio.abc.SocketAttribute.local_port)
-            assert registry.has_port(port) is friends
+            assert registered(port) is friends
             async with await anyio.connect_tcp(LOCALHOST, port) as client:
                 await client.send(payload)
                 async with await bounded(multi.listeners[0].accept()) as server:
@@ -462,7 +462,7 @@ async def test_an_anyio_listener_closed_before_it_accepts_resets_its_client(frie
             await client.send(b"never accepted")
             assert friendsock.is_friend(client._transport) is friends
             await multi.aclose()
-            assert not registry.has_port(port)
+            assert not registered(port)
             with anyio.fail_after(10):
                 with pytest.raises(anyio.BrokenResourceError):
                     await client.receive()
@@ -478,7 +478,7 @@ async def test_a_socket_anyio_only_wraps_is_known_from_its_first_accept(friends)
     port = sock.getsockname()[1]
     with maybe_installed(friends):
         async with await anyio.abc.SocketListener.from_socket(sock) as listener:
-            assert not registry.has_port(port)
+            assert not registered(port)
             async with await anyio.connect_tcp(LOCALHOST, port) as client:
                 await client.send(b"before any accept")
                 assert not friendsock.is_friend(client._transport)
@@ -520,7 +520,7 @@ async def test_a_listener_seen_at_listen_pairs_a_client_before_its_first_sock_ac
             listener = make_listener()
             with listener:
                 port = listener.getsockname()[1]
-                assert registry.has_port(port) is friends
+                assert registered(port) is friends
 
                 async def connect() -> asyncio.StreamWriter:
                     reader, writer = await asyncio.open_connection(LOCALHOST, port)
@@ -703,7 +703,7 @@ async def test_a_closed_sock_accept_listener_pairs_no_more(friends):
         async with sock_accept_echo() as port:
             # By port, not by count: other tests' closed listeners may be
             # forgotten at any time meanwhile.
-            assert registry.has_port(port) == bool(friends)
+            assert registered(port) == bool(friends)
         # Closed by its user: a connect finds the port closed, as over TCP,
         # and the registry forgets the listener.
         with pytest.raises(ConnectionRefusedError):
