@@ -145,6 +145,32 @@ async def serve(door: str) -> None:
         server.close()
 
 
+async def serve_aiohttp() -> None:
+    """An aiohttp server on an installed loop: ``POST /echo`` answers the
+    body it was sent, with whether its connection moved off TCP here."""
+    from aiohttp import web
+
+    friendsock.install()
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        transport = request.transport
+        assert transport is not None
+        return web.Response(body=body, headers={
+            "x-friend": str(friendsock.is_friend(transport)),
+            "x-payload-moved": str(payload_moved(transport.get_extra_info("socket")))})
+
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_post("/echo", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(runner.addresses[0][1], flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await runner.cleanup()
+
+
 def serve_offering_nothing(door: str) -> None:
     """``serve`` by a listener whose port is published, as a friendsock
     server's, that offers nothing: ``closing`` closes it as soon as a
@@ -577,6 +603,8 @@ def main() -> None:
         serve_blocking(door)
     elif role == "serve" and door.startswith("trio"):
         serve_trio(door)
+    elif role == "serve" and door == "aiohttp":
+        asyncio.run(serve_aiohttp())
     elif role == "serve" and door.startswith("anyio"):
         serve_anyio(door)
     elif role == "serve":

@@ -143,7 +143,13 @@ async def _client_report(server: Any, *args: str, path: str,
 
 
 async def _echoed(port: int, payload: bytes) -> Dict[str, Any]:
-    reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+    return await echoed_over(*await bounded(friendsock.open_connection("127.0.0.1", port)), payload)
+
+
+async def echoed_over(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      payload: bytes) -> Dict[str, Any]:
+    """``payload`` sent to an echo server, then EOF; what came back, and
+    what the connection's end here says of itself. Closed after."""
     try:
         writer.write(payload)
         writer.write_eof()

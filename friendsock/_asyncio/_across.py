@@ -31,8 +31,13 @@ from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_betw
 from .._core._pcap import CLIENT, SERVER
 from .._core._stats import counters
 from .._core._tap import StreamTap, stream_tap_for
+from .._core._addresses import is_unspecified
+from .._core._switch import is_enabled
+from .._handshake import CONFIRM_TIMEOUT, is_tcp_socket, payload_moved
+from .._handshake._tcp_info import is_plain_socket
+from .._handshake._binding import bind_port_now
 from .._handshake._process import close_with_reset, current_pid
-from .._host import CONNECTS, PortTable, Slot, port_table
+from .._host import CONNECTS, PortTable, Slot, is_loopback, port_table
 from .._host._offers import (
     ANSWER_TIMEOUT,
     OFFER_TIMEOUT,
@@ -41,6 +46,7 @@ from .._host._offers import (
     ConnectWait,
     Peer,
     accept_channel,
+    answer_offer,
     bytes_to_read,
     channel_gone,
     channel_listener,
@@ -48,6 +54,7 @@ from .._host._offers import (
     messages_waiting,
     next_token,
     offer_answered,
+    offer_proven,
     open_channel,
     room_like_friends,
     runs,
@@ -55,7 +62,8 @@ from .._host._offers import (
     take_offer,
     tcp_error,
 )
-from .._host._payoff import moved_connection_ended
+from .._host._payoff import moved_connection_ended, worth_an_offer
+from .._host._ports import listener_elsewhere, serves
 from .._host._proof import Message
 from ._loop_state import loop_name, loop_state
 from ._native import native
@@ -72,11 +80,16 @@ class Offered(NamedTuple):
 class _Wait(ConnectWait):
     """A connect on a loop waiting for its offer."""
 
-    __slots__ = ("decided",)
+    __slots__ = ("decided", "for_user", "held", "timer")
 
     def __init__(self, sock: socket.socket, sockname: Any, decided: asyncio.Future) -> None:
         super().__init__(sock, sockname)
         self.decided = decided  # its result: the pair end, or None for TCP
+        # A socket its user connected (``sock_connect``): an offer is held,
+        # unanswered, until the socket is handed to the loop (see take_held).
+        self.for_user = False
+        self.held: Optional[Tuple[socket.socket, int, Message, List[socket.socket]]] = None
+        self.timer: Optional[asyncio.TimerHandle] = None
 
 
 def _decided(wait: _Wait) -> bool:
@@ -105,6 +118,8 @@ class Rendezvous:
         self.token = next_token()
         self.listener: Optional[socket.socket] = None
         self.waits: Dict[int, _Wait] = {}
+        # The waits of sockets their users connected, by socket.
+        self.for_users: Dict[socket.socket, _Wait] = {}
         self.channels: Dict[Tuple[int, int], _Channel] = {}
         self.taking: List[socket.socket] = []  # channels offers come in on
         # TCP sockets of this loop's connecting ends, done, until the accepting
@@ -139,6 +154,16 @@ class Rendezvous:
 
     def _offer_arrived(self, chan: socket.socket, pid: int, message: Optional[Message],
                        handed: List[socket.socket]) -> None:
+        wait = self.waits.get(message.client_port) if message is not None else None
+        if wait is not None and wait.for_user and not wait.decided.done():
+            if wait.held is None and message is not None and offer_proven(message, handed, wait):
+                # Its user may yet use the socket raw: answered once it is
+                # handed to the loop, declined if it is not in time.
+                wait.held = (chan, pid, message, handed)
+                self._give_up_after(wait, CONFIRM_TIMEOUT)
+            else:  # not its offer, or one more: declined, the wait left as it was
+                self._decline(chan, pid, message, handed)
+            return
         try:
             taken = take_offer(self.waits, _decided, chan, pid, message, handed)
         except OSError:
@@ -194,12 +219,78 @@ class Rendezvous:
             self.end_wait(wait)
 
     def end_wait(self, wait: _Wait) -> None:
-        """Stop waiting: an offer that comes now is declined."""
+        """Stop waiting: an offer that comes now is declined, and so is one
+        held for the socket's user."""
         if self.waits.get(wait.port) is wait:
             del self.waits[wait.port]
         if not wait.decided.done():
             wait.decided.set_result(None)
         self.table.clear(CONNECTS, wait.port, self.pid)
+        if wait.timer is not None:
+            wait.timer.cancel()
+            wait.timer = None
+        if self.for_users.get(wait.sock) is wait:
+            del self.for_users[wait.sock]
+        held, wait.held = wait.held, None
+        if held is not None:
+            self._decline(*held)
+
+    def _decline(self, chan: socket.socket, pid: int, message: Optional[Message],
+                 handed: List[socket.socket]) -> None:
+        try:
+            answer_offer(chan, pid, message, handed, None)
+        except OSError:  # (as in _offer_arrived)
+            self._drop_taking(chan)
+
+    # -- sockets their users connect (loop.sock_connect) ------------------------
+    def expect_offer_for_user(self, sock: socket.socket, to_port: int) -> Optional[_Wait]:
+        """:meth:`expect_offer` for a socket its user connects, and may hand
+        to ``create_connection(sock=)`` (aiohttp's client does) or use raw:
+        an offer is held for it (see :meth:`take_held`)."""
+        wait = self.expect_offer(sock, to_port)
+        if wait is not None:
+            wait.for_user = True
+            self.for_users[sock] = wait
+        return wait
+
+    def connected_for_user(self, wait: _Wait) -> None:
+        """Its connect made: the socket reaches the loop soon (or is used
+        raw), an offer comes soon (or none will)."""
+        if wait.held is None and not wait.decided.done():
+            self._give_up_after(wait, OFFER_TIMEOUT)
+
+    def _give_up_after(self, wait: _Wait, delay: float) -> None:
+        if wait.timer is not None:
+            wait.timer.cancel()
+        wait.timer = self.loop.call_later(delay, self.end_wait, wait)
+
+    async def take_held(self, sock: socket.socket) -> Optional[Tuple[_Wait, socket.socket]]:
+        """``sock``, connected by its user, handed to the loop: its wait and
+        the pair end of the offer taken for it (held, or awaited as a
+        connect awaits it); None for TCP (nothing waits for it, no offer, or
+        payload crossed TCP already: moved now, bytes would be lost)."""
+        wait = self.for_users.pop(sock, None)
+        if wait is None:
+            return None
+        if wait.decided.done() or payload_moved(sock):
+            self.end_wait(wait)
+            return None
+        held, wait.held = wait.held, None
+        if held is None:
+            wait.for_user = False  # (as a connect's, from now on)
+            if wait.timer is not None:
+                wait.timer.cancel()
+                wait.timer = None
+            pair_end = await self.decided(wait)
+            return None if pair_end is None else (wait, pair_end)
+        chan, pid, message, handed = held
+        try:
+            pair_end = answer_offer(chan, pid, message, handed, wait)
+        except OSError:
+            self._drop_taking(chan)
+            pair_end = None
+        self.end_wait(wait)
+        return None if pair_end is None else (wait, pair_end)
 
     # -- the accepting side -----------------------------------------------
     def _channel_to(self, pid: int, token: int) -> Optional[_Channel]:
@@ -409,6 +500,74 @@ async def connect_across(
         raise
     if pair_end is None:
         return None
+    try:
+        protocol = protocol_factory()
+        transport = await start_across(found, pair_end, sock, wait.names(), protocol, wait.peer,
+                                       client=True)
+    except BaseException:
+        pair_end.close()
+        sock.close()  # the other side sees EOF, as from a socket the loop closed
+        raise
+    return transport, protocol
+
+
+# -- a socket its user connects (loop.sock_connect) ----------------------------
+
+
+def expect_offer_for_user(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                          address: Any) -> Optional[_Wait]:
+    """Before the loop's ``sock_connect`` of ``sock`` to ``address``, a
+    loopback port that another friendsock process serves: bound if it has
+    no port yet (the accepting process finds the connect by it), and
+    waiting for the offer, held for the socket's user; None when it stays
+    TCP's (the usual case, from a read of the port table)."""
+    port = address[1]
+    # (A socket of its user's subclass does its I/O through its own
+    # methods, as in one process: it stays TCP.)
+    if not (listener_elsewhere(port) and is_enabled() and is_tcp_socket(sock) and is_plain_socket(sock)
+            and isinstance(address[0], str) and is_loopback(address[0])
+            and serves(address[0], port, sock.family) and worth_an_offer(port)):
+        return None
+    found = rendezvous(loop)
+    if found is None:
+        return None
+    try:
+        host, bound = sock.getsockname()[:2]
+        if not bound:
+            bind_port_now(sock, address[0] if is_unspecified(host) else host)
+    except OSError:
+        return None
+    return found.expect_offer_for_user(sock, port)
+
+
+def connected_for_user(loop: asyncio.AbstractEventLoop, wait: _Wait) -> None:
+    found = loop_state(loop).across
+    if found is not None:
+        found.connected_for_user(wait)
+
+
+def end_wait_for_user(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """``sock`` goes on over TCP: the offer held for it is declined."""
+    found = loop_state(loop).across
+    wait = None if found is None else found.for_users.get(sock)
+    if wait is not None:
+        found.end_wait(wait)
+
+
+async def connect_across_for_user(
+    loop: asyncio.AbstractEventLoop, protocol_factory: Any, sock: socket.socket,
+) -> Optional[Tuple[asyncio.Transport, asyncio.BaseProtocol]]:
+    """``create_connection(sock=sock)`` of a socket its user connected to
+    another friendsock process: the transport over the pair if the offer
+    is taken now; None for TCP (the loop's own transport, as for any
+    socket handed over)."""
+    found = loop_state(loop).across
+    if found is None or sock not in found.for_users:
+        return None
+    taken = await found.take_held(sock)
+    if taken is None:  # (counted as every socket the loop's own transport takes)
+        return None
+    wait, pair_end = taken
     try:
         protocol = protocol_factory()
         transport = await start_across(found, pair_end, sock, wait.names(), protocol, wait.peer,

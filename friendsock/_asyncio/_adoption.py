@@ -50,7 +50,16 @@ from .._handshake import (
 from .._host import port_table
 from .._host._offers import RESET, reset_offered
 from .._host._ports import connect_slot, keep_published, published_port, stop_publishing
-from ._across import Offered, rendezvous, start_across
+from ._across import (
+    Offered,
+    connect_across_for_user,
+    connected_for_user,
+    end_wait,
+    end_wait_for_user,
+    expect_offer_for_user,
+    rendezvous,
+    start_across,
+)
 from ._loop_state import loop_state, post_to_loop
 from ._native import in_loop_own_connect, native
 from ._pairing import _confirm, connection_made_turn, start_client_end
@@ -85,14 +94,15 @@ async def sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, add
     pending = None
     if not in_loop_own_connect() and isinstance(address, tuple) and len(address) >= 2:
         pending = register_adoptable_connect(sock, address, owner=loop)
+        if pending is None:
+            wait = expect_offer_for_user(loop, sock, address)
+            if wait is not None:
+                return await _connect_for_user(loop, sock, address, wait)
     if pending is None:
         return await connect(sock, address)
     adoptable_connecting.add(sock)
     try:
-        if isinstance(loop, asyncio.BaseEventLoop):
-            await connect(sock, address)
-        else:
-            await _connect_resolved(loop, sock, address)
+        await _connect_resolved(loop, sock, address)
     except BaseException:
         go_tcp(pending, None)  # the connect failed: no connection to count
         raise
@@ -103,11 +113,26 @@ async def sock_connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, add
     _connected[sock] = pending
 
 
+async def _connect_for_user(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any,
+                            wait: Any) -> None:
+    """``sock_connect`` to a port another friendsock process of this host
+    serves: the offer for it is held until the socket is handed to the
+    loop (:func:`adopt_connected`)."""
+    try:
+        await _connect_resolved(loop, sock, address)
+    except BaseException:
+        end_wait(loop, wait)
+        raise
+    connected_for_user(loop, wait)
+
+
 async def _connect_resolved(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Any) -> None:
-    """uvloop's ``sock_connect`` to an address that is resolved already (a
-    friendsock listener's): the same connect, without the thread pool's
-    ``getaddrinfo`` uvloop asks for every address (about as much CPU again
-    as the connect's set-up itself)."""
+    """The loop's ``sock_connect`` to an address that is resolved already
+    (a friendsock listener's); on uvloop, the same connect without the
+    thread pool's ``getaddrinfo`` uvloop asks for every address (about as
+    much CPU again as the connect's set-up itself)."""
+    if isinstance(loop, asyncio.BaseEventLoop):
+        return await native(loop, "sock_connect")(sock, address)
     if loop.get_debug() and sock.gettimeout() != 0:
         raise ValueError("the socket must be non-blocking")
     try:
@@ -156,6 +181,9 @@ async def adopt_connected(
             # The loop makes the transport connect_accepted_socket would,
             # with a client's TLS if asked for.
             return await _adopt_accepted(loop, protocol_factory, sock, kwargs, _client_tls)
+        if all(value is None for key, value in kwargs.items() if key != "sock"):
+            return await connect_across_for_user(loop, protocol_factory, sock)
+        end_wait_for_user(loop, sock)  # (TLS, as every keyword, stays on TCP between processes)
         return None
     # As the loop's own transport sets it on a socket handed over (whose
     # user may look); a friend end sets it on its own ones only once asked.

@@ -173,7 +173,7 @@ def answer_offer(chan: socket.socket, pid: int, message: Optional[Message],
         if message is None or message.what is not What.OFFER or len(handed) != 2:
             return None  # not a message of ours: dropped
         tcp, pair_end = handed
-        if wait is not None and is_stream_pair_end(pair_end) and mirrors(wait.names(), tcp):
+        if wait is not None and offer_proven(message, handed, wait):
             peer = peer_of(pid, tcp)
             socket.send_fds(chan, [Message(What.TAKEN, message.client_port, message.serial).encode()],
                             [wait.sock.fileno()])
@@ -186,6 +186,14 @@ def answer_offer(chan: socket.socket, pid: int, message: Optional[Message],
         for sock in handed:
             if sock is not taken:
                 sock.close()
+
+
+def offer_proven(message: Message, handed: List[socket.socket], wait: ConnectWait) -> bool:
+    """Whether ``message`` and the sockets ``handed`` with it are an offer
+    for ``wait``'s connection: a pair end, and the socket at the other end
+    of that connection (its names mirror the connect's own)."""
+    return (message.what is What.OFFER and len(handed) == 2 and is_stream_pair_end(handed[1])
+            and mirrors(wait.names(), handed[0]))
 
 
 def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: int) -> None:
