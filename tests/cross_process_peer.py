@@ -75,6 +75,7 @@ def _report_of(kind: str, sock, sockname, peername, digest: str, **extra) -> str
         "sockname": sockname,
         "peername": list(peername),
         "sha256": digest,
+        "nodelay": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
         "link": _link_of(sockname),
         "peers": {str(pid): count for pid, count in friendsock.stats().cross_process_peers.items()},
         **extra,

@@ -159,6 +159,7 @@ async def echoed_over(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         return {
             "sha256": digest.hexdigest(),
             "payload_moved": payload_moved(writer.get_extra_info("socket")),
+            "nodelay": writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
             "friend": friendsock.is_friend(writer),
             "sockname": list(writer.get_extra_info("sockname")),
             "peername": list(writer.get_extra_info("peername")),
@@ -181,6 +182,8 @@ async def test_echo_to_a_server_process(peer_loop, path):
     # The kernel's word: payload crossed TCP on the TCP path only, at both ends.
     assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
     assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
+    # Set by each loop's own transport on the TCP socket, whichever path.
+    assert ours["nodelay"] and theirs["nodelay"]
 
 
 async def test_links_and_stats_name_the_other_process(peer_loop, path):

@@ -67,6 +67,7 @@ from .._host._ports import listener_elsewhere, serves
 from .._host._proof import Message
 from ._loop_state import loop_name, loop_state
 from ._native import native
+from ._transport import set_nodelay
 
 class Offered(NamedTuple):
     """An offer the other process took: what the accepting side serves on."""
@@ -923,6 +924,7 @@ async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: soc
     counts it so)."""
     loop = rendezvous.loop
     room_like_friends(pair_end, tcp, peer.rcvbuf)
+    set_nodelay(loop, tcp)  # (as the loop's own transport would have, on it)
     outer = AcrossTransport(rendezvous, tcp, names, protocol, peer, client)
     outer._tap = stream_tap_for(*(names if client else names[::-1]))
     outer._on_lost = on_lost
