@@ -309,11 +309,21 @@ def _not_on_uvloop(name: str) -> Callable[..., Any]:
 
 # The socket calls uvloop's PseudoSocket refuses (those that would steal
 # the descriptor from the transport, or move bytes past it).
-for _name in ("accept", "bind", "close", "connect", "connect_ex", "detach", "listen", "makefile",
-              "recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into", "send",
-              "sendall", "sendfile", "sendmsg", "sendmsg_afalg", "sendto", "shutdown"):
-    setattr(UvloopFriendSocket, _name, _not_on_uvloop(_name))
-del _name
+_REFUSED_ON_UVLOOP = (
+    "accept", "bind", "close", "connect", "connect_ex", "detach", "listen", "makefile", "recv",
+    "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into", "send", "sendall",
+    "sendfile", "sendmsg", "sendmsg_afalg", "sendto", "shutdown")
+
+
+def refuse_as_uvloop(cls: type) -> type:
+    """``cls`` (a transport's socket) refusing what uvloop's PseudoSocket
+    refuses, with its TypeError."""
+    for name in _REFUSED_ON_UVLOOP:
+        setattr(cls, name, _not_on_uvloop(name))
+    return cls
+
+
+refuse_as_uvloop(UvloopFriendSocket)
 
 
 # The stdlib's class, as it was when friendsock was imported (patch_socket()

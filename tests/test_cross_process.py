@@ -433,6 +433,42 @@ async def test_a_client_killed_mid_rendezvous(peer_loop, stopped_first):
         await peer.finish()
 
 
+async def test_the_transports_socket_ends_a_direction_as_over_tcp(peer_loop, path):
+    """``get_extra_info('socket').shutdown(SHUT_WR)`` half-closes the
+    connection, as asyncio's socket does over TCP: the other end reads
+    EOF and answers. uvloop's refuses it, as its own does. Before 3.11
+    asyncio's socket still sends (with a warning); from 3.11 it has no
+    ``send()``."""
+    peer, port = await _serving(peer_loop, path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        try:
+            sock = writer.get_extra_info("socket")
+            if isinstance(asyncio.get_running_loop(), uvloop.Loop):
+                with pytest.raises(TypeError):
+                    sock.shutdown(socket.SHUT_WR)
+                with pytest.raises(TypeError):
+                    sock.send(b"raw")
+                writer.write(b"half")
+                writer.write_eof()
+            elif sys.version_info < (3, 11):
+                with pytest.warns(DeprecationWarning):
+                    assert sock.send(b"half") == 4
+                sock.shutdown(socket.SHUT_WR)
+            else:
+                assert not hasattr(sock, "send")
+                writer.write(b"half")
+                sock.shutdown(socket.SHUT_WR)
+            assert await bounded(reader.read()) == b"half"
+        finally:
+            writer.close()
+            await writer.wait_closed()
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert theirs["sha256"] == hashlib.sha256(b"half").hexdigest()
+
+
 @pytest.mark.parametrize("linger", [False, True], ids=["abort", "abort-linger-0"])
 async def test_an_abort_at_the_other_end(peer_loop, path, linger, tmp_path):
     """As the loop's own abort(): the socket closes (a FIN), or, with

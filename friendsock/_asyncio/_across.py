@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 from .._core._link import write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._pcap import CLIENT, SERVER
+from .._friend_socket import refuse_as_uvloop
 from .._core._stats import counters
 from .._core._tap import StreamTap, stream_tap_for
 from .._core._addresses import is_unspecified
@@ -583,6 +584,45 @@ async def connect_across_for_user(
 # -- the transport ------------------------------------------------------------
 
 
+class _AcrossSocket(trsock.TransportSocket):
+    """A moved connection's ``get_extra_info('socket')``: its TCP socket,
+    for names and options, as the loop's own transport hands one out;
+    what ends a direction (``shutdown()``) or moves bytes acts on the pair
+    end instead, where the connection's bytes go."""
+
+    __slots__ = ("_pair",)
+
+    def __init__(self, tcp: socket.socket, pair: socket.socket) -> None:
+        super().__init__(tcp)
+        self._pair = pair
+
+    def shutdown(self, how: int) -> None:
+        self._pair.shutdown(how)
+
+
+def _on_the_pair(name: str) -> Callable[..., Any]:
+    def call(self: _AcrossSocket, *args: Any, **kwargs: Any) -> Any:
+        self._na(f"{name}() method")  # type: ignore[attr-defined,unused-ignore]
+        return getattr(self._pair, name)(*args, **kwargs)
+    call.__name__ = name
+    return call
+
+
+# Before 3.11 asyncio's socket still makes these calls, with a warning.
+for _name in ("recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into", "send",
+              "sendall", "sendfile", "sendmsg", "sendto"):
+    if hasattr(trsock.TransportSocket, _name):
+        setattr(_AcrossSocket, _name, _on_the_pair(_name))
+del _name
+
+
+@refuse_as_uvloop
+class _UvloopAcrossSocket(_AcrossSocket):
+    """On uvloop: what its own transport's socket refuses, refused."""
+
+    __slots__ = ()
+
+
 class AcrossTransport(asyncio.Transport, AcrossEnd):
     """A connection to another process of this host, moved off TCP: the
     loop's own transport on a socketpair end, answering as the TCP
@@ -592,11 +632,13 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
     # asyncio's start_tls() takes it (set_protocol, pause/resume_reading).
     _start_tls_compatible = True
 
-    def __init__(self, rendezvous: "Rendezvous", tcp: socket.socket, names: Tuple[Any, Any],
-                 protocol: asyncio.BaseProtocol, peer: Peer, client: bool) -> None:
+    def __init__(self, rendezvous: "Rendezvous", tcp: socket.socket, pair_end: socket.socket,
+                 names: Tuple[Any, Any], protocol: asyncio.BaseProtocol, peer: Peer,
+                 client: bool) -> None:
         self._sockname, self._peername = names
+        on_uvloop = not isinstance(rendezvous.loop, asyncio.BaseEventLoop)
         super().__init__(extra={
-            "socket": trsock.TransportSocket(tcp),
+            "socket": (_UvloopAcrossSocket if on_uvloop else _AcrossSocket)(tcp, pair_end),
             "sockname": self._sockname,
             "peername": self._peername,
         })
@@ -925,7 +967,7 @@ async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: soc
     loop = rendezvous.loop
     room_like_friends(pair_end, tcp, peer.rcvbuf)
     set_nodelay(loop, tcp)  # (as the loop's own transport would have, on it)
-    outer = AcrossTransport(rendezvous, tcp, names, protocol, peer, client)
+    outer = AcrossTransport(rendezvous, tcp, pair_end, names, protocol, peer, client)
     outer._tap = stream_tap_for(*(names if client else names[::-1]))
     outer._on_lost = on_lost
     relay = outer._relay = _relay_for(outer, protocol)
