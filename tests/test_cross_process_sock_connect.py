@@ -87,6 +87,29 @@ async def test_a_socket_used_raw_before_it_is_handed_over_stays_tcp(peer_loop, p
     assert ours["payload_moved"] and theirs["payload_moved"]
 
 
+async def test_a_socket_used_raw_only_is_served_over_tcp(peer_loop, path):
+    """Never handed over, only used raw (``sock_sendall``, ``sock_recv``):
+    the offer held for it is declined, and the server answers over TCP."""
+    peer, port = await _serving(peer_loop, path)
+    loop = asyncio.get_running_loop()
+    payload = random.Random(8).randbytes(1 << 16)
+    try:
+        with friendsock.installed():
+            sock = await _connected_by_its_user(port)
+            with sock:
+                await bounded(loop.sock_sendall(sock, payload))
+                sock.shutdown(socket.SHUT_WR)
+                echoed = bytearray()
+                while data := await bounded(loop.sock_recv(sock, 1 << 16)):
+                    echoed += data
+                assert not friendsock.is_friend(sock)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert bytes(echoed) == payload
+    assert theirs["sha256"] == hashlib.sha256(payload).hexdigest() and theirs["payload_moved"]
+
+
 async def test_a_socket_its_user_closes_unused_leaves_nothing_waiting(peer_loop, path):
     """Connected and closed, never handed over: the server's offer is
     declined and it serves the connection over TCP, reading EOF; nothing
