@@ -264,6 +264,8 @@ def serve_blocking(door: str) -> None:
     server.daemon_threads = True
     if door == "blocking-timeout":
         server.socket.settimeout(0.5)
+    elif door == "blocking-short-timeout":  # (shorter than the confirm deadline)
+        server.socket.settimeout(0.05)
     say(str(server.server_address[1]))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sys.stdin.read()

@@ -110,6 +110,33 @@ async def test_a_socket_used_raw_only_is_served_over_tcp(peer_loop, path):
     assert theirs["sha256"] == hashlib.sha256(payload).hexdigest() and theirs["payload_moved"]
 
 
+async def test_a_socket_used_raw_reaches_a_blocking_server_whose_accept_times_out_sooner(peer_loop, path):
+    """A blocking server whose listener times out in 50 ms, less than the
+    offer is held: its accept waits for the answer anyway, and serves the
+    raw bytes over TCP rather than reset a connection the client may yet
+    take."""
+    peer, port = await _serving(peer_loop, path, door="blocking-short-timeout")
+    loop = asyncio.get_running_loop()
+    try:
+        with friendsock.installed():
+            # (A blocking server publishes its port as it first accepts.)
+            (await _connected_by_its_user(port)).close()
+            await peer.report()
+            sock = await _connected_by_its_user(port)
+            with sock:
+                if path == "friend":  # (the offer made and held before any byte is sent)
+                    across = loop_state(loop).across
+                    assert across is not None
+                    await until(lambda: across.for_users[sock].held is not None)
+                await bounded(loop.sock_sendall(sock, b"ping"))
+                sock.shutdown(socket.SHUT_WR)
+                assert await bounded(loop.sock_recv(sock, 16)) == b"ping"
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert theirs["sha256"] == hashlib.sha256(b"ping").hexdigest() and theirs["friend"] is False
+
+
 async def test_a_socket_its_user_closes_unused_leaves_nothing_waiting(peer_loop, path):
     """Connected and closed, never handed over: the server's offer is
     declined and it serves the connection over TCP, reading EOF; nothing

@@ -47,7 +47,7 @@ from .._core._fork import Part, on_fork
 from .._core._pcap import CLIENT, SERVER
 from .._core._stats import Fallback, counters
 from .._core._tap import StreamTap, stream_tap_for
-from .._handshake import current_pid
+from .._handshake import CONFIRM_TIMEOUT, current_pid
 from .._handshake._binding import bind_port_now
 from .._handshake._process import close_with_reset
 from .._host import CONNECTS, PortTable, Slot, is_loopback, port_table
@@ -578,9 +578,15 @@ def offer_accepted(sock: socket.socket, address: Any, listener_port: int,
     rendezvous = this_process()
     if rendezvous is None:
         return None
+    if timeout is not None:
+        # A client that connected its socket on an event loop holds the
+        # offer until the socket is handed over, the confirm deadline at
+        # most: a shorter listener timeout gives it that, and more for its
+        # loop's turn (the accept returns that much later).
+        timeout = max(OFFER_TIMEOUT if timeout == 0 else timeout, 2 * CONFIRM_TIMEOUT)
     try:
         names = (sock.getsockname(), address)
-        offered = rendezvous.offer(sock, names, slot, OFFER_TIMEOUT if timeout == 0 else timeout)
+        offered = rendezvous.offer(sock, names, slot, timeout)
     except OSError:  # (no descriptor left for the pair, say): not offered, so TCP
         return None
     if offered is None:
