@@ -223,6 +223,8 @@ class Rendezvous:
     def end_wait(self, wait: _Wait) -> None:
         """Stop waiting: an offer that comes now is declined, and so is one
         held for the socket's user."""
+        if self.pid != os.getpid():
+            return  # a forked child's copy: the parent's wait, and its answer
         if self.waits.get(wait.port) is wait:
             del self.waits[wait.port]
         if not wait.decided.done():
@@ -286,6 +288,12 @@ class Rendezvous:
             pair_end = await self.decided(wait)
             return None if pair_end is None else (wait, pair_end)
         chan, pid, message, handed = held
+        if _hung_up(handed[1]):
+            # The offering side gave up waiting (its pair end closed, its
+            # connection reset): taken now, neither path would carry it.
+            self._decline(*held)
+            self.end_wait(wait)
+            return None
         try:
             pair_end = answer_offer(chan, pid, message, handed, wait)
         except OSError:
@@ -425,6 +433,13 @@ class Rendezvous:
 _UNANSWERED: Tuple[None, List[socket.socket]] = (None, [])
 
 
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the other end of the stream ``sock`` is closed."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLHUP | select.POLLRDHUP)
+    return bool(poller.poll(0))
+
+
 class _AnswerDeadline:
     """Gives up on the answer ``waiter`` waits for from process ``pid``
     (resolved to ``_UNANSWERED``) once ANSWER_TIMEOUT has passed, or at
@@ -551,7 +566,7 @@ def connected_for_user(loop: asyncio.AbstractEventLoop, wait: _Wait) -> None:
 def end_wait_for_user(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
     """``sock`` goes on over TCP: the offer held for it is declined."""
     found = loop_state(loop).across
-    wait = None if found is None else found.for_users.get(sock)
+    wait = None if found is None or found.pid != os.getpid() else found.for_users.get(sock)
     if wait is not None:
         found.end_wait(wait)
 
@@ -564,9 +579,19 @@ async def connect_across_for_user(
     is taken now; None for TCP (the loop's own transport, as for any
     socket handed over)."""
     found = loop_state(loop).across
-    if found is None or sock not in found.for_users:
+    if found is None or found.pid != os.getpid() or sock not in found.for_users:
         return None
-    taken = await found.take_held(sock)
+    wait = found.for_users[sock]
+    try:
+        taken = await found.take_held(sock)
+    except BaseException:
+        # Withdrawn, as the loop's own create_connection closes the socket
+        # it was handed; an offer taken in that same turn ends with it.
+        sock.close()
+        taken_then = wait.decided
+        if taken_then.done() and not taken_then.cancelled() and taken_then.result() is not None:
+            taken_then.result().close()
+        raise
     if taken is None:  # (counted as every socket the loop's own transport takes)
         return None
     wait, pair_end = taken
