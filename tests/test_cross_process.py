@@ -469,6 +469,31 @@ async def test_the_transports_socket_ends_a_direction_as_over_tcp(peer_loop, pat
     assert theirs["sha256"] == hashlib.sha256(b"half").hexdigest()
 
 
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+async def test_a_write_after_the_sockets_own_shutdown_fails_as_over_tcp(peer_loop, path):
+    """After ``get_extra_info('socket').shutdown(SHUT_WR)`` and the other
+    end's close, a write fails with EPIPE, the connection lost, as over TCP
+    (not taken as the first write after the other end's close is): the
+    streams' drain() says the connection was lost."""
+    peer, port = await _serving(peer_loop, path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        try:
+            writer.write(b"half")
+            writer.get_extra_info("socket").shutdown(socket.SHUT_WR)
+            assert await bounded(reader.read()) == b"half"  # echoed, then the server's close
+            theirs = await peer.report()
+            writer.write(b"after")
+            assert writer.transport.is_closing()  # (EPIPE: lost at once)
+            with pytest.raises(ConnectionResetError):
+                await bounded(writer.drain())
+        finally:
+            writer.close()
+    finally:
+        await peer.finish()
+    assert theirs["sha256"] == hashlib.sha256(b"half").hexdigest()
+
+
 @pytest.mark.parametrize("linger", [False, True], ids=["abort", "abort-linger-0"])
 async def test_an_abort_at_the_other_end(peer_loop, path, linger, tmp_path):
     """As the loop's own abort(): the socket closes (a FIN), or, with

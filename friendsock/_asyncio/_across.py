@@ -615,14 +615,17 @@ class _AcrossSocket(trsock.TransportSocket):
     what ends a direction (``shutdown()``) or moves bytes acts on the pair
     end instead, where the connection's bytes go."""
 
-    __slots__ = ("_pair",)
+    __slots__ = ("_pair", "write_shut")
 
     def __init__(self, tcp: socket.socket, pair: socket.socket) -> None:
         super().__init__(tcp)
         self._pair = pair
+        self.write_shut = False
 
     def shutdown(self, how: int) -> None:
         self._pair.shutdown(how)
+        if how != socket.SHUT_RD:
+            self.write_shut = True
 
 
 def _on_the_pair(name: str) -> Callable[..., Any]:
@@ -662,8 +665,9 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
                  client: bool) -> None:
         self._sockname, self._peername = names
         on_uvloop = not isinstance(rendezvous.loop, asyncio.BaseEventLoop)
+        self._socket = (_UvloopAcrossSocket if on_uvloop else _AcrossSocket)(tcp, pair_end)
         super().__init__(extra={
-            "socket": (_UvloopAcrossSocket if on_uvloop else _AcrossSocket)(tcp, pair_end),
+            "socket": self._socket,
             "sockname": self._sockname,
             "peername": self._peername,
         })
@@ -724,8 +728,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         takes (the other kernel drops it and resets; the core's rule,
         :func:`write_refused_across`). The pair would refuse it at once;
         the next write goes to it, and fails as TCP's second would."""
-        if self._inner.is_closing():
-            return False
+        if self._inner.is_closing() or self._socket.write_shut:
+            return False  # (a write after its own shutdown(SHUT_WR) fails, as TCP's)
         poller = select.poll()
         poller.register(self._inner.get_extra_info("socket").fileno(), select.POLLHUP)
         if not poller.poll(0):
