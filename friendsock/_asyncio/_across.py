@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from asyncio import trsock
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union, cast
+from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
 from .._core._link import write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
@@ -268,11 +268,11 @@ class Rendezvous:
             wait.timer.cancel()
         wait.timer = self.loop.call_later(delay, self.end_wait, wait)
 
-    async def take_held(self, sock: socket.socket) -> Optional[Tuple[_Wait, socket.socket]]:
-        """``sock``, connected by its user, handed to the loop: its wait and
-        the pair end of the offer taken for it (held, or awaited as a
-        connect awaits it); None for TCP (nothing waits for it, no offer, or
-        payload crossed TCP already: moved now, bytes would be lost)."""
+    async def take_held(self, sock: socket.socket) -> Optional[socket.socket]:
+        """``sock``, connected by its user, handed to the loop: the pair end
+        of the offer taken for it (held, or awaited as a connect awaits
+        it); None for TCP (nothing waits for it, no offer, or payload
+        crossed TCP already: moved now, bytes would be lost)."""
         wait = self.for_users.pop(sock, None)
         if wait is None:
             return None
@@ -285,8 +285,7 @@ class Rendezvous:
             if wait.timer is not None:
                 wait.timer.cancel()
                 wait.timer = None
-            pair_end = await self.decided(wait)
-            return None if pair_end is None else (wait, pair_end)
+            return await self.decided(wait)
         chan, pid, message, handed = held
         if _hung_up(handed[1]):
             # The offering side gave up waiting (its pair end closed, its
@@ -300,7 +299,7 @@ class Rendezvous:
             self._drop_taking(chan)
             pair_end = None
         self.end_wait(wait)
-        return None if pair_end is None else (wait, pair_end)
+        return pair_end
 
     # -- the accepting side -----------------------------------------------
     def _channel_to(self, pid: int, token: int) -> Optional[_Channel]:
@@ -507,8 +506,16 @@ async def connect_across(
     found = loop_state(loop).across
     if found is None:
         return None
+    return await _moved(found, protocol_factory, sock, wait, found.decided(wait))
+
+
+async def _moved(found: Rendezvous, protocol_factory: Any, sock: socket.socket, wait: _Wait,
+                 taking: Awaitable[Optional[socket.socket]],
+                 ) -> Optional[Tuple[asyncio.Transport, asyncio.BaseProtocol]]:
+    """The connecting end's transport over the pair end ``taking`` comes
+    to (None: TCP, nothing moved)."""
     try:
-        pair_end = await found.decided(wait)
+        pair_end = await taking
     except BaseException:
         sock.close()  # withdrawn: as a connect cancelled, the socket goes
         taken = wait.decided
@@ -581,29 +588,8 @@ async def connect_across_for_user(
     found = loop_state(loop).across
     if found is None or found.pid != os.getpid() or sock not in found.for_users:
         return None
-    wait = found.for_users[sock]
-    try:
-        taken = await found.take_held(sock)
-    except BaseException:
-        # Withdrawn, as the loop's own create_connection closes the socket
-        # it was handed; an offer taken in that same turn ends with it.
-        sock.close()
-        taken_then = wait.decided
-        if taken_then.done() and not taken_then.cancelled() and taken_then.result() is not None:
-            taken_then.result().close()
-        raise
-    if taken is None:  # (counted as every socket the loop's own transport takes)
-        return None
-    wait, pair_end = taken
-    try:
-        protocol = protocol_factory()
-        transport = await start_across(found, pair_end, sock, wait.names(), protocol, wait.peer,
-                                       client=True)
-    except BaseException:
-        pair_end.close()
-        sock.close()  # the other side sees EOF, as from a socket the loop closed
-        raise
-    return transport, protocol
+    # (Not taken: counted as every socket the loop's own transport takes.)
+    return await _moved(found, protocol_factory, sock, found.for_users[sock], found.take_held(sock))
 
 
 # -- the transport ------------------------------------------------------------
