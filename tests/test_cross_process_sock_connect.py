@@ -19,8 +19,10 @@ import random
 import socket
 
 import aiohttp
+import pytest
 
 import friendsock
+from friendsock._asyncio._across import _hung_up
 from friendsock._asyncio._loop_state import loop_state
 
 from support import bounded, until
@@ -135,6 +137,41 @@ async def test_a_socket_used_raw_reaches_a_blocking_server_whose_accept_times_ou
     finally:
         await peer.finish()
     assert theirs["sha256"] == hashlib.sha256(b"ping").hexdigest() and theirs["friend"] is False
+
+
+async def test_a_socket_handed_over_after_its_server_gave_up_is_not_moved(peer_loop, monkeypatch):
+    """Held past the time its server waits for the answer (here the offer
+    is held a minute; a blocking server's short listener timeout gives it
+    half a second): the server resets the connection, as it must when the
+    client may yet take its offer, and the socket handed over afterwards
+    ends over TCP, not on a transport over a pair nobody serves."""
+    monkeypatch.setattr(friendsock._asyncio._across, "CONFIRM_TIMEOUT", 60.0)
+    peer, port = await _serving(peer_loop, "friend", door="blocking-short-timeout")
+    loop = asyncio.get_running_loop()
+    try:
+        with friendsock.installed():
+            (await _connected_by_its_user(port)).close()  # (the port published as it accepts)
+            await peer.report()
+            sock = await _connected_by_its_user(port)
+            across = loop_state(loop).across
+            assert across is not None
+            wait = across.for_users[sock]
+            await until(lambda: wait.held is not None)
+            pair_end = wait.held[3][1]
+            await until(lambda: _hung_up(pair_end))  # the server gave up
+            reader, writer = await bounded(asyncio.open_connection(sock=sock))
+            try:
+                assert not friendsock.is_friend(writer)
+                try:  # (EOF or the reset, as the server's shutdown or its reset comes first)
+                    ended = await bounded(reader.read())
+                except ConnectionResetError:
+                    ended = b""
+                assert ended == b""
+            finally:
+                writer.close()
+        assert (await peer.report())["error"] == "ConnectionResetError"
+    finally:
+        await peer.finish()
 
 
 async def test_a_socket_its_user_closes_unused_leaves_nothing_waiting(peer_loop, path):
