@@ -5,9 +5,11 @@ aiohttp's client connects a socket of its own with ``loop.sock_connect``
 and hands it to ``create_connection(sock=)``. On an installed loop such a
 connection to a friendsock server of another process moves off TCP as
 the loop's own connects do; a socket used raw before it is handed over,
-or never handed over, stays TCP with every byte. Each test runs on the
-friend path and on TCP (the other process with cross-process moves
-switched off), with this process on each loop and the other on the other.
+or never handed over, stays TCP with every byte. Each test runs with
+this process on each loop and the other on the other, and on the friend
+path and on TCP (the other process with cross-process moves switched
+off), but for the one of a server giving up an offer, made on the
+friend path alone.
 """
 
 from __future__ import annotations
