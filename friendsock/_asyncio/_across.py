@@ -82,20 +82,26 @@ class Offered(NamedTuple):
 class _Wait(ConnectWait):
     """A connect on a loop waiting for its offer."""
 
-    __slots__ = ("decided", "for_user", "held", "timer")
+    __slots__ = ("decided", "held", "timer")
 
     def __init__(self, sock: socket.socket, sockname: Any, decided: asyncio.Future) -> None:
         super().__init__(sock, sockname)
         self.decided = decided  # its result: the pair end, or None for TCP
-        # A socket its user connected (``sock_connect``): an offer is held,
-        # unanswered, until the socket is handed to the loop (see take_held).
-        self.for_user = False
+        # For a socket its user connected (Rendezvous.for_users): the offer
+        # held, unanswered, until the socket is handed to the loop (see
+        # take_held), and the timer that declines it.
         self.held: Optional[Tuple[socket.socket, int, Message, List[socket.socket]]] = None
         self.timer: Optional[asyncio.TimerHandle] = None
 
 
 def _decided(wait: _Wait) -> bool:
     return wait.decided.done()
+
+
+def _stop_timer(wait: _Wait) -> None:
+    if wait.timer is not None:
+        wait.timer.cancel()
+        wait.timer = None
 
 
 class _Channel:
@@ -157,7 +163,7 @@ class Rendezvous:
     def _offer_arrived(self, chan: socket.socket, pid: int, message: Optional[Message],
                        handed: List[socket.socket]) -> None:
         wait = self.waits.get(message.client_port) if message is not None else None
-        if wait is not None and wait.for_user and not wait.decided.done():
+        if wait is not None and self.for_users.get(wait.sock) is wait and not wait.decided.done():
             if wait.held is None and message is not None and offer_proven(message, handed, wait):
                 # Its user may yet use the socket raw: answered once it is
                 # handed to the loop, declined if it is not in time.
@@ -230,9 +236,7 @@ class Rendezvous:
         if not wait.decided.done():
             wait.decided.set_result(None)
         self.table.clear(CONNECTS, wait.port, self.pid)
-        if wait.timer is not None:
-            wait.timer.cancel()
-            wait.timer = None
+        _stop_timer(wait)
         if self.for_users.get(wait.sock) is wait:
             del self.for_users[wait.sock]
         held, wait.held = wait.held, None
@@ -253,7 +257,6 @@ class Rendezvous:
         an offer is held for it (see :meth:`take_held`)."""
         wait = self.expect_offer(sock, to_port)
         if wait is not None:
-            wait.for_user = True
             self.for_users[sock] = wait
         return wait
 
@@ -264,8 +267,7 @@ class Rendezvous:
             self._give_up_after(wait, OFFER_TIMEOUT)
 
     def _give_up_after(self, wait: _Wait, delay: float) -> None:
-        if wait.timer is not None:
-            wait.timer.cancel()
+        _stop_timer(wait)
         wait.timer = self.loop.call_later(delay, self.end_wait, wait)
 
     async def take_held(self, sock: socket.socket) -> Optional[socket.socket]:
@@ -281,10 +283,7 @@ class Rendezvous:
             return None
         held, wait.held = wait.held, None
         if held is None:
-            wait.for_user = False  # (as a connect's, from now on)
-            if wait.timer is not None:
-                wait.timer.cancel()
-                wait.timer = None
+            _stop_timer(wait)  # (out of for_users: a connect's wait from now on)
             return await self.decided(wait)
         chan, pid, message, handed = held
         if _hung_up(handed[1]):
