@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 import friendsock
-from friendsock._asyncio._across import _hung_up
 from friendsock._asyncio._loop_state import loop_state
+from friendsock._host._offers import peer_shut_down
 
 from support import bounded, until
 from test_cross_process import (  # noqa: F401 (fixtures)
@@ -160,7 +160,7 @@ async def test_a_socket_handed_over_after_its_server_gave_up_is_not_moved(peer_l
             wait = across.for_users[sock]
             await until(lambda: wait.held is not None)
             pair_end = wait.held[3][1]
-            await until(lambda: _hung_up(pair_end))  # the server gave up
+            await until(lambda: peer_shut_down(pair_end.fileno()))  # the server gave up
             reader, writer = await bounded(asyncio.open_connection(sock=sock))
             try:
                 assert not friendsock.is_friend(writer)

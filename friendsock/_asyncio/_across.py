@@ -57,6 +57,7 @@ from .._host._offers import (
     offer_answered,
     offer_proven,
     open_channel,
+    peer_shut_down,
     room_like_friends,
     runs,
     send_offer,
@@ -286,7 +287,7 @@ class Rendezvous:
             _stop_timer(wait)  # (out of for_users: a connect's wait from now on)
             return await self.decided(wait)
         chan, pid, message, handed = held
-        if _hung_up(handed[1]):
+        if peer_shut_down(handed[1].fileno()):
             # The offering side gave up waiting (its pair end closed, its
             # connection reset): taken now, neither path would carry it.
             self._decline(*held)
@@ -429,13 +430,6 @@ class Rendezvous:
 
 # What an offer's waiter is given when its answer is given up on.
 _UNANSWERED: Tuple[None, List[socket.socket]] = (None, [])
-
-
-def _hung_up(sock: socket.socket) -> bool:
-    """Whether the other end of the stream ``sock`` is closed."""
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLHUP | select.POLLRDHUP)
-    return bool(poller.poll(0))
 
 
 class _AnswerDeadline:

@@ -67,6 +67,7 @@ from .._host._offers import (
     next_token,
     offer_answered,
     open_channel,
+    peer_shut_down,
     room_like_friends,
     runs,
     send_offer,
@@ -758,7 +759,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         moved: _Moved = self.__dict__[_STATE]
         if moved.tcp.fileno() >= 0:  # (let go of at exit: the names stay)
             moved.tcp.getpeername()  # (ENOTCONN once a reset ended it)
-        if moved.shut_down and _peer_shut_down(_ss.fileno(self)):
+        if moved.shut_down and peer_shut_down(_ss.fileno(self)):
             # Both ways finished: TCP's socket would be closed by now.
             raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
         return moved.names[1]
@@ -958,7 +959,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             sndbuf = moved.tcp.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
             rcvbuf = moved.tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
             waiting = bytes_to_read(fd)
-            peer_done = _peer_shut_down(fd)
+            peer_done = peer_shut_down(fd)
         except OSError:  # closed meanwhile
             return None
         traffic = moved.traffic
@@ -987,14 +988,6 @@ def _first(data: Any, count: int) -> bytes:
     if isinstance(data, list):
         data = b"".join(data)
     return memoryview(data).cast("B")[:count].tobytes()
-
-
-def _peer_shut_down(fd: int) -> bool:
-    """Whether the other end of the pair end ``fd`` shut down its writing
-    (or closed): its FIN, as TCP's would have come."""
-    poller = _select.poll()
-    poller.register(fd, _select.POLLRDHUP)
-    return bool(poller.poll(0))
 
 
 def is_moved(obj: Any) -> bool:

@@ -11,6 +11,7 @@ import errno
 import fcntl
 import itertools
 import os
+import select
 import socket
 import struct
 import termios
@@ -194,6 +195,14 @@ def offer_proven(message: Message, handed: List[socket.socket], wait: ConnectWai
     of that connection (its names mirror the connect's own)."""
     return (message.what is What.OFFER and len(handed) == 2 and is_stream_pair_end(handed[1])
             and mirrors(wait.names(), handed[0]))
+
+
+def peer_shut_down(fd: int) -> bool:
+    """Whether the other end of the pair end ``fd`` shut down its writing
+    (or closed): its FIN, as TCP's would have come."""
+    poller = select.poll()
+    poller.register(fd, select.POLLRDHUP)
+    return bool(poller.poll(0))
 
 
 def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: int) -> None:
