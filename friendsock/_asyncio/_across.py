@@ -32,11 +32,10 @@ from .._core._pcap import CLIENT, SERVER
 from .._friend_socket import refuse_as_uvloop
 from .._core._stats import counters
 from .._core._tap import StreamTap, stream_tap_for
-from .._core._addresses import is_unspecified
 from .._core._switch import is_enabled
 from .._handshake import CONFIRM_TIMEOUT, is_tcp_socket, payload_moved
 from .._handshake._tcp_info import is_plain_socket
-from .._handshake._binding import bind_port_now
+from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset, current_pid
 from .._host import CONNECTS, PortTable, Slot, is_loopback, port_table
 from .._host._offers import (
@@ -548,11 +547,7 @@ def expect_offer_for_user(loop: asyncio.AbstractEventLoop, sock: socket.socket,
     found = rendezvous(loop)
     if found is None:
         return None
-    try:
-        host, bound = sock.getsockname()[:2]
-        if not bound:
-            bind_port_now(sock, address[0] if is_unspecified(host) else host)
-    except OSError:
+    if not port_before_connect(sock, address[0]):
         return None
     return found.expect_offer_for_user(sock, port)
 

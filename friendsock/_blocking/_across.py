@@ -40,7 +40,6 @@ import time
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
-from .._core._addresses import is_unspecified
 from .._core._link import write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._fork import Part, on_fork
@@ -48,7 +47,7 @@ from .._core._pcap import CLIENT, SERVER
 from .._core._stats import Fallback, counters
 from .._core._tap import StreamTap, stream_tap_for
 from .._handshake import CONFIRM_TIMEOUT, current_pid
-from .._handshake._binding import bind_port_now
+from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset
 from .._host import CONNECTS, PortTable, Slot, is_loopback, port_table
 from .._host._offers import (
@@ -454,11 +453,7 @@ def expect_offer(sock: socket.socket, resolved: Any) -> Optional[Tuple[Rendezvou
     rendezvous = this_process()
     if rendezvous is None:
         return None
-    try:
-        host, port = sock.getsockname()[:2]
-        if not port:
-            bind_port_now(sock, resolved[0] if is_unspecified(host) else host)
-    except OSError:
+    if not port_before_connect(sock, resolved[0]):
         return None
     wait = rendezvous.expect_offer(sock, resolved[1])
     return None if wait is None else (rendezvous, wait)

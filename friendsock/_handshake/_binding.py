@@ -200,6 +200,20 @@ def is_local_address(host: str) -> bool:
     return True
 
 
+def port_before_connect(sock: socket.socket, destination: str) -> bool:
+    """Give ``sock`` a port before its connect() to the IP ``destination``
+    (the accepting process of another connect finds it by that port), if
+    it has none yet: on the address it is bound to, or on ``destination``
+    if none. False when it cannot be (closed, or not an address here)."""
+    try:
+        host, port = sock.getsockname()[:2]
+        if not port:
+            bind_port_now(sock, destination if is_unspecified(host) else host)
+    except OSError:
+        return False
+    return True
+
+
 def users_sockname(sock: socket.socket) -> Optional[Any]:
     """The address of a socket made elsewhere; None when it is closed."""
     try:
