@@ -37,7 +37,7 @@ from .._handshake import CONFIRM_TIMEOUT, is_tcp_socket, payload_moved
 from .._handshake._tcp_info import is_plain_socket
 from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset, current_pid
-from .._host import CONNECTS, PortTable, Slot, is_loopback, port_table
+from .._host import CONNECTS, PortTable, Slot, port_table
 from .._host._offers import (
     ANSWER_TIMEOUT,
     OFFER_TIMEOUT,
@@ -64,7 +64,7 @@ from .._host._offers import (
     tcp_error,
 )
 from .._host._payoff import moved_connection_ended, worth_an_offer
-from .._host._ports import listener_elsewhere, serves
+from .._host._ports import served_elsewhere
 from .._host._proof import Message
 from ._loop_state import loop_name, loop_state
 from ._native import native
@@ -540,9 +540,9 @@ def expect_offer_for_user(loop: asyncio.AbstractEventLoop, sock: socket.socket,
     port = address[1]
     # (A socket of its user's subclass does its I/O through its own
     # methods, as in one process: it stays TCP.)
-    if not (listener_elsewhere(port) and is_enabled() and is_tcp_socket(sock) and is_plain_socket(sock)
-            and isinstance(address[0], str) and is_loopback(address[0])
-            and serves(address[0], port, sock.family) and worth_an_offer(port)):
+    if not (isinstance(address[0], str) and served_elsewhere(address[0], port, sock.family)
+            and is_enabled() and is_tcp_socket(sock) and is_plain_socket(sock)
+            and worth_an_offer(port)):
         return None
     found = rendezvous(loop)
     if found is None:

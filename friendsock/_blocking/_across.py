@@ -49,7 +49,7 @@ from .._core._tap import StreamTap, stream_tap_for
 from .._handshake import CONFIRM_TIMEOUT, current_pid
 from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset
-from .._host import CONNECTS, PortTable, Slot, is_loopback, port_table
+from .._host import CONNECTS, PortTable, Slot, port_table
 from .._host._offers import (
     ANSWER_TIMEOUT,
     OFFER_TIMEOUT,
@@ -74,7 +74,7 @@ from .._host._offers import (
     tcp_error,
 )
 from .._host._payoff import moved_connection_ended
-from .._host._ports import connect_slot, listener_elsewhere, serves
+from .._host._ports import connect_slot, served_elsewhere
 from .._host._proof import Message
 from .._socket_errors import bad_descriptor
 from ._capable import FriendCapableSocket, running_asyncio_loop
@@ -540,10 +540,8 @@ def may_cross(sock: socket.socket, resolved: Any) -> bool:
     one on a thread that runs an asyncio loop: that loop's code may hand
     the socket to a transport that does its I/O in C (uvloop's), and the
     wait for the offer would hold the loop."""
-    # The table first: most connects go where no friendsock process listens.
-    return (listener_elsewhere(resolved[1]) and sock.type == socket.SOCK_STREAM
-            and (sock.gettimeout() != 0.0 or running_asyncio_loop() is None)
-            and is_loopback(resolved[0]) and serves(resolved[0], resolved[1], sock.family))
+    return (served_elsewhere(resolved[0], resolved[1], sock.family) and sock.type == socket.SOCK_STREAM
+            and (sock.gettimeout() != 0.0 or running_asyncio_loop() is None))
 
 
 # -- the accept ----------------------------------------------------------------

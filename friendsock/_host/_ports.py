@@ -132,6 +132,13 @@ def serves(host: str, port: int, family: int) -> bool:
     return bool(token & _SERVES_V4) and (host == "127.0.0.1" or not token & _V4_IS_127_0_0_1)
 
 
+def served_elsewhere(host: str, port: Any, family: int) -> bool:
+    """Whether a connect of a ``family`` socket to ``host``, ``port`` reaches
+    a friendsock listener of another process of this host: a loopback
+    address, and the table's word (read first: most ports have none)."""
+    return listener_elsewhere(port) and is_loopback(host) and serves(host, port, family)
+
+
 def withdraw_listener(port: int) -> None:
     """(Also once switched off since: the slot must not outlive the server.)"""
     table = opened_table()

@@ -26,9 +26,8 @@ import trio
 from .._blocking._across import Rendezvous, TakenOffer, expect_offer, move_onto_pair, offer_accepted
 from .._blocking._capable import FriendCapableSocket
 from .._core._stats import Fallback, counters
-from .._host import is_loopback
 from .._host._offers import OFFER_TIMEOUT, Peer, reset_offered
-from .._host._ports import connect_slot, listener_elsewhere, serves
+from .._host._ports import connect_slot, served_elsewhere
 from ._socket import TrioSocketType
 
 NativeConnect = Callable[[Any, Any], Awaitable[None]]
@@ -38,8 +37,7 @@ _from_stdlib_socket = trio.socket.from_stdlib_socket  # (trio's own, whatever in
 def may_cross(sock: socket.socket, resolved: Any) -> bool:
     """Whether a connect of ``sock`` to ``resolved`` (no listener of this
     process there) is one to another friendsock process of this host."""
-    return (is_loopback(resolved[0]) and listener_elsewhere(resolved[1])
-            and serves(resolved[0], resolved[1], sock.family))
+    return served_elsewhere(resolved[0], resolved[1], sock.family)
 
 
 async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -> bool:
