@@ -494,10 +494,12 @@ async def test_a_write_after_the_sockets_own_shutdown_fails_as_over_tcp(peer_loo
     assert theirs["sha256"] == hashlib.sha256(b"half").hexdigest()
 
 
-@pytest.mark.parametrize("linger", [False, True], ids=["abort", "abort-linger-0"])
-async def test_an_abort_at_the_other_end(peer_loop, path, linger, tmp_path):
+@pytest.mark.parametrize("ending, linger", [("abort", False), ("abort", True), ("close", True)],
+                         ids=["abort", "abort-linger-0", "close-linger-0"])
+async def test_an_abort_at_the_other_end(peer_loop, path, ending, linger, tmp_path):
     """As the loop's own abort(): the socket closes (a FIN), or, with
-    SO_LINGER {1, 0} set on it, resets; a capture here shows which."""
+    SO_LINGER {1, 0} set on it, resets; so does its close() with that
+    set. A capture here shows which."""
     peer, port = await _serving(peer_loop, path)
     pcap = str(tmp_path / "abort.pcap")
     try:
@@ -508,7 +510,10 @@ async def test_an_abort_at_the_other_end(peer_loop, path, linger, tmp_path):
             if linger:
                 writer.get_extra_info("socket").setsockopt(
                     socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
+            if ending == "abort":
+                writer.transport.abort()
+            else:
+                writer.close()
             report = await peer.report()
         if linger:
             assert report == {"error": "ConnectionResetError"}

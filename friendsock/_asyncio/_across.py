@@ -392,8 +392,11 @@ class Rendezvous:
         FIN and answers it with a reset, whichever finished first, so that
         neither socket is left in TIME_WAIT, whose port a connect could
         not bind for a minute (see expect_offer). It closes as it is if no
-        FIN comes in time (a server that keeps its end open)."""
-        if not client or tcp.fileno() < 0 or self.loop.is_closed():
+        FIN comes in time (a server that keeps its end open). Either end
+        whose user set SO_LINGER {1, 0} resets at once, as its close does
+        over TCP, before the pair's EOF (the connection's last callback
+        runs before the loop closes the pair)."""
+        if not client or tcp.fileno() < 0 or self.loop.is_closed() or closes_with_reset(tcp):
             tcp.close()
             return
         self.loop.add_reader(tcp.fileno(), self._finished, tcp, True)
@@ -800,6 +803,8 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         if tap is not None:
             if exc is not None:  # the other end is gone with bytes unread
                 tap.reset(self._other_side)
+            elif tcp is not None and closes_with_reset(tcp):  # (see release)
+                tap.reset(self._side)
             else:
                 tap.fin(self._side)  # (after all this end wrote, as close() flushes)
         if tcp is not None:
