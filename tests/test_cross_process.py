@@ -1178,6 +1178,24 @@ async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, 
     assert not closing
 
 
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+async def test_a_read_shutdown_here_leaves_the_other_end_writing(peer_loop, path):
+    """``get_extra_info('socket').shutdown(SHUT_RD)`` is TCP's: the other
+    end's writes go on (a socketpair's would refuse them, EPIPE), and its
+    close is a clean one."""
+    peer, port = await _serving(peer_loop, path, door="close")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        try:
+            writer.get_extra_info("socket").shutdown(socket.SHUT_RD)
+            writer.write(b"ping")  # (answered, then closed)
+            assert await peer.report() == {"closed": True}
+        finally:
+            writer.close()
+    finally:
+        await peer.finish()
+
+
 def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
     """A trio client: the payload sent while the echo is read, then its
     EOF, then the server's."""

@@ -600,9 +600,13 @@ class _AcrossSocket(trsock.TransportSocket):
         self.write_shut = False
 
     def shutdown(self, how: int) -> None:
+        if how == socket.SHUT_RD:
+            # TCP's leaves the other end writing on; the pair's would
+            # refuse its writes (EPIPE). (Reads here go on.)
+            super().shutdown(how)
+            return
         self._pair.shutdown(how)
-        if how != socket.SHUT_RD:
-            self.write_shut = True
+        self.write_shut = True
 
 
 def _on_the_pair(name: str) -> Callable[..., Any]:
