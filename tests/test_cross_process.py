@@ -1158,24 +1158,59 @@ async def test_a_server_abort_resets_a_trio_client(peer_loop, path):
     assert got == "BrokenResourceError from ConnectionResetError" and theirs == {"aborted": True}
 
 
-async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, path):
+@pytest.mark.parametrize("eof_read", [True, False], ids=["eof-read", "eof-not-read-yet"])
+async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, path, eof_read):
     """The server answers and closes: as over TCP, the client's next
-    write is taken, and closing then loses nothing (no BrokenPipeError in
-    connection_lost, as a socketpair's would give)."""
+    write is taken, whether its EOF was read here yet or not (reading
+    paused), and closing then loses nothing (no BrokenPipeError in
+    connection_lost, as a socketpair's would give). The write after it
+    fails, the connection lost."""
     peer, port = await _serving(peer_loop, path, door="close")
     try:
         reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
         writer.write(b"ping")
         assert await bounded(reader.readexactly(4)) == b"ping"
-        assert await bounded(reader.read()) == b""
+        if eof_read:
+            assert await bounded(reader.read()) == b""
+        else:
+            writer.transport.pause_reading()
         assert await peer.report() == {"closed": True}  # (its socket is gone)
         writer.write(b"more")
         closing = writer.transport.is_closing()
+        if not eof_read:
+            writer.write(b"again")
+            assert writer.transport.is_closing()
+            with pytest.raises(ConnectionError):
+                await bounded(writer.drain())
+        writer.close()
+        if eof_read:
+            await bounded(writer.wait_closed())
+        else:
+            with pytest.raises(ConnectionError):
+                await bounded(writer.wait_closed())
+    finally:
+        await peer.finish()
+    assert not closing
+
+
+async def test_a_write_after_both_ends_sent_eof_fails(peer_loop, path):
+    """Each end half-closed, the server then closed: a write here raises
+    as the loop's own transport does after write_eof(), every time (not
+    taken as the first write after the other end's close)."""
+    peer, port = await _serving(peer_loop, path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.write(b"ping")
+        writer.write_eof()
+        assert await bounded(reader.read()) == b"ping"
+        await peer.report()
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="write_eof"):
+                writer.write(b"late")
         writer.close()
         await bounded(writer.wait_closed())
     finally:
         await peer.finish()
-    assert not closing
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())

@@ -674,6 +674,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         self._eof_came = False
         self._wrote_after_close = False  # see _taken_after_close
         self._paused_writing = False
+        self._hang_up: Optional[Any] = None  # a poll of the pair end for its other end's close
         # The capture's tap while one runs (friendsock.capture): this end's
         # side and the other's, as the segments name them.
         self._tap: Optional[StreamTap] = None
@@ -687,7 +688,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
 
     # (the inner transport answers for what it does)
     def write(self, data: Any) -> None:
-        if not (self._eof_came and self._taken_after_close()):
+        if not self._taken_after_close():
             self._inner.write(data)
         self._writes += 1
         if type(data) is bytes and self._tap is None:
@@ -697,27 +698,39 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
 
     def writelines(self, list_of_data: Any) -> None:
         list_of_data = list(list_of_data)  # (an iterator is read once)
-        if not (self._eof_came and self._taken_after_close()):
+        if not self._taken_after_close():
             self._inner.writelines(list_of_data)
         self._writes += 1
         for data in list_of_data:
             self._wrote(data)
 
     def _taken_after_close(self) -> bool:
-        """After the other end's EOF: whether this write is TCP's first one
-        after that end's socket is gone (its pair end closed), which TCP
-        takes (the other kernel drops it and resets; the core's rule,
-        :func:`write_refused_across`). The pair would refuse it at once;
-        the next write goes to it, and fails as TCP's second would."""
-        if self._inner.is_closing() or self._socket.write_shut:
-            return False  # (a write after its own shutdown(SHUT_WR) fails, as TCP's)
-        poller = select.poll()
-        poller.register(self._inner.get_extra_info("socket").fileno(), select.POLLHUP)
-        if not poller.poll(0):
+        """Whether this write is TCP's first one after the other end's
+        socket is gone (its pair end closed), whether or not its EOF was
+        read here yet, which TCP takes (the other kernel drops it and
+        resets; the core's rule, :func:`write_refused_across`): the pair
+        would refuse it at once, and the connection be lost before what
+        came ahead of that EOF is read. The next write goes to the pair,
+        and fails as TCP's second would. An end that aborted is a reset:
+        this write fails with it, as TCP's after the reset came."""
+        if self._eof_sent or self._socket.write_shut or self._inner.is_closing():
+            return False  # (after its own write_eof() or shutdown(SHUT_WR), as TCP's)
+        hang_up = self._hang_up
+        if hang_up is None:
+            hang_up = self._hang_up = select.poll()
+            hang_up.register(self._inner.get_extra_info("socket").fileno(), select.POLLHUP)
+        if not hang_up.poll(0):
             return False  # (only its writing shut down: it still reads)
-        if write_refused_across(False, self._wrote_after_close) is not None:
-            return False
-        self._wrote_after_close = True
+        tcp = self._tcp
+        reset = None if tcp is None else tcp_error(tcp)
+        refused = write_refused_across(reset is not None, self._wrote_after_close)
+        if refused is None:
+            self._wrote_after_close = True
+            return True
+        if reset is None:
+            return False  # (the pair refuses it: EPIPE)
+        self._reset = reset
+        self._inner.abort()
         return True
 
     def _wrote(self, data: Any) -> None:
