@@ -1231,6 +1231,38 @@ async def test_a_read_shutdown_here_leaves_the_other_end_writing(peer_loop, path
         await peer.finish()
 
 
+async def test_loop_sendfile_over_a_moved_connection(peer_loop, path, tmp_path):
+    """``loop.sendfile()`` sends the file's range as over TCP (asyncio);
+    uvloop has none, for TCP or a moved connection alike."""
+    payload = random.Random(4).randbytes(3 * SIZE + 17)
+    file = tmp_path / "sent"
+    file.write_bytes(payload)
+    peer, port = await _serving(peer_loop, path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        try:
+            loop = asyncio.get_running_loop()
+            with open(file, "rb") as source:
+                if isinstance(loop, uvloop.Loop):
+                    with pytest.raises(NotImplementedError):
+                        await loop.sendfile(writer.transport, source, 5, SIZE)
+                    return
+                sent = await bounded(loop.sendfile(writer.transport, source, 5, 2 * SIZE))
+                writer.write(b"end")
+                writer.write_eof()
+                echoed = hashlib.sha256()
+                while data := await bounded(reader.read(1 << 16)):
+                    echoed.update(data)
+                assert sent == 2 * SIZE and source.tell() == 5 + 2 * SIZE
+            assert echoed.hexdigest() == hashlib.sha256(payload[5:5 + 2 * SIZE] + b"end").hexdigest()
+            assert friendsock.is_friend(writer) == (path == "friend")
+        finally:
+            writer.close()
+            await writer.wait_closed()
+    finally:
+        await peer.finish()
+
+
 def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
     """A trio client: the payload sent while the echo is read, then its
     EOF, then the server's."""

@@ -23,7 +23,8 @@ import select
 import socket
 import threading
 import time
-from asyncio import trsock
+from asyncio import transports, trsock
+from asyncio.constants import _SendfileMode
 from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
 from .._core._link import write_refused_across
@@ -632,7 +633,7 @@ class _UvloopAcrossSocket(_AcrossSocket):
     __slots__ = ()
 
 
-class AcrossTransport(asyncio.Transport, AcrossEnd):
+class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
     """A connection to another process of this host, moved off TCP: the
     loop's own transport on a socketpair end, answering as the TCP
     connection (its names, its socket for options), which stays open
@@ -640,6 +641,12 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
 
     # asyncio's start_tls() takes it (set_protocol, pause/resume_reading).
     _start_tls_compatible = True
+    # loop.sendfile() writes the file through it (asyncio's way for a
+    # transport that is not a socket's, which reads _loop and
+    # _protocol_paused; uvloop has no sendfile()). The write buffer and
+    # its limits are the inner transport's.
+    _sendfile_compatible = _SendfileMode.FALLBACK
+    _protocol_paused: bool  # (set by the mixin; the relay keeps it)
 
     def __init__(self, rendezvous: "Rendezvous", tcp: socket.socket, pair_end: socket.socket,
                  names: Tuple[Any, Any], protocol: asyncio.BaseProtocol, peer: Peer,
@@ -651,7 +658,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
             "socket": self._socket,
             "sockname": self._sockname,
             "peername": self._peername,
-        })
+        }, loop=rendezvous.loop)
         self._rendezvous = rendezvous
         # What a TLS layer's callbacks run in, on uvloop (see _tls._app_transport).
         self._context = contextvars.copy_context()
@@ -673,7 +680,6 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         self._eof_sent = False
         self._eof_came = False
         self._wrote_after_close = False  # see _taken_after_close
-        self._paused_writing = False
         self._hang_up: Optional[Any] = None  # a poll of the pair end for its other end's close
         # The capture's tap while one runs (friendsock.capture): this end's
         # side and the other's, as the segments name them.
@@ -845,7 +851,7 @@ class AcrossTransport(asyncio.Transport, AcrossEnd):
         closing = inner.is_closing()
         own = EndInfo(address=tuple(self._sockname), sndbuf=sndbuf, rcvbuf=rcvbuf, closed=closing,
                       paused_reading=not closing and not inner.is_reading(),
-                      paused_writing=self._paused_writing, thread=self._thread,
+                      paused_writing=self._protocol_paused, thread=self._thread,
                       scheduler=loop_name(self._rendezvous.loop))
         peer = EndInfo(address=tuple(self._peername), sndbuf=self._peer.sndbuf,
                        rcvbuf=self._peer.rcvbuf, closed=self._eof_came, paused_reading=None,
@@ -891,11 +897,11 @@ class _Relay(asyncio.Protocol):
                 on_lost()
 
     def pause_writing(self) -> None:
-        self.outer._paused_writing = True
+        self.outer._protocol_paused = True
         self.protocol.pause_writing()
 
     def resume_writing(self) -> None:
-        self.outer._paused_writing = False
+        self.outer._protocol_paused = False
         self.protocol.resume_writing()
 
     def data_received(self, data: bytes) -> None:
