@@ -385,6 +385,63 @@ async def connect(door: str, port: int, size: int, seed: int) -> None:
     await writer.wait_closed()
 
 
+def short_of_descriptors(door: str, port: int, free: int, warm: bool) -> None:
+    """A client with ``free`` descriptors left (``warm``: after a first
+    connection to the server, whose channel to this process is open then)
+    sends "ping" and reads the echo: asyncio's (``api``, on a loop that
+    runs already: its own descriptors are not counted) or a blocking
+    socket's (``blocking``)."""
+    import resource
+
+    def run_short() -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        held = []
+        while True:
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        for _ in range(free):
+            os.close(held.pop())
+
+    if door == "blocking":
+        friendsock.patch_socket()
+
+        def ping() -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+                sock.sendall(b"ping")
+                sock.shutdown(socket.SHUT_WR)
+                return sock.recv(10)
+
+        if warm:
+            assert ping() == b"ping"
+        run_short()
+        print(json.dumps({"echo": ping().decode()}), flush=True)
+        return
+
+    async def ping_once() -> bytes:
+        reader, writer = await friendsock.open_connection("127.0.0.1", port)
+        writer.write(b"ping")
+        writer.write_eof()
+        try:
+            return await asyncio.wait_for(reader.read(10), 15)
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        # (the loop's own first TCP connect: uvloop makes a descriptor more for it)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+        await writer.wait_closed()
+        if warm:
+            assert await ping_once() == b"ping"
+        run_short()
+        print(json.dumps({"echo": (await ping_once()).decode()}), flush=True)
+
+    asyncio.run(main())
+
+
 async def echoed_over_trio(stream, payload: bytes) -> str:
     """``payload`` and EOF sent over the trio ``stream`` while its echo is
     read to EOF: the echo's SHA-256."""
@@ -614,6 +671,9 @@ def main() -> None:
         asyncio.run(serve(door))
     elif role == "shared":
         shared()
+    elif role == "short":
+        port, free, warm = (int(arg) for arg in rest)
+        short_of_descriptors(door, port, free, bool(warm))
     else:
         port, size, seed = (int(arg) for arg in rest)
         if door.startswith("trio"):

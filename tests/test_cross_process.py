@@ -531,6 +531,25 @@ async def test_an_abort_at_the_other_end(peer_loop, path, ending, linger, tmp_pa
     assert stream.events[-2 if not linger else -1] == ("client", "RA" if linger else "FA")
 
 
+@pytest.mark.parametrize("door, free, warm", [
+    ("api", 3, False),  # (none for the sockets the offer hands over)
+    ("api", 1, True),  # (the channel open: one of the two handed over)
+])
+async def test_a_client_short_of_descriptors_is_served_over_tcp(peer_loop, path, door, free, warm):
+    """A client process with almost no descriptors left cannot take an
+    offer (nor its channel, nor listen for one): it connects, and its
+    bytes are echoed over TCP, where the server here waited for an answer
+    for the connection's life."""
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.read())
+        writer.close()
+
+    server = await friendsock.start_server(echo, "127.0.0.1", 0)
+    theirs = await _client_report(server, "short", peer_loop, door, str(port_of(server)), str(free),
+                                  str(int(warm)), path=path)
+    assert theirs == {"echo": "ping"}
+
+
 async def test_a_server_killed_is_eof_here(peer_loop, path):
     peer, port = await _serving(peer_loop, path)
     try:

@@ -171,8 +171,13 @@ def answer_offer(chan: socket.socket, pid: int, message: Optional[Message],
     returned."""
     taken: Optional[socket.socket] = None
     try:
-        if message is None or message.what is not What.OFFER or len(handed) != 2:
+        if message is None or message.what is not What.OFFER:
             return None  # not a message of ours: dropped
+        if len(handed) != 2:
+            # Its sockets not all here (none left for them, they were
+            # dropped): no proof, declined, so its process stops waiting.
+            socket.send_fds(chan, [Message(What.DECLINED, message.client_port, message.serial).encode()], [])
+            return None
         tcp, pair_end = handed
         if wait is not None and offer_proven(message, handed, wait):
             peer = peer_of(pid, tcp)
