@@ -532,6 +532,8 @@ async def test_an_abort_at_the_other_end(peer_loop, path, ending, linger, tmp_pa
 
 
 @pytest.mark.parametrize("door, free, warm", [
+    ("api", 1, False),  # (none for the rendezvous's listener)
+    ("api", 2, False),  # (none to accept the server's channel with)
     ("api", 3, False),  # (none for the sockets the offer hands over)
     ("api", 1, True),  # (the channel open: one of the two handed over)
 ])

@@ -148,7 +148,17 @@ class Rendezvous:
 
     def _channel_opened(self) -> None:
         assert self.listener is not None
-        opened = accept_channel(self.listener)
+        try:
+            opened = accept_channel(self.listener)
+        except OSError:
+            # No descriptor left to accept it with: the listener closes,
+            # which resets the channels in its queue (their offers are
+            # TCP's at once), where it would stay readable and unanswered.
+            # The next connect listens again.
+            self.loop.remove_reader(self.listener.fileno())
+            self.listener.close()
+            self.listener = None
+            return
         if opened is not None:
             chan, pid = opened
             self.taking.append(chan)

@@ -127,8 +127,9 @@ class Rendezvous:
     def __init__(self, table: PortTable, listener: socket.socket, token: int) -> None:
         self.pid = current_pid()
         self.table = table
-        self.listener = listener
+        self.listener: Optional[socket.socket] = listener
         self.token = token
+        self.listen_again_at = 0.0  # (once the listener closed: see _accept_channel)
         self.lock = threading.Lock()  # waits, and what the thread is handed
         self.waits: Dict[int, Waiting] = {}
         self.to_release: List[Tuple[socket.socket, Optional[float]]] = []
@@ -166,7 +167,7 @@ class Rendezvous:
         except OSError:
             return None
         with self.lock:
-            if not sockname[1] or sockname[1] in self.waits:
+            if not sockname[1] or sockname[1] in self.waits or self.listener is None:
                 return None
             wait = self.waits[sockname[1]] = Waiting(sock, sockname)
         self.table.write(CONNECTS, wait.port, self.pid, to_port, self.token)
@@ -292,13 +293,15 @@ class Rendezvous:
         timeout = None
         if self.lingering:
             timeout = max(0.0, self.lingering[0][0] - time.monotonic())
+        if self.listener is None:
+            self._listen_again()
+            if self.listener is None:
+                timeout = max(0.0, min(timeout if timeout is not None else LISTEN_AGAIN_AFTER,
+                                       self.listen_again_at - time.monotonic()))
         for key, _ in self.selector.select(timeout):
             data = key.data
             if key.fileobj is self.listener:
-                opened = accept_channel(self.listener)
-                if opened is not None:
-                    self.selector.register(opened[0], selectors.EVENT_READ, opened[1])
-                    self.channels += 1
+                self._accept_channel(key.fileobj)
             elif data == "wake":
                 self._take_released()
             elif data == "finished":
@@ -309,6 +312,35 @@ class Rendezvous:
         while self.lingering and self.lingering[0][0] <= now:
             _, _, tcp = heapq.heappop(self.lingering)
             self._finish(tcp, False)
+
+    def _accept_channel(self, listener: socket.socket) -> None:
+        try:
+            opened = accept_channel(listener)
+        except OSError:
+            # No descriptor left to accept it with: the listener closes,
+            # which resets the channels in its queue (their offers are
+            # TCP's at once), where it would stay readable and unanswered;
+            # connects meanwhile are TCP's.
+            self.selector.unregister(listener)
+            with self.lock:
+                self.listener = None
+            listener.close()
+            self.listen_again_at = time.monotonic() + LISTEN_AGAIN_AFTER
+            return
+        if opened is not None:
+            self.selector.register(opened[0], selectors.EVENT_READ, opened[1])
+            self.channels += 1
+
+    def _listen_again(self) -> None:
+        if time.monotonic() < self.listen_again_at:
+            return
+        listener = channel_listener(self.pid, self.token)
+        if listener is None:
+            self.listen_again_at = time.monotonic() + LISTEN_AGAIN_AFTER
+            return
+        self.selector.register(listener, selectors.EVENT_READ, None)
+        with self.lock:
+            self.listener = listener
 
     def _take_released(self) -> None:
         try:
@@ -465,6 +497,8 @@ def expect_offer(sock: socket.socket, resolved: Any) -> Optional[Tuple[Rendezvou
 # returns, as the caller registers the descriptor with its poller then (a
 # registration follows the open file, not the number). Past it, TCP's.
 NONBLOCKING_OFFER_TIMEOUT = 0.05
+# How long a listener closed for want of descriptors stays closed.
+LISTEN_AGAIN_AFTER = 1.0
 
 
 def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[float]) -> bool:

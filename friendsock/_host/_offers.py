@@ -86,11 +86,18 @@ class ConnectWait:
             return self.sockname, None
 
 
+# What a process short of descriptors or memory gets from accept().
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
 def channel_listener(pid: int, token: int) -> Optional[socket.socket]:
     """The listening channel socket of the waiting side ``token`` of
-    process ``pid`` (non-blocking); None when its name is taken: whoever
-    squats it gets no offer of ours."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    process ``pid`` (non-blocking); None when its name is taken (whoever
+    squats it gets no offer of ours), or no descriptor is left for it."""
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    except OSError:
+        return None
     try:
         sock.bind(channel_address(pid, token))
         sock.listen(64)
@@ -104,10 +111,15 @@ def channel_listener(pid: int, token: int) -> Optional[socket.socket]:
 def accept_channel(listener: socket.socket) -> Optional[Tuple[socket.socket, int]]:
     """A channel another process opened to ``listener``, non-blocking, and
     that process's id; None for nothing to accept, or a process of
-    another user (closed at once: never)."""
+    another user (closed at once: never). Raises OSError when this
+    process has no descriptor or memory left for it: the channel stays
+    in the listener's queue, which stays readable, and the process that
+    opened it waits for its answers until the listener closes."""
     try:
         chan, _ = listener.accept()
-    except OSError:  # (BlockingIOError, ConnectionAbortedError ...)
+    except OSError as exc:  # (BlockingIOError, ConnectionAbortedError ...)
+        if exc.errno in OUT_OF_RESOURCES:
+            raise
         return None
     try:
         pid, uid = peer_credentials(chan)
