@@ -536,6 +536,7 @@ async def test_an_abort_at_the_other_end(peer_loop, path, ending, linger, tmp_pa
     ("api", 2, False),  # (none to accept the server's channel with)
     ("api", 3, False),  # (none for the sockets the offer hands over)
     ("api", 1, True),  # (the channel open: one of the two handed over)
+    ("blocking", 1, True),
 ])
 async def test_a_client_short_of_descriptors_is_served_over_tcp(peer_loop, path, door, free, warm):
     """A client process with almost no descriptors left cannot take an

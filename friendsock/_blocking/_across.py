@@ -179,7 +179,11 @@ class Rendezvous:
         process that accepted it offers nothing then (a listener that
         closed with the connection in its backlog, a server without
         friendsock sharing the port), and TCP's is the answer at once."""
-        woken = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            woken = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        except OSError:  # no descriptor left for it: until settled, or the time is up
+            wait.settled.wait(timeout)
+            return
         try:
             with self.lock:  # (what settles the wait holds it too)
                 if wait.settled.is_set():
