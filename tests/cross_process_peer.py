@@ -222,6 +222,12 @@ def serve_blocking(door: str) -> None:
             sock.close()
             say(json.dumps({"aborted": True}))
             return
+        if door == "blocking-close-unread":  # the answer, then a close with what came next unread
+            sock.sendall(sock.recv(4))
+            select.select([sock], [], [], 20)
+            sock.close()
+            say(json.dumps({"closed": True}))
+            return
         digest = hashlib.sha256()
         try:
             while data := sock.recv(1 << 16):

@@ -1085,6 +1085,61 @@ async def test_a_write_after_the_other_end_aborted_is_reset(peer_loop, path, cli
     assert got == ["ConnectionResetError", "b''"]
 
 
+def _unread_at_close(port: int, client: str) -> List[str]:
+    """What a client's sends and read get once the server closed with
+    bytes of its unread (after a first connection: a blocking server's
+    is TCP's)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"warm")
+        assert sock.recv(4) == b"warm"
+    if client == "trio":
+        import trio
+
+        import friendsock.trio
+
+        async def exchange() -> List[str]:
+            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                sock = stream.socket
+                await sock.send(b"ping")
+                assert await sock.recv(4) == b"ping"
+                await sock.send(b"unread")
+                _peer_gone(sock)
+                outcomes = []
+                for step in ("send", "send", "recv"):
+                    try:
+                        outcomes.append(repr(await (sock.send(b"more") if step == "send" else sock.recv(10))))
+                    except OSError as exc:
+                        outcomes.append(type(exc).__name__)
+                return outcomes
+
+        return trio.run(exchange)
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+        sock.sendall(b"unread")
+        _peer_gone(sock)
+        outcomes = []
+        for step in ("send", "send", "recv"):
+            try:
+                outcomes.append(repr(sock.send(b"more") if step == "send" else sock.recv(10)))
+            except OSError as exc:
+                outcomes.append(type(exc).__name__)
+        return outcomes
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_write_after_the_other_end_closed_with_bytes_unread_is_reset(path, client):
+    """The server closes with bytes of the client's unread: as over TCP
+    (whose close is a reset then), the client's next send raises
+    ConnectionResetError, the one after BrokenPipeError; not taken as
+    after a clean close, its bytes lost."""
+    run = functools.partial(_unread_at_close, client=client)
+    got, _ = await _on_a_thread_against_a_server("-", path, run, door="blocking-close-unread")
+    assert got == ["ConnectionResetError", "BrokenPipeError", "b''"]
+
+
 def _blocking_from_wildcard(port: int, host: str) -> bool:
     """A client bound to the wildcard address before connect()."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
@@ -1213,6 +1268,29 @@ async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, 
     finally:
         await peer.finish()
     assert not closing
+
+
+async def test_a_transport_write_after_the_other_end_closed_with_bytes_unread_is_reset(path):
+    """The server closes with bytes of the client's unread: the client's
+    next write meets the reset, as over TCP (whose close is a reset then):
+    the connection is lost with ConnectionResetError."""
+    peer, port = await _serving("-", path, door="blocking-close-unread")
+    try:
+        for _ in range(2):  # (a blocking server's first connection is TCP's)
+            reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+            writer.write(b"ping")
+            assert await bounded(reader.readexactly(4)) == b"ping"
+            writer.transport.pause_reading()
+            writer.write(b"unread")
+            assert await peer.report() == {"closed": True}
+            writer.write(b"more")
+            assert writer.transport.is_closing()
+            with pytest.raises(ConnectionResetError):
+                await bounded(writer.drain())
+            writer.close()
+    finally:
+        await peer.finish()
+    assert friendsock.is_friend(writer) == (path == "friend")
 
 
 async def test_a_write_after_both_ends_sent_eof_fails(peer_loop, path):

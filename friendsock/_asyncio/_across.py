@@ -58,6 +58,7 @@ from .._host._offers import (
     offer_proven,
     open_channel,
     peer_shut_down,
+    refused_with_reset,
     room_like_friends,
     runs,
     send_offer,
@@ -737,8 +738,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
             hang_up.register(self._inner.get_extra_info("socket").fileno(), select.POLLHUP)
         if not hang_up.poll(0):
             return False  # (only its writing shut down: it still reads)
-        tcp = self._tcp
-        reset = None if tcp is None else tcp_error(tcp)
+        reset = refused_with_reset(self._tcp, self._socket._pair)
         refused = write_refused_across(reset is not None, self._wrote_after_close)
         if refused is None:
             self._wrote_after_close = True

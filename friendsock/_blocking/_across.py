@@ -67,6 +67,7 @@ from .._host._offers import (
     offer_answered,
     open_channel,
     peer_shut_down,
+    refused_with_reset,
     room_like_friends,
     runs,
     send_offer,
@@ -732,7 +733,9 @@ class _Moved:
         self.client = client
         self.traffic = traffic
         self.shut_down = False  # writing, by shutdown()
-        self.wrote_after_close = False  # a write taken after the other end closed
+        # A write refused after the other end closed: TCP fails the next
+        # one (EPIPE), where it takes the first.
+        self.wrote_after_close = False
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
         # Lets the TCP socket go once the user's is closed, or collected.
@@ -882,10 +885,10 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         moved: _Moved = self.__dict__[_STATE]
         if moved.shut_down:
             raise refused  # (our own shutdown: EPIPE, as TCP's)
-        reset = tcp_error(moved.tcp)
-        error = write_refused_across(isinstance(reset, ConnectionResetError), moved.wrote_after_close)
+        reset = refused_with_reset(moved.tcp, self)
+        error = write_refused_across(reset is not None, moved.wrote_after_close)
+        moved.wrote_after_close = True
         if error is None:
-            moved.wrote_after_close = True
             return size
         raise error.as_os_error() from None
 

@@ -7,6 +7,7 @@ No event loop here: each side calls these from its own.
 
 from __future__ import annotations
 
+import _socket
 import errno
 import fcntl
 import itertools
@@ -348,6 +349,20 @@ def closes_with_reset(tcp: socket.socket) -> bool:
         return _LINGER.unpack(tcp.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER.size)) == (1, 0)
     except OSError:
         return False
+
+
+def refused_with_reset(tcp: Optional[socket.socket], pair: socket.socket) -> Optional[ConnectionResetError]:
+    """The reset that a write the ``pair`` end refused (the other end's
+    socket gone) meets, as TCP's would: that end aborted (a reset on its
+    connection's ``tcp`` socket), or closed with bytes unread here (the
+    pair's ECONNRESET, where TCP's close resets). Each is taken off its
+    socket, as TCP's send takes its reset. None for a clean close."""
+    on_tcp = tcp is not None and isinstance(tcp_error(tcp), ConnectionResetError)
+    # (the C class's getsockopt: a moved socket answers for its TCP socket)
+    on_pair = _socket.socket.getsockopt(pair, socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET
+    if on_tcp or on_pair:
+        return ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+    return None
 
 
 def tcp_error(tcp: socket.socket) -> Optional[OSError]:
