@@ -1085,6 +1085,17 @@ async def test_a_write_after_the_other_end_aborted_is_reset(peer_loop, path, cli
     assert got == ["ConnectionResetError", "b''"]
 
 
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_write_after_a_reset_was_read_fails(peer_loop, path, client):
+    """The server aborts: once a read has raised the reset, a send raises
+    BrokenPipeError, as TCP's does (not taken as a first write after a
+    clean close)."""
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("recv", "send", "recv"))
+    got, _ = await _on_a_thread_against_a_server(peer_loop, path, steps, door="abort")
+    assert got == ["ConnectionResetError", "BrokenPipeError", "b''"]
+
+
 def _unread_at_close(port: int, client: str) -> List[str]:
     """What a client's sends and read get once the server closed with
     bytes of its unread (after a first connection: a blocking server's

@@ -733,8 +733,8 @@ class _Moved:
         self.client = client
         self.traffic = traffic
         self.shut_down = False  # writing, by shutdown()
-        # A write refused after the other end closed: TCP fails the next
-        # one (EPIPE), where it takes the first.
+        # A write refused after the other end closed, or a reset read: TCP
+        # fails the next write (EPIPE), where it takes the first.
         self.wrote_after_close = False
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
@@ -799,32 +799,57 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         return moved.names[1]
 
     # A read that finds EOF where the other end aborted raises its reset,
-    # which came on the TCP socket first, as TCP's read would.
+    # which came on the TCP socket first, as TCP's read would; one that
+    # raises the pair's (the other end closed with bytes unread) is noted.
     def recv(self, bufsize: int, *args: Any) -> bytes:
-        data: bytes = _ss.recv(self, bufsize, *args)
+        try:
+            data: bytes = _ss.recv(self, bufsize, *args)
+        except ConnectionResetError:
+            self.reset_read()
+            raise
         self.received(len(data), data, bufsize > 0)
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> int:
-        count: int = _ss.recv_into(self, buffer, nbytes, *args)
+        try:
+            count: int = _ss.recv_into(self, buffer, nbytes, *args)
+        except ConnectionResetError:
+            self.reset_read()
+            raise
         self.received(count, buffer, count > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return count
 
     def recvfrom(self, bufsize: int, *args: Any) -> Any:
-        found = _ss.recvfrom(self, bufsize, *args)  # (no address, as TCP's)
+        try:
+            found = _ss.recvfrom(self, bufsize, *args)  # (no address, as TCP's)
+        except ConnectionResetError:
+            self.reset_read()
+            raise
         self.received(len(found[0]), found[0], bufsize > 0)
         return found
 
     def recvfrom_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> Any:
-        found = _ss.recvfrom_into(self, buffer, nbytes, *args)
+        try:
+            found = _ss.recvfrom_into(self, buffer, nbytes, *args)
+        except ConnectionResetError:
+            self.reset_read()
+            raise
         self.received(found[0], buffer, found[0] > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return found
 
     def recvmsg(self, bufsize: int, *args: Any) -> Any:
-        found = _ss.recvmsg(self, bufsize, *args)
+        try:
+            found = _ss.recvmsg(self, bufsize, *args)
+        except ConnectionResetError:
+            self.reset_read()
+            raise
         if found[0] or bufsize:
             self.received(len(found[0]), found[0], True)
         return found
+
+    def reset_read(self) -> None:
+        """A read raised the other end's reset: TCP's writes fail after it."""
+        self.__dict__[_STATE].wrote_after_close = True
 
     def received(self, count: int, data: Any, asked: bool) -> None:
         """``count`` bytes were read, the first of ``data``; none, where
@@ -848,6 +873,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             else:
                 moved.tap.fin(moved.other_side)
         if isinstance(reset, ConnectionResetError):
+            moved.wrote_after_close = True
             raise reset
 
     # A write the pair refuses (EPIPE: the other end's socket is gone) is

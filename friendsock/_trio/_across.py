@@ -230,32 +230,53 @@ def _take(trio_sock: Any, pair_end: socket.socket, names: Any, peer: Peer, rende
 
 class MovedTrioSocket(TrioSocketType):
     """A trio socket whose connection moved to another process: trio's own,
-    but a read that finds EOF where the other end aborted raises its reset,
+    but a read that finds EOF where the other end aborted raises its reset
+    (and one that raises a reset is noted: writes fail after it),
     and reads and writes are counted for ``friendsock.links()`` (trio calls
     the stdlib class's methods, not the socket's)."""
 
     async def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data: bytes = await TrioSocketType.recv(self, bufsize, flags)  # type: ignore[attr-defined]
+        try:
+            data: bytes = await TrioSocketType.recv(self, bufsize, flags)  # type: ignore[attr-defined]
+        except ConnectionResetError:
+            self._sock.reset_read()
+            raise
         self._sock.received(len(data), data, bufsize > 0)
         return data
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        count: int = await TrioSocketType.recv_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
+        try:
+            count: int = await TrioSocketType.recv_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
+        except ConnectionResetError:
+            self._sock.reset_read()
+            raise
         self._sock.received(count, buffer, count > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return count
 
     async def recvfrom(self, bufsize: int, flags: int = 0) -> Any:
-        found = await TrioSocketType.recvfrom(self, bufsize, flags)  # type: ignore[attr-defined]
+        try:
+            found = await TrioSocketType.recvfrom(self, bufsize, flags)  # type: ignore[attr-defined]
+        except ConnectionResetError:
+            self._sock.reset_read()
+            raise
         self._sock.received(len(found[0]), found[0], bufsize > 0)
         return found
 
     async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Any:
-        found = await TrioSocketType.recvfrom_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
+        try:
+            found = await TrioSocketType.recvfrom_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
+        except ConnectionResetError:
+            self._sock.reset_read()
+            raise
         self._sock.received(found[0], buffer, found[0] > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return found
 
     async def recvmsg(self, bufsize: int, *args: Any) -> Any:
-        found = await TrioSocketType.recvmsg(self, bufsize, *args)  # type: ignore[attr-defined]
+        try:
+            found = await TrioSocketType.recvmsg(self, bufsize, *args)  # type: ignore[attr-defined]
+        except ConnectionResetError:
+            self._sock.reset_read()
+            raise
         if found[0] or bufsize:
             self._sock.received(len(found[0]), found[0], True)
         return found
