@@ -1151,6 +1151,31 @@ async def test_a_write_after_the_other_end_closed_with_bytes_unread_is_reset(pat
     assert got == ["ConnectionResetError", "BrokenPipeError", "b''"]
 
 
+def _blocking_read_shut(port: int, reported: threading.Event) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.shutdown(socket.SHUT_RD)
+        sock.sendall(b"ping")  # (answered, then closed)
+        assert reported.wait(20)
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_blocking_read_shutdown_leaves_the_other_end_writing(peer_loop, path):
+    """A blocking socket's ``shutdown(SHUT_RD)`` is TCP's: the server's
+    answer is written (a socketpair's would refuse it, EPIPE), and its
+    close is a clean one."""
+    peer, port = await _serving(peer_loop, path, door="close")
+    reported = threading.Event()
+    try:
+        client = asyncio.ensure_future(asyncio.to_thread(_blocking_read_shut, port, reported))
+        try:
+            assert await peer.report() == {"closed": True}
+        finally:
+            reported.set()
+            await bounded(client)
+    finally:
+        await peer.finish()
+
+
 def _blocking_from_wildcard(port: int, host: str) -> bool:
     """A client bound to the wildcard address before connect()."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:

@@ -939,6 +939,11 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             moved.tap.data(moved.side, _first(data, count))
 
     def shutdown(self, how: int) -> None:
+        if how == socket.SHUT_RD:
+            # TCP's leaves the other end writing on; the pair's would
+            # refuse its writes (EPIPE). (Reads here go on.)
+            self.__dict__[_STATE].tcp.shutdown(how)
+            return
         _ss.shutdown(self, how)
         if how in (socket.SHUT_WR, socket.SHUT_RDWR):
             moved: _Moved = self.__dict__[_STATE]
