@@ -177,7 +177,8 @@ def serve_offering_nothing(door: str) -> None:
     server's, that offers nothing: ``closing`` closes it as soon as a
     connect is in its backlog (a server shutting down: the kernel resets
     that connection); ``speaking`` accepts and says ``hello`` over TCP (a
-    server without friendsock sharing the port, one that speaks first)."""
+    server without friendsock sharing the port, one that speaks first);
+    ``silent`` accepts and answers what it reads (one that reads first)."""
     import select
 
     from friendsock._host._ports import publish_listener
@@ -189,6 +190,10 @@ def serve_offering_nothing(door: str) -> None:
         select.select([listener], [], [])
         listener.close()
         print(json.dumps({"closed": True}), flush=True)
+    elif door == "silent":  # (it answers what it reads, over TCP)
+        conn, _ = listener.accept()
+        conn.sendall(conn.recv(4))
+        print(json.dumps({"answered": True}), flush=True)
     else:
         conn, _ = listener.accept()
         conn.sendall(b"hello")
@@ -663,7 +668,7 @@ def main() -> None:
         answer(door, int(rest[0]))
     elif role == "starttls":
         asyncio.run(starttls(int(rest[0]), rest[1]))
-    elif role == "serve" and door in ("closing", "speaking"):
+    elif role == "serve" and door in ("closing", "speaking", "silent"):
         serve_offering_nothing(door)
     elif role == "serve" and door.startswith("blocking"):
         serve_blocking(door)

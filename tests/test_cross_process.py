@@ -1507,6 +1507,37 @@ async def test_a_server_that_offers_nothing_is_not_waited_for(client, server, mo
     assert got == ("ConnectionResetError" if server == "closing" else "b'hello'")
 
 
+def _trio_within_a_deadline(port: int) -> str:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> str:
+        with trio.fail_after(0.8):  # (sooner than the offer's wait, a second)
+            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"ping")
+            return (await stream.receive_some(4)).decode()
+
+    return trio.run(exchange)
+
+
+async def test_a_trio_connect_keeps_its_callers_deadline():
+    """A trio connect to a port a friendsock process published, whose
+    server offers nothing (it reads first, over TCP): within a deadline
+    sooner than its wait for the offer, the connect stops waiting in time
+    and returns the TCP connection, as TCP's connect would, instead of
+    failing with TooSlowError."""
+    peer = await Peer.start("serve", "-", "silent", env=_environment("friend"))
+    try:
+        port = int(await peer.line())
+        got = await bounded(asyncio.to_thread(_trio_within_a_deadline, port), 20)
+        assert await peer.report() == {"answered": True}
+    finally:
+        await peer.finish()
+    assert got == "ping"
+
+
 def _trio_dup(port: int) -> Dict[str, Any]:
     import trio
 
