@@ -721,7 +721,7 @@ class _Moved:
     capture's tap while one runs (``friendsock.capture``)."""
 
     __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic",
-                 "tap", "side", "other_side", "wrote_after_close")
+                 "tap", "side", "other_side", "refused_writes_fail")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
                  rendezvous: Rendezvous, client: bool, traffic: _Traffic,
@@ -733,9 +733,9 @@ class _Moved:
         self.client = client
         self.traffic = traffic
         self.shut_down = False  # writing, by shutdown()
-        # A write refused after the other end closed, or a reset read: TCP
-        # fails the next write (EPIPE), where it takes the first.
-        self.wrote_after_close = False
+        # Once a write was refused after the other end closed, or a read
+        # raised its reset, TCP's writes fail (EPIPE); before, it takes one.
+        self.refused_writes_fail = False
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
         # Lets the TCP socket go once the user's is closed, or collected.
@@ -849,7 +849,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def reset_read(self) -> None:
         """A read raised the other end's reset: TCP's writes fail after it."""
-        self.__dict__[_STATE].wrote_after_close = True
+        self.__dict__[_STATE].refused_writes_fail = True
 
     def received(self, count: int, data: Any, asked: bool) -> None:
         """``count`` bytes were read, the first of ``data``; none, where
@@ -873,7 +873,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             else:
                 moved.tap.fin(moved.other_side)
         if isinstance(reset, ConnectionResetError):
-            moved.wrote_after_close = True
+            moved.refused_writes_fail = True
             raise reset
 
     # A write the pair refuses (EPIPE: the other end's socket is gone) is
@@ -912,8 +912,8 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if moved.shut_down:
             raise refused  # (our own shutdown: EPIPE, as TCP's)
         reset = refused_with_reset(moved.tcp, self)
-        error = write_refused_across(reset is not None, moved.wrote_after_close)
-        moved.wrote_after_close = True
+        error = write_refused_across(reset is not None, moved.refused_writes_fail)
+        moved.refused_writes_fail = True
         if error is None:
             return size
         raise error.as_os_error() from None
