@@ -186,13 +186,10 @@ def answer_offer(chan: socket.socket, pid: int, message: Optional[Message],
     try:
         if message is None or message.what is not What.OFFER:
             return None  # not a message of ours: dropped
-        if len(handed) != 2:
-            # Its sockets not all here (none left for them, they were
-            # dropped): no proof, declined, so its process stops waiting.
-            socket.send_fds(chan, [Message(What.DECLINED, message.client_port, message.serial).encode()], [])
-            return None
-        tcp, pair_end = handed
+        # (One whose sockets did not all come, none left here for them, has
+        # no proof: declined too, for its process to stop waiting.)
         if wait is not None and offer_proven(message, handed, wait):
+            tcp, pair_end = handed
             peer = peer_of(pid, tcp)
             socket.send_fds(chan, [Message(What.TAKEN, message.client_port, message.serial).encode()],
                             [wait.sock.fileno()])
