@@ -657,7 +657,9 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
     # _protocol_paused; uvloop has no sendfile()). The write buffer and
     # its limits are the inner transport's.
     _sendfile_compatible = _SendfileMode.FALLBACK
-    _protocol_paused: bool  # (set by the mixin; the relay keeps it)
+    # Whether the protocol's writing is paused: _Relay's pause_writing and
+    # resume_writing keep it, for sendfile's fallback and links().
+    _protocol_paused: bool
 
     def __init__(self, rendezvous: "Rendezvous", tcp: socket.socket, pair_end: socket.socket,
                  names: Tuple[Any, Any], protocol: asyncio.BaseProtocol, peer: Peer,
@@ -722,14 +724,18 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
             self._wrote(data)
 
     def _taken_after_close(self) -> bool:
-        """Whether this write is TCP's first one after the other end's
-        socket is gone (its pair end closed), whether or not its EOF was
-        read here yet, which TCP takes (the other kernel drops it and
-        resets; the core's rule, :func:`write_refused_across`): the pair
-        would refuse it at once, and the connection be lost before what
-        came ahead of that EOF is read. The next write goes to the pair,
-        and fails as TCP's second would. An end that aborted is a reset:
-        this write fails with it, as TCP's after the reset came."""
+        """Whether this write is answered here, not by the pair, once the
+        other end's socket is gone (its pair end closed), whether or not
+        its EOF was read here yet (the core's rule,
+        :func:`write_refused_across`):
+
+        - a clean close: TCP takes the first write (the other kernel drops
+          it and resets), where the pair would refuse it and the
+          connection be lost before what came ahead of that EOF is read;
+          the next goes to the pair, and fails as TCP's second would;
+        - the other end aborted, or closed with bytes unread: a reset,
+          which this write fails with, as TCP's.
+        """
         if self._eof_sent or self._socket.write_shut or self._inner.is_closing():
             return False  # (after its own write_eof() or shutdown(SHUT_WR), as TCP's)
         hang_up = self._hang_up
