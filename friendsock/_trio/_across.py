@@ -56,7 +56,8 @@ async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -
     try:
         await native(trio_sock, resolved)
         # A caller's deadline nearer than the offer's: half of what is
-        # left of it, so that the connect returns, TCP's, before it.
+        # left of it, so that the connect returns, TCP's, before it, with
+        # time left for what the caller does with the connection.
         left = trio.current_effective_deadline() - trio.current_time()
         with trio.move_on_after(max(0.0, min(OFFER_TIMEOUT, left / 2))) as waiting:
             async with trio.open_nursery() as nursery:
