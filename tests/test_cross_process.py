@@ -1151,29 +1151,52 @@ async def test_a_write_after_the_other_end_closed_with_bytes_unread_is_reset(pat
     assert got == ["ConnectionResetError", "BrokenPipeError", "b''"]
 
 
-def _blocking_read_shut(port: int, reported: threading.Event) -> None:
+def _blocking_read_shut(port: int, reported: threading.Event) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.shutdown(socket.SHUT_RD)
+        got = sock.recv(10)  # (nothing came yet: EOF)
         sock.sendall(b"ping")  # (answered, then closed)
         assert reported.wait(20)
+        return got
 
 
+def _trio_read_shut(port: int, reported: threading.Event) -> bytes:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> bytes:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            stream.socket.shutdown(socket.SHUT_RD)
+            got = await stream.receive_some(10)
+            await stream.send_all(b"ping")
+            assert await trio.to_thread.run_sync(reported.wait, 20)
+            return got
+
+    return trio.run(exchange)
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
 @pytest.mark.usefixtures("socket_patched")
-async def test_a_blocking_read_shutdown_leaves_the_other_end_writing(peer_loop, path):
-    """A blocking socket's ``shutdown(SHUT_RD)`` is TCP's: the server's
-    answer is written (a socketpair's would refuse it, EPIPE), and its
-    close is a clean one."""
+async def test_a_read_shutdown_of_a_moved_socket_is_tcps(peer_loop, path, client):
+    """A blocking or trio socket's ``shutdown(SHUT_RD)`` is TCP's: a read
+    with nothing to read finds EOF at once, and the server's answer is
+    written (a socketpair's would refuse it, EPIPE) and its close a clean
+    one."""
     peer, port = await _serving(peer_loop, path, door="close")
     reported = threading.Event()
+    run = _blocking_read_shut if client == "blocking" else _trio_read_shut
     try:
-        client = asyncio.ensure_future(asyncio.to_thread(_blocking_read_shut, port, reported))
+        reading = asyncio.ensure_future(asyncio.to_thread(run, port, reported))
         try:
             assert await peer.report() == {"closed": True}
         finally:
             reported.set()
-            await bounded(client)
+            got = await bounded(reading)
     finally:
         await peer.finish()
+    assert got == b""
 
 
 def _blocking_from_wildcard(port: int, host: str) -> bool:

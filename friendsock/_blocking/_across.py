@@ -940,9 +940,11 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def shutdown(self, how: int) -> None:
         if how == socket.SHUT_RD:
-            # TCP's leaves the other end writing on; the pair's would
-            # refuse its writes (EPIPE). (Reads here go on.)
+            # TCP's leaves the other end writing on, where the pair's would
+            # refuse its writes (EPIPE): its TCP socket's alone, and reads
+            # here find EOF once nothing is left to read, as TCP's.
             self.__dict__[_STATE].tcp.shutdown(how)
+            self.__class__ = ReadShutAcrossSocket
             return
         _ss.shutdown(self, how)
         if how in (socket.SHUT_WR, socket.SHUT_RDWR):
@@ -1055,6 +1057,33 @@ def _first(data: Any, count: int) -> bytes:
     return memoryview(data).cast("B")[:count].tobytes()
 
 
+class ReadShutAcrossSocket(AcrossSocket):
+    """A moved socket whose user shut its reading (``shutdown(SHUT_RD)``):
+    a read with nothing to read finds EOF at once, as TCP's does, where
+    the pair, whose reading is not shut, would wait. (A read already
+    waiting on another thread goes on waiting.)"""
+
+    def nothing_to_read(self) -> bool:
+        poller = _select.poll()
+        poller.register(_ss.fileno(self), _select.POLLIN)
+        return not poller.poll(0)
+
+    def recv(self, bufsize: int, *args: Any) -> bytes:
+        return b"" if self.nothing_to_read() else AcrossSocket.recv(self, bufsize, *args)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> int:
+        return 0 if self.nothing_to_read() else AcrossSocket.recv_into(self, buffer, nbytes, *args)
+
+    def recvfrom(self, bufsize: int, *args: Any) -> Any:
+        return (b"", None) if self.nothing_to_read() else AcrossSocket.recvfrom(self, bufsize, *args)
+
+    def recvfrom_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> Any:
+        return (0, None) if self.nothing_to_read() else AcrossSocket.recvfrom_into(self, buffer, nbytes, *args)
+
+    def recvmsg(self, bufsize: int, *args: Any) -> Any:
+        return (b"", [], 0, None) if self.nothing_to_read() else AcrossSocket.recvmsg(self, bufsize, *args)
+
+
 def is_moved(obj: Any) -> bool:
     """Whether ``obj`` is a blocking socket moved to another process, open."""
-    return type(obj) is AcrossSocket and _ss.fileno(obj) >= 0
+    return type(obj) in (AcrossSocket, ReadShutAcrossSocket) and _ss.fileno(obj) >= 0

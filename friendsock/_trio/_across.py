@@ -23,7 +23,8 @@ from typing import Any, Awaitable, Callable, Deque, Optional, Tuple
 
 import trio
 
-from .._blocking._across import Rendezvous, TakenOffer, expect_offer, move_onto_pair, offer_accepted
+from .._blocking._across import (ReadShutAcrossSocket, Rendezvous, TakenOffer, expect_offer, move_onto_pair,
+                                 offer_accepted)
 from .._blocking._capable import FriendCapableSocket
 from .._core._stats import Fallback, counters
 from .._host._offers import OFFER_TIMEOUT, Peer, reset_offered
@@ -240,6 +241,9 @@ class MovedTrioSocket(TrioSocketType):
     the stdlib class's methods, not the socket's)."""
 
     async def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
+            await trio.lowlevel.checkpoint()
+            return b""  # (its reading shut: EOF, as TCP's)
         try:
             data: bytes = await TrioSocketType.recv(self, bufsize, flags)  # type: ignore[attr-defined]
         except ConnectionResetError:
@@ -249,6 +253,9 @@ class MovedTrioSocket(TrioSocketType):
         return data
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
+            await trio.lowlevel.checkpoint()
+            return 0
         try:
             count: int = await TrioSocketType.recv_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
         except ConnectionResetError:
@@ -258,6 +265,9 @@ class MovedTrioSocket(TrioSocketType):
         return count
 
     async def recvfrom(self, bufsize: int, flags: int = 0) -> Any:
+        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
+            await trio.lowlevel.checkpoint()
+            return b"", None
         try:
             found = await TrioSocketType.recvfrom(self, bufsize, flags)  # type: ignore[attr-defined]
         except ConnectionResetError:
@@ -267,6 +277,9 @@ class MovedTrioSocket(TrioSocketType):
         return found
 
     async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Any:
+        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
+            await trio.lowlevel.checkpoint()
+            return 0, None
         try:
             found = await TrioSocketType.recvfrom_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
         except ConnectionResetError:
@@ -276,6 +289,9 @@ class MovedTrioSocket(TrioSocketType):
         return found
 
     async def recvmsg(self, bufsize: int, *args: Any) -> Any:
+        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
+            await trio.lowlevel.checkpoint()
+            return b"", [], 0, None
         try:
             found = await TrioSocketType.recvmsg(self, bufsize, *args)  # type: ignore[attr-defined]
         except ConnectionResetError:
