@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import errno
 import socket
 import sys
 import weakref
@@ -33,7 +32,7 @@ from .._handshake import (
     register_listener,
 )
 from .._host import Slot, port_table
-from .._host._offers import RESET, reset_offered
+from .._host._offers import OUT_OF_RESOURCES, RESET, reset_offered
 from .._host._ports import connect_slot, publish_listener, republish_if_cleared, withdraw_listener
 from ._across import Offered, rendezvous, start_across
 from ._adoption import hold_for_client
@@ -43,7 +42,6 @@ from ._transport import FriendTransport
 
 # As asyncio: how long to stop accepting after running out of descriptors.
 _ACCEPT_RETRY_DELAY = 1.0
-_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 # 3.12.1 made asyncio.Server.wait_closed() wait for the connections even
 # after close(); uvloop's Server does not.
 _WAIT_CLOSED_WAITS_FOR_CONNECTIONS = sys.version_info >= (3, 12, 1)
@@ -212,7 +210,7 @@ class FriendServer(asyncio.AbstractServer):
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
-                if exc.errno not in _RESOURCE_ERRNOS:
+                if exc.errno not in OUT_OF_RESOURCES:
                     raise
                 self._loop.call_exception_handler({
                     "message": "socket.accept() out of system resource",

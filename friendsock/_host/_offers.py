@@ -87,7 +87,8 @@ class ConnectWait:
             return self.sockname, None
 
 
-# What a process short of descriptors or memory gets from accept().
+# What a process short of descriptors or memory gets from accept() (as
+# asyncio's own accept loop counts them).
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
