@@ -741,7 +741,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         hang_up = self._hang_up
         if hang_up is None:
             hang_up = self._hang_up = select.poll()
-            hang_up.register(self._inner.get_extra_info("socket").fileno(), select.POLLHUP)
+            hang_up.register(self._socket._pair.fileno(), select.POLLHUP)
         if not hang_up.poll(0):
             return False  # (only its writing shut down: it still reads)
         reset = refused_with_reset(self._tcp, self._socket._pair)
