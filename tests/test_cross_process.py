@@ -1300,7 +1300,9 @@ async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, 
     write is taken, whether its EOF was read here yet or not (reading
     paused), and closing then loses nothing (no BrokenPipeError in
     connection_lost, as a socketpair's would give). The write after it
-    fails, the connection lost."""
+    fails, the connection lost. Writes of nothing before it are none.
+    (Not writelines() of nothing: from 3.12 on, asyncio's own transport
+    queues it, and what follows it goes otherwise, over TCP too.)"""
     peer, port = await _serving(peer_loop, path, door="close")
     try:
         reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
@@ -1311,6 +1313,8 @@ async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, 
         else:
             writer.transport.pause_reading()
         assert await peer.report() == {"closed": True}  # (its socket is gone)
+        writer.write(b"")
+        writer.write(memoryview(b""))
         writer.write(b"more")
         closing = writer.transport.is_closing()
         if not eof_read:

@@ -707,7 +707,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
 
     # (the inner transport answers for what it does)
     def write(self, data: Any) -> None:
-        if not self._taken_after_close():
+        if not (_has_bytes(data) and self._taken_after_close()):
             self._inner.write(data)
         self._writes += 1
         if type(data) is bytes and self._tap is None:
@@ -717,7 +717,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
 
     def writelines(self, list_of_data: Any) -> None:
         list_of_data = list(list_of_data)  # (an iterator is read once)
-        if not self._taken_after_close():
+        if not (any(_has_bytes(data) for data in list_of_data) and self._taken_after_close()):
             self._inner.writelines(list_of_data)
         self._writes += 1
         for data in list_of_data:
@@ -883,6 +883,15 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
                                       received=received, age=now - self._born,
                                       listener=(server[0], server[1]), peer_pid=self._peer.pid,
                                       captured=self._tap is not None)
+
+
+def _has_bytes(data: Any) -> bool:
+    """Whether a write of ``data`` writes anything: a bytes-like object of
+    at least a byte. (A write of nothing is no write, as over TCP, and what
+    is not bytes is the inner transport's to refuse.)"""
+    if type(data) is bytes:
+        return bool(data)
+    return isinstance(data, (bytearray, memoryview)) and memoryview(data).nbytes > 0
 
 
 class _Relay(asyncio.Protocol):
