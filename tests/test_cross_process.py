@@ -1007,7 +1007,7 @@ def _blocking_steps(port: int, steps: Sequence[str]) -> List[str]:
                 _peer_gone(sock)
                 continue
             try:
-                outcomes.append(repr(sock.send(b"more") if step == "send" else sock.recv(_SIZES[step])))
+                outcomes.append(repr(sock.send(_SENT[step]) if step in _SENT else sock.recv(_SIZES[step])))
             except OSError as exc:
                 outcomes.append(type(exc).__name__)
         return outcomes
@@ -1033,7 +1033,7 @@ def _trio_steps(port: int, steps: Sequence[str]) -> List[str]:
                     _peer_gone(sock)
                     continue
                 try:
-                    outcomes.append(repr(await (sock.send(b"more") if step == "send"
+                    outcomes.append(repr(await (sock.send(_SENT[step]) if step in _SENT
                                                 else sock.recv(_SIZES[step]))))
                 except OSError as exc:
                     outcomes.append(type(exc).__name__)
@@ -1043,6 +1043,7 @@ def _trio_steps(port: int, steps: Sequence[str]) -> List[str]:
 
 
 _SIZES = {"recv0": 0, "recv": 10}
+_SENT = {"send": b"more", "send0": b""}
 _CLIENT_STEPS = {"blocking": _blocking_steps, "trio": _trio_steps}
 
 
@@ -1069,10 +1070,11 @@ async def test_the_first_write_after_the_other_end_closed_is_taken(peer_loop, pa
     """The server answers and closes: as TCP's, the client's next send
     is taken (the other kernel resets it), the one after raises
     BrokenPipeError, and a read finds EOF; not a BrokenPipeError at once,
-    as a socketpair would give."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("send", "gone", "send", "recv"))
+    as a socketpair would give. A send of nothing before them is none:
+    it answers 0, and the send after it is still the one taken."""
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("send0", "send", "gone", "send", "recv"))
     got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="close")
-    assert got == ["4", "BrokenPipeError", "b''"] and theirs == {"closed": True}
+    assert got == ["0", "4", "BrokenPipeError", "b''"] and theirs == {"closed": True}
 
 
 @pytest.mark.parametrize("client", ["blocking", "trio"])

@@ -913,7 +913,8 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             raise refused  # (our own shutdown: EPIPE, as TCP's)
         reset = refused_with_reset(moved.tcp, self)
         error = write_refused_across(reset is not None, moved.refused_writes_fail)
-        moved.refused_writes_fail = True
+        if size:  # (a write of nothing is none: TCP's send(b"") answers 0)
+            moved.refused_writes_fail = True
         if error is None:
             return size
         raise error.as_os_error() from None
