@@ -1335,6 +1335,35 @@ async def test_a_transport_write_after_the_other_end_closed_is_taken(peer_loop, 
     assert not closing
 
 
+async def test_a_write_eof_after_the_write_taken_after_a_close_fails(peer_loop, path):
+    """The server answers and closes, the client's next write is taken: as
+    over TCP, whose other kernel resets the connection at that write, a
+    write_eof() then fails with ENOTCONN, as the loop's own transport
+    fails it: asyncio's raises it, uvloop's loses the connection with it."""
+    peer, port = await _serving(peer_loop, path, door="close")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        assert await bounded(reader.read()) == b""
+        assert await peer.report() == {"closed": True}
+        writer.write(b"more")
+        if isinstance(asyncio.get_running_loop(), uvloop.Loop):
+            writer.write_eof()
+            with pytest.raises(OSError) as raised:
+                await bounded(writer.wait_closed())
+        else:
+            with pytest.raises(OSError) as raised:
+                writer.write_eof()
+            with pytest.raises(RuntimeError, match="write_eof"):
+                writer.write(b"late")
+            writer.close()
+            await bounded(writer.wait_closed())
+    finally:
+        await peer.finish()
+    assert raised.value.errno == errno.ENOTCONN
+
+
 async def test_a_transport_write_after_the_other_end_closed_with_bytes_unread_is_reset(path):
     """The server closes with bytes of the client's unread: the client's
     next write meets the reset, as over TCP (whose close is a reset then):

@@ -27,7 +27,7 @@ from asyncio import transports, trsock
 from asyncio.constants import _SendfileMode
 from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
-from .._core._link import write_refused_across
+from .._core._link import shutdown_refused, write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._pcap import CLIENT, SERVER
 from .._friend_socket import refuse_as_uvloop
@@ -665,8 +665,8 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
                  names: Tuple[Any, Any], protocol: asyncio.BaseProtocol, peer: Peer,
                  client: bool) -> None:
         self._sockname, self._peername = names
-        on_uvloop = not isinstance(rendezvous.loop, asyncio.BaseEventLoop)
-        self._socket = (_UvloopAcrossSocket if on_uvloop else _AcrossSocket)(tcp, pair_end)
+        self._on_uvloop = not isinstance(rendezvous.loop, asyncio.BaseEventLoop)
+        self._socket = (_UvloopAcrossSocket if self._on_uvloop else _AcrossSocket)(tcp, pair_end)
         super().__init__(extra={
             "socket": self._socket,
             "sockname": self._sockname,
@@ -773,10 +773,27 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
     def write_eof(self) -> None:
         # (Not on the TCP socket: its FIN comes as the connection ends,
         # see Rendezvous.release.)
+        if not (self._eof_sent or self._inner.is_closing()):
+            refused = shutdown_refused(self._wrote_after_close)
+            if refused is not None:
+                self._write_eof_refused(refused.as_os_error())
+                return
         self._inner.write_eof()
         self._eof_sent = True
         if self._tap is not None:
             self._tap.fin(self._side)
+
+    def _write_eof_refused(self, error: OSError) -> None:
+        """A write_eof() whose shutdown fails with ``error``, as the loop's
+        own transport meets it: asyncio's raises it, its writing done all
+        the same; uvloop's loses the connection with it."""
+        if self._on_uvloop:
+            self._reset = error
+            self._inner.abort()
+            return
+        self._inner.write_eof()
+        self._eof_sent = True
+        raise error
 
     def is_closing(self) -> bool:
         return self._inner.is_closing()

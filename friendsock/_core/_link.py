@@ -296,8 +296,9 @@ class LinkEnd:
         False when the connection went on over TCP (:meth:`Link.go_on_over_tcp`,
         maybe while this call began): the shutdown is the socket's own, to
         make now that the move to TCP has sent what was queued."""
-        if self.incoming.state is CHANNEL_RESET:
-            raise LinkBrokenError(errno.ENOTCONN)
+        refused = shutdown_refused(self.incoming.state is CHANNEL_RESET)
+        if refused is not None:
+            raise refused
         out = self.outgoing
         if out.state is CHANNEL_OPEN or out.state is CHANNEL_TCP:
             # (Under the channel's lock: a move to TCP under way has sent
@@ -396,6 +397,14 @@ def write_refused_across(peer_reset: bool, taken_before: bool) -> Optional[LinkB
     if not taken_before:
         return None
     return LinkBrokenError(errno.EPIPE)
+
+
+def shutdown_refused(reset: bool) -> Optional[LinkBrokenError]:
+    """What a ``shutdown()`` of an end whose connection was ``reset`` fails
+    with: by then TCP's socket is closed, and shutdown fails ENOTCONN. A
+    reset: the friend's, or the one the other kernel answers the write TCP
+    takes after a clean close with (see :func:`write_refused_across`)."""
+    return LinkBrokenError(errno.ENOTCONN) if reset else None
 
 
 class Link:
