@@ -1007,6 +1007,9 @@ def _blocking_steps(port: int, steps: Sequence[str]) -> List[str]:
                 _peer_gone(sock)
                 continue
             try:
+                if step == "shut":
+                    outcomes.append(repr(sock.shutdown(socket.SHUT_WR)))
+                    continue
                 outcomes.append(repr(sock.send(_SENT[step]) if step in _SENT else sock.recv(_SIZES[step])))
             except OSError as exc:
                 outcomes.append(type(exc).__name__)
@@ -1033,6 +1036,9 @@ def _trio_steps(port: int, steps: Sequence[str]) -> List[str]:
                     _peer_gone(sock)
                     continue
                 try:
+                    if step == "shut":
+                        outcomes.append(repr(sock.shutdown(socket.SHUT_WR)))
+                        continue
                     outcomes.append(repr(await (sock.send(_SENT[step]) if step in _SENT
                                                 else sock.recv(_SIZES[step]))))
                 except OSError as exc:
@@ -1075,6 +1081,17 @@ async def test_the_first_write_after_the_other_end_closed_is_taken(peer_loop, pa
     steps = functools.partial(_CLIENT_STEPS[client], steps=("send0", "send", "gone", "send", "recv"))
     got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="close")
     assert got == ["0", "4", "BrokenPipeError", "b''"] and theirs == {"closed": True}
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_shutdown_after_the_send_taken_after_a_close_fails(peer_loop, path, client):
+    """The server answers and closes, the client's next send is taken: as
+    over TCP, whose other kernel resets the connection at that send, a
+    shutdown then fails (ENOTCONN), and a read finds EOF."""
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("send", "gone", "shut", "recv"))
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="close")
+    assert got == ["4", "OSError", "b''"] and theirs == {"closed": True}
 
 
 @pytest.mark.parametrize("client", ["blocking", "trio"])

@@ -40,7 +40,7 @@ import time
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, cast
 
-from .._core._link import write_refused_across
+from .._core._link import shutdown_refused, write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._fork import Part, on_fork
 from .._core._pcap import CLIENT, SERVER
@@ -940,6 +940,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             moved.tap.data(moved.side, _first(data, count))
 
     def shutdown(self, how: int) -> None:
+        refused = shutdown_refused(self.__dict__[_STATE].refused_writes_fail)
+        if refused is not None:  # (a reset read, or made by a write taken after a close)
+            raise refused.as_os_error()
         if how == socket.SHUT_RD:
             # TCP's leaves the other end writing on, where the pair's would
             # refuse its writes (EPIPE): its TCP socket's alone, and reads
