@@ -103,6 +103,7 @@ async def serve(door: str) -> None:
             writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                        b"\x01\0\0\0\0\0\0\0")
             writer.transport.abort()
+            await writer.wait_closed()  # (its sockets closed)
             print(json.dumps({"aborted": True}), flush=True)
             return
         if door == "close":  # the answer, then a close while the client still writes

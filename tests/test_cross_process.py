@@ -1381,6 +1381,33 @@ async def test_a_write_eof_after_the_write_taken_after_a_close_fails(peer_loop, 
     assert raised.value.errno == errno.ENOTCONN
 
 
+async def test_a_write_eof_after_the_other_end_aborted_fails(peer_loop, path):
+    """The server aborts while the client's reading is paused: as over TCP,
+    whose socket holds the reset until a call takes it, a write_eof()
+    fails with ENOTCONN (asyncio's transport raises it, uvloop's loses the
+    connection with it); on asyncio, reading resumed then meets the reset."""
+    peer, port = await _serving(peer_loop, path, door="abort")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        writer.transport.pause_reading()
+        writer.write(b"ping")
+        assert await peer.report() == {"aborted": True}
+        if isinstance(asyncio.get_running_loop(), uvloop.Loop):
+            writer.write_eof()
+            with pytest.raises(OSError) as raised:
+                await bounded(writer.wait_closed())
+        else:
+            with pytest.raises(OSError) as raised:
+                writer.write_eof()
+            writer.transport.resume_reading()
+            with pytest.raises(ConnectionResetError):
+                await bounded(reader.read())
+            writer.close()
+    finally:
+        await peer.finish()
+    assert raised.value.errno == errno.ENOTCONN
+
+
 async def test_a_transport_write_after_the_other_end_closed_with_bytes_unread_is_reset(path):
     """The server closes with bytes of the client's unread: the client's
     next write meets the reset, as over TCP (whose close is a reset then):

@@ -694,6 +694,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         self._eof_came = False
         self._wrote_after_close = False  # see _taken_after_close
         self._hang_up: Optional[Any] = None  # a poll of the pair end for its other end's close
+        self._reset_came: Optional[ConnectionResetError] = None  # see _other_end_reset
         # The capture's tap while one runs (friendsock.capture): this end's
         # side and the other's, as the segments name them.
         self._tap: Optional[StreamTap] = None
@@ -738,13 +739,9 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         """
         if self._eof_sent or self._socket.write_shut or self._inner.is_closing():
             return False  # (after its own write_eof() or shutdown(SHUT_WR), as TCP's)
-        hang_up = self._hang_up
-        if hang_up is None:
-            hang_up = self._hang_up = select.poll()
-            hang_up.register(self._socket._pair.fileno(), select.POLLHUP)
-        if not hang_up.poll(0):
+        if not self._hung_up():
             return False  # (only its writing shut down: it still reads)
-        reset = refused_with_reset(self._tcp, self._socket._pair)
+        reset = self._other_end_reset()
         refused = write_refused_across(reset is not None, self._wrote_after_close)
         if refused is None:
             self._wrote_after_close = True
@@ -754,6 +751,23 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         self._reset = reset
         self._inner.abort()
         return True
+
+    def _hung_up(self) -> bool:
+        """Whether the other end's socket is gone (its pair end closed)."""
+        hang_up = self._hang_up
+        if hang_up is None:
+            hang_up = self._hang_up = select.poll()
+            hang_up.register(self._socket._pair.fileno(), select.POLLHUP)
+        return bool(hang_up.poll(0))
+
+    def _other_end_reset(self) -> Optional[ConnectionResetError]:
+        """The reset the other end's socket went with (it aborted, or closed
+        with bytes unread here), if it is gone so: taken off the sockets
+        once, as TCP's calls take it, and kept for the EOF that follows
+        on the pair (see _Relay.eof_received)."""
+        if self._reset_came is None and self._hung_up():
+            self._reset_came = refused_with_reset(self._tcp, self._socket._pair)
+        return self._reset_came
 
     def _wrote(self, data: Any) -> None:
         """Count what the inner transport took (and capture it)."""
@@ -774,7 +788,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         # (Not on the TCP socket: its FIN comes as the connection ends,
         # see Rendezvous.release.)
         if not (self._eof_sent or self._inner.is_closing()):
-            refused = shutdown_refused(self._wrote_after_close)
+            refused = shutdown_refused(self._wrote_after_close or self._other_end_reset() is not None)
             if refused is not None:
                 self._write_eof_refused(refused.as_os_error())
                 return
@@ -968,8 +982,8 @@ class _Relay(asyncio.Protocol):
 
     def eof_received(self) -> Optional[bool]:
         tcp = self.outer._tcp
-        reset = None if tcp is None else tcp_error(tcp)
-        if reset is not None:  # it aborted: a reset, not EOF
+        reset = self.outer._reset_came or (None if tcp is None else tcp_error(tcp))
+        if reset is not None:  # it aborted (or closed with bytes unread): a reset, not EOF
             self.outer._reset = reset
             self.outer._inner.abort()
             return True
