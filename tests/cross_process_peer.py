@@ -13,6 +13,8 @@ LOOP is ``asyncio`` or ``uvloop``. DOOR is how friendsock is switched on:
 also takes ``both`` (``api``, a server on 127.0.0.1 and one on ::1, on
 one port) and
 ``abort`` (``api``: echoes 4 bytes, then aborts with SO_LINGER {1, 0});
+``eof-abort`` (the same, but it sends EOF after the 4 bytes and aborts
+once it read 4 more);
 ``blocking`` and ``blocking-abort`` are the same served by a blocking
 server (``socketserver``'s threading TCP server, under ``patch_socket()``;
 LOOP ``-``; ``blocking-timeout``, its listener with a timeout of 0.5 s),
@@ -94,17 +96,27 @@ def _link_of(sockname: list) -> "dict | None":
     return None
 
 
+async def _reset(writer: asyncio.StreamWriter) -> None:
+    """An abort with SO_LINGER {1, 0}, reported once its sockets are closed."""
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+    writer.transport.abort()
+    await writer.wait_closed()
+    print(json.dumps({"aborted": True}), flush=True)
+
+
 async def serve(door: str) -> None:
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         digest = hashlib.sha256()
         if door == "abort":
             writer.write(await reader.readexactly(4))
             await writer.drain()
-            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                                       b"\x01\0\0\0\0\0\0\0")
-            writer.transport.abort()
-            await writer.wait_closed()  # (its sockets closed)
-            print(json.dumps({"aborted": True}), flush=True)
+            await _reset(writer)
+            return
+        if door == "eof-abort":  # the answer and EOF, then a reset once 4 more bytes came
+            writer.write(await reader.readexactly(4))
+            writer.write_eof()
+            await reader.readexactly(4)
+            await _reset(writer)
             return
         if door == "close":  # the answer, then a close while the client still writes
             writer.write(await reader.readexactly(4))

@@ -34,7 +34,7 @@ import uvloop
 import friendsock
 from friendsock._handshake._tcp_info import payload_moved
 
-from support import bounded, fallbacks_since, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts
+from support import Recorder, bounded, fallbacks_since, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts
 from test_capture import check_tcp_shape, read_capture, tshark_check
 
 PEER = str(Path(__file__).with_name("cross_process_peer.py"))
@@ -1406,6 +1406,26 @@ async def test_a_write_eof_after_the_other_end_aborted_fails(peer_loop, path):
     finally:
         await peer.finish()
     assert raised.value.errno == errno.ENOTCONN
+
+
+async def test_a_transport_write_after_a_reset_that_followed_eof_fails_with_epipe(peer_loop, path):
+    """The server sends EOF, the client reads it and writes again, the
+    server aborts: as over TCP, whose socket met the reset in CLOSE_WAIT,
+    the client's next write loses the connection with BrokenPipeError,
+    not ConnectionResetError."""
+    peer, port = await _serving(peer_loop, path, door="eof-abort")
+    try:
+        transport, client = await bounded(friendsock.create_connection(
+            lambda: Recorder(eof_keep_open=True), "127.0.0.1", port))
+        transport.write(b"ping")
+        await bounded(client.eof)
+        transport.write(b"done")
+        assert await peer.report() == {"aborted": True}
+        transport.write(b"more")
+        lost = await bounded(client.lost)
+    finally:
+        await peer.finish()
+    assert bytes(client.data) == b"ping" and isinstance(lost, BrokenPipeError)
 
 
 async def test_a_transport_write_after_the_other_end_closed_with_bytes_unread_is_reset(path):

@@ -742,13 +742,13 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         if not self._hung_up():
             return False  # (only its writing shut down: it still reads)
         reset = self._other_end_reset()
-        refused = write_refused_across(reset is not None, self._wrote_after_close)
+        refused = write_refused_across(reset is not None, self._wrote_after_close, self._eof_came)
         if refused is None:
             self._wrote_after_close = True
             return True
         if reset is None:
             return False  # (the pair refuses it: EPIPE)
-        self._reset = reset
+        self._reset = refused.as_os_error()
         self._inner.abort()
         return True
 

@@ -209,7 +209,7 @@ class LinkEnd:
                 if self.error_taken:
                     return None
                 self.error_taken = True
-        return LinkBrokenError(errno.EPIPE if incoming.reset_after_fin else errno.ECONNRESET)
+        return reset_error(incoming.reset_after_fin)
 
     def send_error(self) -> LinkBrokenError:
         """What a send fails with after the friend's reset: its pending
@@ -385,15 +385,24 @@ def _may_go_on_over_tcp(client: LinkEnd, server: LinkEnd, limit: int) -> bool:
     return True
 
 
-def write_refused_across(peer_reset: bool, taken_before: bool) -> Optional[LinkBrokenError]:
+def reset_error(after_fin: bool) -> LinkBrokenError:
+    """The error a reset leaves pending on the socket: EPIPE where the
+    friend's FIN had come in before it (the socket in CLOSE_WAIT),
+    ECONNRESET otherwise (tcp_reset)."""
+    return LinkBrokenError(errno.EPIPE if after_fin else errno.ECONNRESET)
+
+
+def write_refused_across(peer_reset: bool, taken_before: bool,
+                         after_fin: bool = False) -> Optional[LinkBrokenError]:
     """The rule of :meth:`LinkEnd.send_refused` for a connection moved to
     another process, whose write the kernel refused because the other
     end's socket is gone: what that write gets. The other end's reset
-    (it aborted): ECONNRESET. A clean close: TCP takes the first write
+    (it aborted): its error (:func:`reset_error`; ``after_fin``: this end
+    read its EOF before). A clean close: TCP takes the first write
     (the other kernel drops it and resets, after which the next fails),
     so None the first time (``taken_before`` False), then EPIPE."""
     if peer_reset:
-        return LinkBrokenError(errno.ECONNRESET)
+        return reset_error(after_fin)
     if not taken_before:
         return None
     return LinkBrokenError(errno.EPIPE)
