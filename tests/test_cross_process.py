@@ -1106,6 +1106,18 @@ async def test_a_write_after_the_other_end_aborted_is_reset(peer_loop, path, cli
 
 @pytest.mark.parametrize("client", ["blocking", "trio"])
 @pytest.mark.usefixtures("socket_patched")
+async def test_a_write_after_a_reset_that_followed_eof_fails_with_epipe(peer_loop, path, client):
+    """The server sends EOF, the client reads it and writes again, the
+    server aborts: as over TCP, whose socket met the reset in CLOSE_WAIT,
+    the client's next send raises BrokenPipeError (not the reset), and a
+    read finds EOF."""
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("recv", "send", "gone", "send", "recv"))
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="eof-abort")
+    assert got == ["b''", "4", "BrokenPipeError", "b''"] and theirs == {"aborted": True}
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
 async def test_a_write_after_a_reset_was_read_fails(peer_loop, path, client):
     """The server aborts: once a read has raised the reset, a send raises
     BrokenPipeError, as TCP's does (not taken as a first write after a

@@ -721,7 +721,7 @@ class _Moved:
     capture's tap while one runs (``friendsock.capture``)."""
 
     __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic",
-                 "tap", "side", "other_side", "refused_writes_fail")
+                 "tap", "side", "other_side", "refused_writes_fail", "fin_came")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
                  rendezvous: Rendezvous, client: bool, traffic: _Traffic,
@@ -736,6 +736,7 @@ class _Moved:
         # Once a write was refused after the other end closed, or a read
         # raised its reset, TCP's writes fail (EPIPE); before, it takes one.
         self.refused_writes_fail = False
+        self.fin_came = False  # a read found the other end's EOF
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
         # Lets the TCP socket go once the user's is closed, or collected.
@@ -870,11 +871,15 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if moved.tap is not None:
             if isinstance(reset, ConnectionResetError):
                 moved.tap.reset(moved.other_side)
-            else:
+            elif not moved.fin_came:
                 moved.tap.fin(moved.other_side)
-        if isinstance(reset, ConnectionResetError):
-            moved.refused_writes_fail = True
+        if not isinstance(reset, ConnectionResetError):
+            moved.fin_came = True
+            return
+        moved.refused_writes_fail = True
+        if not moved.fin_came:
             raise reset
+        # (After its FIN, TCP's read finds EOF, the reset left to a send.)
 
     # A write the pair refuses (EPIPE: the other end's socket is gone) is
     # answered as TCP's would be (see written_after_close).
@@ -912,7 +917,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if moved.shut_down:
             raise refused  # (our own shutdown: EPIPE, as TCP's)
         reset = refused_with_reset(moved.tcp, self)
-        error = write_refused_across(reset is not None, moved.refused_writes_fail)
+        error = write_refused_across(reset is not None, moved.refused_writes_fail, moved.fin_came)
         if size:  # (a write of nothing is none: TCP's send(b"") answers 0)
             moved.refused_writes_fail = True
         if error is None:
