@@ -494,6 +494,36 @@ async def test_a_write_after_the_sockets_own_shutdown_fails_as_over_tcp(peer_loo
     assert theirs["sha256"] == hashlib.sha256(b"half").hexdigest()
 
 
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+@pytest.mark.parametrize("after", ["both-finished", "write-taken"])
+async def test_a_shutdown_of_a_closed_tcp_socket_fails(peer_loop, path, after):
+    """Where TCP's socket is closed by now, a shutdown of the transport's
+    socket and the transport's write_eof() fail with ENOTCONN, as over TCP:
+    once both directions finished (this socket's writing shut down, the
+    server's EOF read), or once the write taken after the server's close
+    was answered with a reset."""
+    peer, port = await _serving(peer_loop, path, door="close")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        sock = writer.get_extra_info("socket")
+        writer.write(b"ping")
+        assert await bounded(reader.read()) == b"ping"  # (then the server's EOF)
+        assert await peer.report() == {"closed": True}
+        if after == "both-finished":
+            sock.shutdown(socket.SHUT_WR)
+        else:
+            writer.write(b"more")
+        with pytest.raises(OSError) as by_socket:
+            sock.shutdown(socket.SHUT_WR)
+        with pytest.raises(OSError) as by_transport:
+            writer.write_eof()
+        writer.close()
+        await bounded(writer.wait_closed())
+    finally:
+        await peer.finish()
+    assert by_socket.value.errno == by_transport.value.errno == errno.ENOTCONN
+
+
 @pytest.mark.parametrize("ending, linger", [("abort", False), ("abort", True), ("close", True)],
                          ids=["abort", "abort-linger-0", "close-linger-0"])
 async def test_an_abort_at_the_other_end(peer_loop, path, ending, linger, tmp_path):

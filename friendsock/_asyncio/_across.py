@@ -59,6 +59,7 @@ from .._host._offers import (
     open_channel,
     peer_shut_down,
     refused_with_reset,
+    reset_pending,
     room_like_friends,
     runs,
     send_offer,
@@ -604,14 +605,22 @@ class _AcrossSocket(trsock.TransportSocket):
     what ends a direction (``shutdown()``) or moves bytes acts on the pair
     end instead, where the connection's bytes go."""
 
-    __slots__ = ("_pair", "write_shut")
+    __slots__ = ("_tcp", "_pair", "write_shut", "wrote_after_close")
 
     def __init__(self, tcp: socket.socket, pair: socket.socket) -> None:
         super().__init__(tcp)
+        self._tcp = tcp
         self._pair = pair
         self.write_shut = False
+        # A write was taken after the other end's close (see
+        # AcrossTransport._taken_after_close): TCP's connection was reset then.
+        self.wrote_after_close = False
 
     def shutdown(self, how: int) -> None:
+        refused = shutdown_refused(self.wrote_after_close or reset_pending(self._tcp, self._pair),
+                                   self.finished())
+        if refused is not None:
+            raise refused.as_os_error()
         if how == socket.SHUT_RD:
             # TCP's leaves the other end writing on; the pair's would
             # refuse its writes (EPIPE). (Reads here go on.)
@@ -619,6 +628,11 @@ class _AcrossSocket(trsock.TransportSocket):
             return
         self._pair.shutdown(how)
         self.write_shut = True
+
+    def finished(self) -> bool:
+        """Whether both directions finished here: this socket's writing
+        shut down and the other end's EOF come (TCP's socket closed by then)."""
+        return self.write_shut and peer_shut_down(self._pair.fileno())
 
 
 def _on_the_pair(name: str) -> Callable[..., Any]:
@@ -692,7 +706,6 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         self._writes = 0
         self._eof_sent = False
         self._eof_came = False
-        self._wrote_after_close = False  # see _taken_after_close
         self._hang_up: Optional[Any] = None  # a poll of the pair end for its other end's close
         self._reset_came: Optional[ConnectionResetError] = None  # see _other_end_reset
         # The capture's tap while one runs (friendsock.capture): this end's
@@ -742,9 +755,9 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         if not self._hung_up():
             return False  # (only its writing shut down: it still reads)
         reset = self._other_end_reset()
-        refused = write_refused_across(reset is not None, self._wrote_after_close, self._eof_came)
+        refused = write_refused_across(reset is not None, self._socket.wrote_after_close, self._eof_came)
         if refused is None:
-            self._wrote_after_close = True
+            self._socket.wrote_after_close = True
             return True
         if reset is None:
             return False  # (the pair refuses it: EPIPE)
@@ -788,7 +801,8 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         # (Not on the TCP socket: its FIN comes as the connection ends,
         # see Rendezvous.release.)
         if not (self._eof_sent or self._inner.is_closing()):
-            refused = shutdown_refused(self._wrote_after_close or self._other_end_reset() is not None)
+            reset = self._socket.wrote_after_close or self._other_end_reset() is not None
+            refused = shutdown_refused(reset, self._socket.finished())
             if refused is not None:
                 self._write_eof_refused(refused.as_os_error())
                 return

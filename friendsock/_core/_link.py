@@ -408,12 +408,13 @@ def write_refused_across(peer_reset: bool, taken_before: bool,
     return LinkBrokenError(errno.EPIPE)
 
 
-def shutdown_refused(reset: bool) -> Optional[LinkBrokenError]:
-    """What a ``shutdown()`` of an end whose connection was ``reset`` fails
-    with: by then TCP's socket is closed, and shutdown fails ENOTCONN. A
-    reset: the friend's, or the one the other kernel answers the write TCP
-    takes after a clean close with (see :func:`write_refused_across`)."""
-    return LinkBrokenError(errno.ENOTCONN) if reset else None
+def shutdown_refused(reset: bool, finished: bool = False) -> Optional[LinkBrokenError]:
+    """What a ``shutdown()`` fails with, if anything: ENOTCONN once TCP's
+    socket is closed, by a ``reset`` (the friend's, or the one the other
+    kernel answers the write TCP takes after a clean close with, see
+    :func:`write_refused_across`), or with both directions ``finished``
+    (this end's FIN sent and the friend's come in)."""
+    return LinkBrokenError(errno.ENOTCONN) if reset or finished else None
 
 
 class Link:

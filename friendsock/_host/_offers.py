@@ -363,6 +363,17 @@ def refused_with_reset(tcp: Optional[socket.socket], pair: socket.socket) -> Opt
     return None
 
 
+def reset_pending(tcp: socket.socket, pair: socket.socket) -> bool:
+    """Whether a reset waits to be taken on a moved connection's ``tcp``
+    socket (the other end aborted) or its ``pair`` end (it closed with
+    bytes unread here): poll's POLLERR, which leaves the error to the
+    call that takes it, as TCP's shutdown() leaves it."""
+    poller = select.poll()
+    for sock in (tcp, pair):
+        poller.register(sock.fileno(), 0)  # (POLLERR comes unasked)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
 def tcp_error(tcp: socket.socket) -> Optional[OSError]:
     """The error pending on a moved connection's TCP socket, if any: a
     reset there is the other end's abort, which its EOF on the pair
