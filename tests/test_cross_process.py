@@ -1126,6 +1126,28 @@ async def test_a_shutdown_after_the_send_taken_after_a_close_fails(peer_loop, pa
 
 @pytest.mark.parametrize("client", ["blocking", "trio"])
 @pytest.mark.usefixtures("socket_patched")
+async def test_a_shutdown_after_the_other_end_aborted_fails(peer_loop, path, client):
+    """The server aborts: as over TCP, whose socket the reset closed, the
+    client's shutdown fails (ENOTCONN), and leaves the reset to the read
+    that takes it."""
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("gone", "shut", "recv", "recv"))
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="abort")
+    assert got == ["OSError", "ConnectionResetError", "b''"] and theirs == {"aborted": True}
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_shutdown_after_both_directions_finished_fails(peer_loop, path, client):
+    """The server closes, the client reads its EOF and shuts its writing
+    down: as over TCP, whose socket is closed once both directions
+    finished, a second shutdown fails (ENOTCONN)."""
+    steps = functools.partial(_CLIENT_STEPS[client], steps=("recv", "shut", "shut"))
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="close")
+    assert got == ["b''", "None", "OSError"] and theirs == {"closed": True}
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
 async def test_a_write_after_the_other_end_aborted_is_reset(peer_loop, path, client):
     """The server aborts: the client's next send raises the reset, as
     TCP's does, and its next read finds EOF."""

@@ -68,6 +68,7 @@ from .._host._offers import (
     open_channel,
     peer_shut_down,
     refused_with_reset,
+    reset_pending,
     room_like_friends,
     runs,
     send_offer,
@@ -945,19 +946,22 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             moved.tap.data(moved.side, _first(data, count))
 
     def shutdown(self, how: int) -> None:
-        refused = shutdown_refused(self.__dict__[_STATE].refused_writes_fail)
-        if refused is not None:  # (a reset read, or made by a write taken after a close)
+        moved: _Moved = self.__dict__[_STATE]
+        # (A reset read, made by a write taken after a close, or waiting;
+        # or both ways finished: TCP's socket would be closed by now.)
+        refused = shutdown_refused(moved.refused_writes_fail or reset_pending(moved.tcp, self),
+                                   moved.shut_down and peer_shut_down(_ss.fileno(self)))
+        if refused is not None:
             raise refused.as_os_error()
         if how == socket.SHUT_RD:
             # TCP's leaves the other end writing on, where the pair's would
             # refuse its writes (EPIPE): its TCP socket's alone, and reads
             # here find EOF once nothing is left to read, as TCP's.
-            self.__dict__[_STATE].tcp.shutdown(how)
+            moved.tcp.shutdown(how)
             self.__class__ = ReadShutAcrossSocket
             return
         _ss.shutdown(self, how)
         if how in (socket.SHUT_WR, socket.SHUT_RDWR):
-            moved: _Moved = self.__dict__[_STATE]
             moved.shut_down = True
             if moved.tap is not None:
                 moved.tap.fin(moved.side)
