@@ -17,7 +17,7 @@ JSON object a line, and answers each with ``{"reply": ID, ...}``:
   ``bytearray`` or ``memoryview``;
 - ``{"id": ID, "serial": N, "op": "call", "method": M, "args": [...]}``:
   the transport's method M called; ``"value"``: what it returned;
-- ``{"id": ID, "serial": N, "op": "getsockopt" | "setsockopt", "args": [...]}``:
+- ``{"id": ID, "serial": N, "op": "getsockopt" | "setsockopt" | "shutdown", "args": [...]}``:
   on the transport's socket.
 
 A reply carries ``"error"``: the name of the exception's type, or null.

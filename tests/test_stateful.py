@@ -74,6 +74,7 @@ class Side:
     deliverable: Optional[int] = None  # written when the peer closed
     paused: bool = False
     eof_sent: bool = False
+    socket_shut: bool = False  # its socket's shutdown(SHUT_WR): the transport's writes fail
     closed: bool = False  # close() or abort()
     aborted: bool = False
 
@@ -192,7 +193,7 @@ class FriendVsTcp(RuleBasedStateMachine):
         me = self.sides[side]
         # uvloop's own transport raises after connection_lost; asyncio's and
         # ours drop the write: not a friend/TCP difference.
-        if me.closed or self._lost_anywhere(side):
+        if me.closed or me.socket_shut or self._lost_anywhere(side):
             return
         peer = self.sides[PEER[side]]
         if peer.closed:
@@ -481,7 +482,8 @@ class ServerProcess:
         assert self.process.stdin is not None
         ident = next(self.ids)
         reply = self.replies[ident] = self.loop.create_future()
-        self.process.stdin.write(json.dumps({"id": ident, "op": op, "serial": serial, **fields}).encode() + b"\n")
+        command = {"id": ident, "op": op, "serial": serial, **fields}
+        self.process.stdin.write(json.dumps(command).encode() + b"\n")
         answer = await asyncio.wait_for(reply, 20)
         if answer["error"] is not None:
             raise _raised(answer["error"])
@@ -559,6 +561,9 @@ class RemoteSocket:
     def setsockopt(self, *args: int) -> None:
         self.transport.run("setsockopt", args=list(args))
 
+    def shutdown(self, how: int) -> None:
+        self.transport.run("shutdown", args=[how])
+
 
 class RemoteEnd(Rec):
     """A server end in the server process, as it tells of its callbacks."""
@@ -596,6 +601,24 @@ class AcrossVsTcp(FriendVsTcp):
 
     def _on_uvloop(self, side: str) -> bool:
         return self.server.kind == "uvloop" if side == "server" else super()._on_uvloop(side)
+
+    @precondition(lambda self: self.ends)
+    @rule(side=FriendVsTcp.sides)
+    def shutdown_socket(self, side: str) -> None:
+        """``get_extra_info('socket').shutdown(SHUT_WR)``: EOF to the other
+        end, as write_eof() (the transport knows nothing of it)."""
+        me = self.sides[side]
+        if self._on_uvloop(side) or me.closed or me.eof_sent or self._lost_anywhere(side):
+            return  # (uvloop's transport socket refuses shutdown())
+        outcome: Dict[str, Optional[type]] = {}
+        for path in PATHS:
+            try:
+                self.ends[path][side].transport.get_extra_info("socket").shutdown(socket.SHUT_WR)
+                outcome[path] = None
+            except OSError as exc:
+                outcome[path] = type(exc)
+        assert outcome["friend"] == outcome["tcp"], (side, outcome)
+        me.eof_sent = me.socket_shut = True
 
     def _closing(self, side: str, method: str) -> None:
         reader = PEER[side]
