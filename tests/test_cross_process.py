@@ -1089,94 +1089,57 @@ def _peer_gone(sock: Any) -> None:
     assert poller.poll(20_000)
 
 
+# A blocking or trio client's calls once the server ended the connection,
+# each answered as over TCP: the server's door, the client's steps (see
+# _blocking_steps; "gone": until the server's socket is gone), what each
+# step got, and the server's report.
+_AFTER_THE_SERVER_ENDED = {
+    # recv(0) answers b'' and leaves the reset to the next read that asks
+    # for bytes: it neither raises it nor takes it away.
+    "recv-of-nothing-leaves-the-reset": (
+        "abort", ("recv0", "recv"), ["b''", "ConnectionResetError"], {"aborted": True}),
+    # After a clean close the next send is taken (the other kernel resets
+    # it), where a socketpair would refuse it; the one after raises EPIPE.
+    # A send of nothing before them is none.
+    "first-send-after-a-close-taken": (
+        "close", ("send0", "send", "gone", "send", "recv"), ["0", "4", "BrokenPipeError", "b''"],
+        {"closed": True}),
+    # The reset that taken send met closed TCP's socket: shutdown ENOTCONN.
+    "shutdown-after-the-taken-send": (
+        "close", ("send", "gone", "shut", "recv"), ["4", "OSError", "b''"], {"closed": True}),
+    # A waiting reset fails a shutdown too, and is left to the read.
+    "shutdown-after-an-abort": (
+        "abort", ("gone", "shut", "recv", "recv"), ["OSError", "ConnectionResetError", "b''"],
+        {"aborted": True}),
+    # Both directions finished, TCP's socket is closed: a second shutdown fails.
+    "second-shutdown-when-both-finished": (
+        "close", ("recv", "shut", "shut"), ["b''", "None", "OSError"], {"closed": True}),
+    # After an abort the next send raises the reset, and a read finds EOF.
+    "send-after-an-abort": (
+        "abort", ("gone", "send", "recv"), ["ConnectionResetError", "b''"], {"aborted": True}),
+    # A reset after the server's EOF (read here) meets TCP's socket in
+    # CLOSE_WAIT: the send raises EPIPE, not the reset.
+    "send-after-a-reset-that-followed-eof": (
+        "eof-abort", ("recv", "send", "gone", "send", "recv"), ["b''", "4", "BrokenPipeError", "b''"],
+        {"aborted": True}),
+    # Once a read raised the reset, a send raises EPIPE (not taken as a
+    # first send after a clean close).
+    "send-after-the-reset-was-read": (
+        "abort", ("recv", "send", "recv"), ["ConnectionResetError", "BrokenPipeError", "b''"],
+        {"aborted": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(_AFTER_THE_SERVER_ENDED))
 @pytest.mark.parametrize("client", ["blocking", "trio"])
 @pytest.mark.usefixtures("socket_patched")
-async def test_a_read_of_no_bytes_leaves_the_reset_to_the_next_read(peer_loop, path, client):
-    """After the server's abort, ``recv(0)`` answers b'' and the reset is
-    raised by the next read that asks for bytes, as TCP's: a read of no
-    bytes neither raises it nor takes it away."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("recv0", "recv"))
-    got, _ = await _on_a_thread_against_a_server(peer_loop, path, steps, door="abort")
-    assert got == ["b''", "ConnectionResetError"]
-
-
-@pytest.mark.parametrize("client", ["blocking", "trio"])
-@pytest.mark.usefixtures("socket_patched")
-async def test_the_first_write_after_the_other_end_closed_is_taken(peer_loop, path, client):
-    """The server answers and closes: as TCP's, the client's next send
-    is taken (the other kernel resets it), the one after raises
-    BrokenPipeError, and a read finds EOF; not a BrokenPipeError at once,
-    as a socketpair would give. A send of nothing before them is none:
-    it answers 0, and the send after it is still the one taken."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("send0", "send", "gone", "send", "recv"))
-    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="close")
-    assert got == ["0", "4", "BrokenPipeError", "b''"] and theirs == {"closed": True}
-
-
-@pytest.mark.parametrize("client", ["blocking", "trio"])
-@pytest.mark.usefixtures("socket_patched")
-async def test_a_shutdown_after_the_send_taken_after_a_close_fails(peer_loop, path, client):
-    """The server answers and closes, the client's next send is taken: as
-    over TCP, whose other kernel resets the connection at that send, a
-    shutdown then fails (ENOTCONN), and a read finds EOF."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("send", "gone", "shut", "recv"))
-    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="close")
-    assert got == ["4", "OSError", "b''"] and theirs == {"closed": True}
-
-
-@pytest.mark.parametrize("client", ["blocking", "trio"])
-@pytest.mark.usefixtures("socket_patched")
-async def test_a_shutdown_after_the_other_end_aborted_fails(peer_loop, path, client):
-    """The server aborts: as over TCP, whose socket the reset closed, the
-    client's shutdown fails (ENOTCONN), and leaves the reset to the read
-    that takes it."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("gone", "shut", "recv", "recv"))
-    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="abort")
-    assert got == ["OSError", "ConnectionResetError", "b''"] and theirs == {"aborted": True}
-
-
-@pytest.mark.parametrize("client", ["blocking", "trio"])
-@pytest.mark.usefixtures("socket_patched")
-async def test_a_shutdown_after_both_directions_finished_fails(peer_loop, path, client):
-    """The server closes, the client reads its EOF and shuts its writing
-    down: as over TCP, whose socket is closed once both directions
-    finished, a second shutdown fails (ENOTCONN)."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("recv", "shut", "shut"))
-    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="close")
-    assert got == ["b''", "None", "OSError"] and theirs == {"closed": True}
-
-
-@pytest.mark.parametrize("client", ["blocking", "trio"])
-@pytest.mark.usefixtures("socket_patched")
-async def test_a_write_after_the_other_end_aborted_is_reset(peer_loop, path, client):
-    """The server aborts: the client's next send raises the reset, as
-    TCP's does, and its next read finds EOF."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("gone", "send", "recv"))
-    got, _ = await _on_a_thread_against_a_server(peer_loop, path, steps, door="abort")
-    assert got == ["ConnectionResetError", "b''"]
-
-
-@pytest.mark.parametrize("client", ["blocking", "trio"])
-@pytest.mark.usefixtures("socket_patched")
-async def test_a_write_after_a_reset_that_followed_eof_fails_with_epipe(peer_loop, path, client):
-    """The server sends EOF, the client reads it and writes again, the
-    server aborts: as over TCP, whose socket met the reset in CLOSE_WAIT,
-    the client's next send raises BrokenPipeError (not the reset), and a
-    read finds EOF."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("recv", "send", "gone", "send", "recv"))
-    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, steps, door="eof-abort")
-    assert got == ["b''", "4", "BrokenPipeError", "b''"] and theirs == {"aborted": True}
-
-
-@pytest.mark.parametrize("client", ["blocking", "trio"])
-@pytest.mark.usefixtures("socket_patched")
-async def test_a_write_after_a_reset_was_read_fails(peer_loop, path, client):
-    """The server aborts: once a read has raised the reset, a send raises
-    BrokenPipeError, as TCP's does (not taken as a first write after a
-    clean close)."""
-    steps = functools.partial(_CLIENT_STEPS[client], steps=("recv", "send", "recv"))
-    got, _ = await _on_a_thread_against_a_server(peer_loop, path, steps, door="abort")
-    assert got == ["ConnectionResetError", "BrokenPipeError", "b''"]
+async def test_calls_after_the_server_ended_answer_as_over_tcp(peer_loop, path, client, case):
+    """What a client's sends, reads and shutdowns get once the server
+    answered and closed or aborted (see _AFTER_THE_SERVER_ENDED)."""
+    door, steps, expected, report = _AFTER_THE_SERVER_ENDED[case]
+    run = functools.partial(_CLIENT_STEPS[client], steps=steps)
+    got, theirs = await _on_a_thread_against_a_server(peer_loop, path, run, door=door)
+    assert got == expected and theirs == report
 
 
 def _unread_at_close(port: int, client: str) -> List[str]:
