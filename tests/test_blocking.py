@@ -599,6 +599,20 @@ def test_half_close(patched):
         assert receive_until_eof(client) == b"response"
 
 
+def test_a_shutdown_once_both_directions_finished_fails(patched):
+    """Each end shut its writing down and read the other's EOF: TCP's
+    sockets are closed by then, and a second shutdown fails with ENOTCONN."""
+    with blocking_pair(patched) as (client, server):
+        client.shutdown(socket.SHUT_WR)
+        assert receive_until_eof(server) == b""
+        server.shutdown(socket.SHUT_WR)
+        assert receive_until_eof(client) == b""
+        for sock in (client, server):
+            with pytest.raises(OSError) as raised:
+                sock.shutdown(socket.SHUT_WR)
+            assert raised.value.errno == errno.ENOTCONN
+
+
 def test_shutdown_read_gives_eof(patched):
     with blocking_pair(patched) as (client, server):
         server.shutdown(socket.SHUT_RD)

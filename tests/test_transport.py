@@ -8,6 +8,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -1610,6 +1611,25 @@ async def test_its_socket_shut_for_writing_sends_eof(friends):
         assert type(await wait(client.lost)) is BrokenPipeError
         # The other direction stayed open until then.
         assert server.events == ["made", "data", "eof"]
+
+
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+async def test_a_shutdown_once_both_directions_finished_fails(friends):
+    """The server closes, the client reads its EOF and shuts its socket's
+    writing down: both directions finished, TCP's socket is closed, and a
+    second shutdown, or the transport's write_eof(), fails with ENOTCONN."""
+    async with connected_pair(friends, client_protocol=lambda: Recorder(eof_keep_open=True)) as (
+            transport, client, server):
+        server.transport.close()
+        await wait(client.eof)
+        sock = transport.get_extra_info("socket")
+        sock.shutdown(socket.SHUT_WR)
+        await wait(server.lost)
+        with pytest.raises(OSError) as by_socket:
+            sock.shutdown(socket.SHUT_WR)
+        with pytest.raises(OSError) as by_transport:
+            transport.write_eof()
+    assert by_socket.value.errno == by_transport.value.errno == errno.ENOTCONN
 
 
 async def test_a_buffer_that_is_not_bytes_is_written_as_the_loop_writes_it(friends):

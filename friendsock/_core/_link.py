@@ -292,11 +292,14 @@ class LinkEnd:
 
     def shutdown_write(self) -> bool:
         """``shutdown(SHUT_WR)``: EOF after what was written. After the
-        friend's reset the socket is closed, and shutdown fails ENOTCONN.
+        friend's reset, or once both directions finished, the socket is
+        closed, and shutdown fails ENOTCONN (:func:`shutdown_refused`).
         False when the connection went on over TCP (:meth:`Link.go_on_over_tcp`,
         maybe while this call began): the shutdown is the socket's own, to
         make now that the move to TCP has sent what was queued."""
-        refused = shutdown_refused(self.incoming.state is CHANNEL_RESET)
+        incoming = self.incoming
+        finished = self.outgoing.state is CHANNEL_EOF and incoming.state is CHANNEL_EOF
+        refused = shutdown_refused(incoming.state is CHANNEL_RESET, finished)
         if refused is not None:
             raise refused
         out = self.outgoing
