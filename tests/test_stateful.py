@@ -284,6 +284,24 @@ class FriendVsTcp(RuleBasedStateMachine):
 
     @precondition(lambda self: self.ends)
     @rule(side=sides)
+    def shutdown_socket(self, side: str) -> None:
+        """``get_extra_info('socket').shutdown(SHUT_WR)``: EOF to the other
+        end, as write_eof() (the transport knows nothing of it)."""
+        me = self.sides[side]
+        if self._on_uvloop(side) or me.closed or me.eof_sent or self._lost_anywhere(side):
+            return  # (uvloop's transport socket refuses shutdown())
+        outcome: Dict[str, Optional[type]] = {}
+        for path in PATHS:
+            try:
+                self.ends[path][side].transport.get_extra_info("socket").shutdown(socket.SHUT_WR)
+                outcome[path] = None
+            except OSError as exc:
+                outcome[path] = type(exc)
+        assert outcome["friend"] == outcome["tcp"], (side, outcome)
+        me.eof_sent = me.socket_shut = True
+
+    @precondition(lambda self: self.ends)
+    @rule(side=sides)
     def close(self, side: str) -> None:
         self._closing(side, "close")
 
@@ -601,24 +619,6 @@ class AcrossVsTcp(FriendVsTcp):
 
     def _on_uvloop(self, side: str) -> bool:
         return self.server.kind == "uvloop" if side == "server" else super()._on_uvloop(side)
-
-    @precondition(lambda self: self.ends)
-    @rule(side=FriendVsTcp.sides)
-    def shutdown_socket(self, side: str) -> None:
-        """``get_extra_info('socket').shutdown(SHUT_WR)``: EOF to the other
-        end, as write_eof() (the transport knows nothing of it)."""
-        me = self.sides[side]
-        if self._on_uvloop(side) or me.closed or me.eof_sent or self._lost_anywhere(side):
-            return  # (uvloop's transport socket refuses shutdown())
-        outcome: Dict[str, Optional[type]] = {}
-        for path in PATHS:
-            try:
-                self.ends[path][side].transport.get_extra_info("socket").shutdown(socket.SHUT_WR)
-                outcome[path] = None
-            except OSError as exc:
-                outcome[path] = type(exc)
-        assert outcome["friend"] == outcome["tcp"], (side, outcome)
-        me.eof_sent = me.socket_shut = True
 
     def _closing(self, side: str, method: str) -> None:
         reader = PEER[side]
