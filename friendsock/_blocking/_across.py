@@ -795,10 +795,14 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         moved: _Moved = self.__dict__[_STATE]
         if moved.tcp.fileno() >= 0:  # (let go of at exit: the names stay)
             moved.tcp.getpeername()  # (ENOTCONN once a reset ended it)
-        if moved.shut_down and peer_shut_down(_ss.fileno(self)):
-            # Both ways finished: TCP's socket would be closed by now.
+        if self.both_ways_finished():  # (TCP's socket would be closed by now)
             raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
         return moved.names[1]
+
+    def both_ways_finished(self) -> bool:
+        """Whether this socket's writing is shut down and the other end's
+        EOF has come in: TCP's socket would be closed by now."""
+        return self.__dict__[_STATE].shut_down and peer_shut_down(_ss.fileno(self))
 
     # A read that finds EOF where the other end aborted raises its reset,
     # which came on the TCP socket first, as TCP's read would; one that
@@ -947,10 +951,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def shutdown(self, how: int) -> None:
         moved: _Moved = self.__dict__[_STATE]
-        # (A reset read, made by a write taken after a close, or waiting;
-        # or both ways finished: TCP's socket would be closed by now.)
+        # (A reset read, made by a write taken after a close, or waiting.)
         refused = shutdown_refused(moved.refused_writes_fail or reset_pending(moved.tcp, self),
-                                   moved.shut_down and peer_shut_down(_ss.fileno(self)))
+                                   self.both_ways_finished())
         if refused is not None:
             raise refused.as_os_error()
         if how == socket.SHUT_RD:
