@@ -25,7 +25,7 @@ import threading
 import time
 from asyncio import transports, trsock
 from asyncio.constants import _SendfileMode
-from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Tuple, Union, cast
+from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 from .._core._link import shutdown_refused, write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
@@ -721,7 +721,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
 
     # (the inner transport answers for what it does)
     def write(self, data: Any) -> None:
-        if not (_has_bytes(data) and self._taken_after_close()):
+        if not self._taken_after_close((data,)):
             self._inner.write(data)
         self._writes += 1
         if type(data) is bytes and self._tap is None:
@@ -731,15 +731,15 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
 
     def writelines(self, list_of_data: Any) -> None:
         list_of_data = list(list_of_data)  # (an iterator is read once)
-        if not (any(_has_bytes(data) for data in list_of_data) and self._taken_after_close()):
+        if not self._taken_after_close(list_of_data):
             self._inner.writelines(list_of_data)
         self._writes += 1
         for data in list_of_data:
             self._wrote(data)
 
-    def _taken_after_close(self) -> bool:
-        """Whether this write is answered here, not by the pair, once the
-        other end's socket is gone (its pair end closed), whether or not
+    def _taken_after_close(self, buffers: Sequence[Any]) -> bool:
+        """Whether this write (of ``buffers``) is answered here, not by the
+        pair, once the other end's socket is gone (its pair end closed), whether or not
         its EOF was read here yet (the core's rule,
         :func:`write_refused_across`):
 
@@ -754,6 +754,8 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
             return False  # (after its own write_eof() or shutdown(SHUT_WR), as TCP's)
         if not self._hung_up():
             return False  # (only its writing shut down: it still reads)
+        if not any(_has_bytes(data) for data in buffers):
+            return False  # (a write of nothing is none, as over TCP)
         reset = self._other_end_reset()
         refused = write_refused_across(reset is not None, self._socket.wrote_after_close, self._eof_came)
         if refused is None:
