@@ -101,15 +101,19 @@ def _nonblocking_echo(port: int, payload: bytes, selector: str = "DefaultSelecto
     """A client that drives its own non-blocking socket by readiness (a
     ``selectors`` loop, as Twisted's reactors and tornado's do), on a
     thread with no asyncio loop: connect_ex, then the payload sent and the
-    echo read as the poller says, EOF sent once all is written."""
+    echo read as the poller says, EOF sent once all is written. Its
+    connects answer as TCP's: in progress, then done (once), then already
+    connected."""
     poller = getattr(selectors, selector)()
     sock = socket.socket()
+    address = ("127.0.0.1", port)
     try:
         sock.setblocking(False)
-        assert sock.connect_ex(("127.0.0.1", port)) in (0, errno.EINPROGRESS)
+        assert sock.connect_ex(address) == errno.EINPROGRESS
         poller.register(sock, selectors.EVENT_WRITE)
         assert poller.select(20), "the connect did not finish"
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        assert [sock.connect_ex(address), sock.connect_ex(address)] == [0, errno.EISCONN]
         names = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername())}
         poller.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
         unsent, digest, eof = memoryview(payload), hashlib.sha256(), False

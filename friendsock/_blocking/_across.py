@@ -38,7 +38,7 @@ import struct
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, cast
+from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Tuple, Union, cast
 
 from .._core._link import shutdown_refused, write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
@@ -78,8 +78,8 @@ from .._host._offers import (
 from .._host._payoff import moved_connection_ended
 from .._host._ports import connect_slot, served_elsewhere
 from .._host._proof import Message
-from .._socket_errors import bad_descriptor
-from ._capable import FriendCapableSocket, running_asyncio_loop
+from .._socket_errors import already_connected, bad_descriptor
+from ._capable import CONNECT_UNREPORTED, FriendCapableSocket, connect_again, running_asyncio_loop
 from ._descriptor import OriginalSocket, _ss
 
 logger = logging.getLogger("friendsock")
@@ -519,14 +519,14 @@ def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[
     if expecting is None:
         return False
     rendezvous, wait = expecting
+    nonblocking = sock.gettimeout() == 0.0
     try:
-        if sock.gettimeout() == 0.0:
+        if nonblocking:
             deadline = time.monotonic() + NONBLOCKING_OFFER_TIMEOUT
             if not _connected_by(sock, resolved, deadline):
-                if _take(sock, rendezvous.end_wait(wait), wait, rendezvous):
-                    return True  # (taken as the wait ended: the handshake was done)
-                counters.fallback(Fallback.NOT_OFFERED, resolved)
-                raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
+                if not _take(sock, rendezvous.end_wait(wait), wait, rendezvous):
+                    counters.fallback(Fallback.NOT_OFFERED, resolved)
+                _in_progress(sock)  # (if taken, as the wait ended: the handshake was done)
         else:
             _ss.connect(sock, resolved)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -540,7 +540,18 @@ def connect_across(sock: FriendCapableSocket, resolved: Any, deadline: Optional[
         raise
     if not _take(sock, rendezvous.end_wait(wait), wait, rendezvous):
         counters.fallback(Fallback.NOT_OFFERED, resolved)
+    if nonblocking:
+        _in_progress(sock)
     return True
+
+
+def _in_progress(sock: FriendCapableSocket) -> NoReturn:
+    """A non-blocking connect's answer, as the kernel's: BlockingIOError
+    (EINPROGRESS), whether it is done or not; a moved socket's next
+    connect then says it is done (see connect_again)."""
+    if isinstance(sock, AcrossSocket):
+        sock.__dict__[CONNECT_UNREPORTED] = True
+    raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
 
 
 def _connected_by(sock: FriendCapableSocket, resolved: Any, deadline: float) -> bool:
@@ -984,12 +995,12 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
                 room_like_friends(self, moved.tcp, moved.peer.rcvbuf)
 
     def connect(self, address: Any) -> None:
-        self._check_open()
-        raise OSError(errno.EISCONN, os.strerror(errno.EISCONN))  # as a connected TCP socket's
+        if self.connect_ex(address):
+            raise already_connected()
 
     def connect_ex(self, address: Any) -> int:
         self._check_open()
-        return errno.EISCONN
+        return connect_again(self)
 
     def _check_open(self) -> None:
         if _ss.fileno(self) < 0:

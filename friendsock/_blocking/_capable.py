@@ -46,10 +46,20 @@ from ._readiness import readiness_owners
 _INET = (socket.AF_INET, socket.AF_INET6)
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
 _NATIVE = "_friendsock_connected_natively"  # set by a connect friendsock left to the kernel
+# Set on a socket paired or moved by a non-blocking connect, until a
+# connect() call has been answered that it is done.
+CONNECT_UNREPORTED = "_friendsock_connect_unreported"
 
 # Whether connect() and listen() pair: set by patch_socket(). Sockets made
 # while patched stay FriendCapableSockets after unpatch_socket(), plain again.
 patched = False
+
+
+def connect_again(sock: "FriendCapableSocket") -> int:
+    """What a connect of ``sock``, connected by friendsock, answers (as
+    ``connect_ex()``): done (0), once, after a non-blocking connect, as
+    the kernel's does; after that, already connected."""
+    return 0 if sock.__dict__.pop(CONNECT_UNREPORTED, False) else errno.EISCONN
 
 
 class PairingSteps:

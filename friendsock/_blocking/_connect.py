@@ -32,9 +32,9 @@ from .._host._payoff import worth_an_offer
 from .._host._ports import listener_elsewhere
 from . import _ends
 from ._across import connect_across, may_cross
-from ._capable import FriendCapableSocket
+from ._capable import CONNECT_UNREPORTED, FriendCapableSocket
 from ._descriptor import Descriptor, _ss
-from ._paired import CONNECT_UNREPORTED, become_friend
+from ._paired import become_friend
 from ._readiness import Readiness
 
 _OWNER = object()  # a blocking client's scheduler: never a listener's, so links are threaded

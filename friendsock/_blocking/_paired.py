@@ -35,16 +35,11 @@ from .._friend_socket import FriendSocket, show_fin
 from .._paired_calls import PairedSocketCalls
 from .._socket_errors import already_connected, invalid_argument, not_through_descriptor
 from . import _ends
-from ._capable import FriendCapableSocket
+from ._capable import FriendCapableSocket, connect_again
 from ._descriptor import Descriptor, OriginalSocket, _ss
 from ._over_tcp import OVER_TCP_LIMIT, link_over_tcp
 from ._paired_io import PairedIO
 from ._readiness import Readiness, Signals
-
-
-# Set on a socket paired by a non-blocking connect, until a connect() call
-# has been answered that it is done.
-CONNECT_UNREPORTED = "_friendsock_connect_unreported"
 
 
 def become_friend(sock: FriendCapableSocket, end: LinkEnd, sockname: Any, peername: Any,
@@ -269,11 +264,7 @@ class FriendBlockingSocket(PairedIO, PairedSocketCalls, FriendCapableSocket):
 
     def connect_ex(self, address: Any) -> int:
         self._check_open()
-        # A non-blocking connect's next connect() says it is done (0), as
-        # the kernel's does, once; after that, already connected.
-        if self.__dict__.pop(CONNECT_UNREPORTED, False):
-            return 0
-        return errno.EISCONN
+        return connect_again(self)
 
     def setblocking(self, flag: bool) -> None:
         self._check_open()
