@@ -118,6 +118,12 @@ async def serve(door: str) -> None:
             await reader.readexactly(4)
             await _reset(writer)
             return
+        if door == "eof-hold":  # EOF read, then the connection held open while the server runs
+            print(json.dumps({"eof": await reader.read() == b""}), flush=True)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                writer.close()
         if door == "close":  # the answer, then a close while the client still writes
             writer.write(await reader.readexactly(4))
             writer.close()

@@ -1245,6 +1245,63 @@ async def test_a_read_shutdown_of_a_moved_socket_is_tcps(peer_loop, path, client
     assert got == b""
 
 
+def _blocking_shut_both_ways(port: int, reported: threading.Event) -> List[Any]:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        with pytest.raises(OSError) as refused:
+            sock.shutdown(7)  # (no such direction)
+        assert refused.value.errno == errno.EINVAL
+        sock.shutdown(socket.SHUT_RDWR)
+        assert reported.wait(20)
+        got: List[Any] = [sock.recv(10), list(sock.getpeername())]
+        try:
+            sock.send(b"late")
+        except OSError as exc:
+            got.append(type(exc).__name__)
+        return got
+
+
+def _trio_shut_both_ways(port: int, reported: threading.Event) -> List[Any]:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> List[Any]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            stream.socket.shutdown(socket.SHUT_RDWR)
+            assert await trio.to_thread.run_sync(reported.wait, 20)
+            got: List[Any] = [await stream.receive_some(10), list(stream.socket.getpeername())]
+            try:
+                await stream.socket.send(b"late")
+            except OSError as exc:
+                got.append(type(exc).__name__)
+            return got
+
+    return trio.run(exchange)
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_shutdown_both_ways_of_a_moved_socket_is_tcps(peer_loop, path, client):
+    """A blocking or trio socket's ``shutdown(SHUT_RDWR)`` is TCP's: the
+    server reads EOF; while it holds its end open the connection is not
+    over, so the socket still names its peer; a read finds EOF, a write
+    fails with BrokenPipeError."""
+    peer, port = await _serving(peer_loop, path, door="eof-hold")
+    reported = threading.Event()
+    run = _blocking_shut_both_ways if client == "blocking" else _trio_shut_both_ways
+    try:
+        shut = asyncio.ensure_future(asyncio.to_thread(run, port, reported))
+        try:
+            assert await peer.report() == {"eof": True}
+        finally:
+            reported.set()
+            got = await bounded(shut)
+    finally:
+        await peer.finish()
+    assert got == [b"", ["127.0.0.1", port], "BrokenPipeError"]
+
+
 def _blocking_from_wildcard(port: int, host: str) -> bool:
     """A client bound to the wildcard address before connect()."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:

@@ -62,6 +62,7 @@ from .._host._offers import (
     channel_gone,
     channel_listener,
     closes_with_reset,
+    directions_shut,
     messages_waiting,
     next_token,
     offer_answered,
@@ -962,23 +963,20 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def shutdown(self, how: int) -> None:
         moved: _Moved = self.__dict__[_STATE]
+        reading, writing = directions_shut(how)
         # (A reset read, made by a write taken after a close, or waiting.)
         refused = shutdown_refused(moved.refused_writes_fail or reset_pending(moved.tcp, self),
                                    self.both_ways_finished())
         if refused is not None:
             raise refused.as_os_error()
-        if how == socket.SHUT_RD:
-            # TCP's leaves the other end writing on, where the pair's would
-            # refuse its writes (EPIPE): its TCP socket's alone, and reads
-            # here find EOF once nothing is left to read, as TCP's.
-            moved.tcp.shutdown(how)
-            self.__class__ = ReadShutAcrossSocket
-            return
-        _ss.shutdown(self, how)
-        if how in (socket.SHUT_WR, socket.SHUT_RDWR):
+        if writing:
+            _ss.shutdown(self, socket.SHUT_WR)
             moved.shut_down = True
             if moved.tap is not None:
                 moved.tap.fin(moved.side)
+        if reading:  # (reads here find EOF once nothing is left to read, as TCP's)
+            moved.tcp.shutdown(socket.SHUT_RD)
+            self.__class__ = ReadShutAcrossSocket
 
     def getsockopt(self, *args: Any) -> Any:
         self._check_open()

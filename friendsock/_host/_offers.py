@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tu
 
 from .._core._addresses import is_unspecified
 from .._handshake._process import close_with_reset
+from .._socket_errors import check_how
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
 
 # Messages read from a channel in one go, at most (the rest wait their turn).
@@ -211,6 +212,17 @@ def offer_proven(message: Message, handed: List[socket.socket], wait: ConnectWai
     of that connection (its names mirror the connect's own)."""
     return (message.what is What.OFFER and len(handed) == 2 and is_stream_pair_end(handed[1])
             and mirrors(wait.names(), handed[0]))
+
+
+def directions_shut(how: int) -> Tuple[bool, bool]:
+    """What a moved socket's ``shutdown(how)`` ends: (its reading, its
+    writing). Each is ended where TCP's would take effect: the writing on
+    the pair, whose other end reads EOF; the reading on the TCP socket
+    alone, as the pair's would refuse the other end's writes (EPIPE) and
+    read to it as this end's FIN. A ``how`` that is none is refused as
+    the real call refuses it (:func:`check_how`), before anything else."""
+    check_how(how)
+    return how != socket.SHUT_WR, how != socket.SHUT_RD
 
 
 def peer_shut_down(fd: int) -> bool:
