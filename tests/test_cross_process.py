@@ -1557,6 +1557,30 @@ async def test_a_read_shutdown_here_leaves_the_other_end_writing(peer_loop, path
         await peer.finish()
 
 
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+async def test_a_shutdown_both_ways_here_leaves_the_connection_open(peer_loop, path):
+    """``get_extra_info('socket').shutdown(SHUT_RDWR)`` is TCP's: the other
+    end reads EOF; while it holds its end open the connection is not
+    over, so another shutdown is taken (TCP's fails, ENOTCONN, only once
+    the connection is closed). One of no direction fails EINVAL first."""
+    peer, port = await _serving(peer_loop, path, door="eof-hold")
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        try:
+            sock = writer.get_extra_info("socket")
+            with pytest.raises(OSError) as refused:
+                sock.shutdown(7)
+            assert refused.value.errno == errno.EINVAL
+            sock.shutdown(socket.SHUT_RDWR)
+            assert await peer.report() == {"eof": True}
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.getpeername() == ("127.0.0.1", port)
+        finally:
+            writer.close()
+    finally:
+        await peer.finish()
+
+
 async def test_loop_sendfile_over_a_moved_connection(peer_loop, path, tmp_path):
     """``loop.sendfile()`` sends the file's range as over TCP (asyncio);
     uvloop has none, for TCP or a moved connection alike."""

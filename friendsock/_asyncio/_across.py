@@ -52,6 +52,7 @@ from .._host._offers import (
     channel_gone,
     channel_listener,
     closes_with_reset,
+    directions_shut,
     messages_waiting,
     next_token,
     offer_answered,
@@ -617,17 +618,16 @@ class _AcrossSocket(trsock.TransportSocket):
         self.wrote_after_close = False
 
     def shutdown(self, how: int) -> None:
+        reading, writing = directions_shut(how)
         refused = shutdown_refused(self.wrote_after_close or reset_pending(self._tcp, self._pair),
                                    self.finished())
         if refused is not None:
             raise refused.as_os_error()
-        if how == socket.SHUT_RD:
-            # TCP's leaves the other end writing on; the pair's would
-            # refuse its writes (EPIPE). (Reads here go on.)
-            super().shutdown(how)
-            return
-        self._pair.shutdown(how)
-        self.write_shut = True
+        if writing:
+            self._pair.shutdown(socket.SHUT_WR)
+            self.write_shut = True
+        if reading:  # (the transport's reads go on)
+            super().shutdown(socket.SHUT_RD)
 
     def finished(self) -> bool:
         """Whether both directions finished here: this socket's writing
