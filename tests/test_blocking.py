@@ -613,6 +613,29 @@ def test_a_shutdown_once_both_directions_finished_fails(patched):
             assert raised.value.errno == errno.ENOTCONN
 
 
+@pytest.mark.parametrize("unread_by", ["server", "client"])
+def test_a_shutdown_while_a_fin_waits_behind_unread_bytes_goes_through(patched, unread_by):
+    """As above, but one end read nothing of the other's bytes, more than
+    its receive buffer holds: TCP's FIN from the other end still waits
+    behind them, the client's socket open, so its second shutdown goes
+    through and it still names its peer."""
+    with blocking_pair(patched) as (client, server):
+        reader, writer = (server, client) if unread_by == "server" else (client, server)
+        writer.setblocking(False)
+        sent = 0
+        with pytest.raises(BlockingIOError):
+            while True:
+                sent += writer.send(bytes(1 << 16))
+        assert sent > reader.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        writer.setblocking(True)
+        for sock in (client, server):
+            sock.shutdown(socket.SHUT_WR)
+        if unread_by == "server":
+            assert receive_until_eof(client) == b""
+        client.shutdown(socket.SHUT_WR)
+        assert client.getpeername() == server.getsockname()
+
+
 def test_shutdown_read_gives_eof(patched):
     with blocking_pair(patched) as (client, server):
         server.shutdown(socket.SHUT_RD)

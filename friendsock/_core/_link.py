@@ -297,12 +297,12 @@ class LinkEnd:
         False when the connection went on over TCP (:meth:`Link.go_on_over_tcp`,
         maybe while this call began): the shutdown is the socket's own, to
         make now that the move to TCP has sent what was queued."""
-        incoming = self.incoming
-        finished = self.outgoing.state is CHANNEL_EOF and incoming.state is CHANNEL_EOF
+        incoming, out = self.incoming, self.outgoing
+        finished = (out.state is CHANNEL_EOF and incoming.state is CHANNEL_EOF
+                    and fin_arrived(out.queued, out.rcvbuf) and fin_arrived(incoming.queued, incoming.rcvbuf))
         refused = shutdown_refused(incoming.state is CHANNEL_RESET, finished)
         if refused is not None:
             raise refused
-        out = self.outgoing
         if out.state is CHANNEL_OPEN or out.state is CHANNEL_TCP:
             # (Under the channel's lock: a move to TCP under way has sent
             # what was queued by the time this returns.)
@@ -416,8 +416,22 @@ def shutdown_refused(reset: bool, finished: bool = False) -> Optional[LinkBroken
     socket is closed, by a ``reset`` (the friend's, or the one the other
     kernel answers the write TCP takes after a clean close with, see
     :func:`write_refused_across`), or with both directions ``finished``
-    (this end's FIN sent and the friend's come in)."""
+    (this end's FIN sent, the friend's too, and each arrived:
+    :func:`fin_arrived`)."""
     return LinkBrokenError(errno.ENOTCONN) if reset or finished else None
+
+
+def fin_arrived(unread: int, rcvbuf: int) -> bool:
+    """Whether TCP's FIN, sent after ``unread`` bytes its reader has not
+    read yet, has surely reached the reader's kernel (and been
+    acknowledged): a socket is closed once both FINs have. The bytes
+    ahead of it go first, and the reader's kernel takes them as far as
+    the window it advertises, which holds at least half its SO_RCVBUF
+    (``rcvbuf``, as read back; more for large segments). Past that TCP's
+    FIN may still wait in the writer's send queue: a friend takes it for
+    not arrived then, so that a shutdown goes through where TCP's might
+    fail, never the other way round."""
+    return unread <= rcvbuf // 2
 
 
 class Link:
