@@ -104,6 +104,14 @@ async def _reset(writer: asyncio.StreamWriter) -> None:
     print(json.dumps({"aborted": True}), flush=True)
 
 
+async def _hold(writer: asyncio.StreamWriter) -> None:
+    """The connection held open until the server process ends."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        writer.close()
+
+
 async def serve(door: str) -> None:
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         digest = hashlib.sha256()
@@ -120,10 +128,12 @@ async def serve(door: str) -> None:
             return
         if door == "eof-hold":  # EOF read, then the connection held open while the server runs
             print(json.dumps({"eof": await reader.read() == b""}), flush=True)
-            try:
-                await asyncio.Event().wait()
-            finally:
-                writer.close()
+            await _hold(writer)
+        if door == "eof-unread":  # EOF at once, nothing read, then held open
+            writer.transport.pause_reading()
+            writer.write_eof()
+            print(json.dumps({"eof_sent": True}), flush=True)
+            await _hold(writer)
         if door == "close":  # the answer, then a close while the client still writes
             writer.write(await reader.readexactly(4))
             writer.close()

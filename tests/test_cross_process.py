@@ -1302,6 +1302,40 @@ async def test_a_shutdown_both_ways_of_a_moved_socket_is_tcps(peer_loop, path, c
     assert got == [b"", ["127.0.0.1", port], "BrokenPipeError"]
 
 
+def _blocking_fin_behind_unread(port: int, reported: threading.Event) -> List[Any]:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            while True:
+                sock.send(bytes(1 << 16))
+        sock.settimeout(20)
+        sock.shutdown(socket.SHUT_WR)
+        assert reported.wait(20)
+        got: List[Any] = [sock.recv(10)]
+        sock.shutdown(socket.SHUT_WR)
+        return got + [list(sock.getpeername())]
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_shutdown_while_the_fin_waits_behind_unread_bytes_goes_through(peer_loop, path):
+    """The server sends EOF and reads nothing; the client fills what the
+    connection holds, shuts its writing down and reads that EOF. TCP's
+    FIN from the client still waits behind its unread bytes, its socket
+    open: a second shutdown goes through and it still names its peer."""
+    peer, port = await _serving(peer_loop, path, door="eof-unread")
+    reported = threading.Event()
+    try:
+        shut = asyncio.ensure_future(asyncio.to_thread(_blocking_fin_behind_unread, port, reported))
+        try:
+            assert await peer.report() == {"eof_sent": True}
+        finally:
+            reported.set()
+            got = await bounded(shut)
+    finally:
+        await peer.finish()
+    assert got == [b"", ["127.0.0.1", port]]
+
+
 def _blocking_from_wildcard(port: int, host: str) -> bool:
     """A client bound to the wildcard address before connect()."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:

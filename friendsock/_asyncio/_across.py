@@ -48,6 +48,7 @@ from .._host._offers import (
     Peer,
     accept_channel,
     answer_offer,
+    both_ways_finished,
     bytes_to_read,
     channel_gone,
     channel_listener,
@@ -606,12 +607,13 @@ class _AcrossSocket(trsock.TransportSocket):
     what ends a direction (``shutdown()``) or moves bytes acts on the pair
     end instead, where the connection's bytes go."""
 
-    __slots__ = ("_tcp", "_pair", "write_shut", "wrote_after_close")
+    __slots__ = ("_tcp", "_pair", "_peer_rcvbuf", "write_shut", "wrote_after_close")
 
-    def __init__(self, tcp: socket.socket, pair: socket.socket) -> None:
+    def __init__(self, tcp: socket.socket, pair: socket.socket, peer_rcvbuf: int) -> None:
         super().__init__(tcp)
         self._tcp = tcp
         self._pair = pair
+        self._peer_rcvbuf = peer_rcvbuf
         self.write_shut = False
         # A write was taken after the other end's close (see
         # AcrossTransport._taken_after_close): TCP's connection was reset then.
@@ -630,9 +632,8 @@ class _AcrossSocket(trsock.TransportSocket):
             super().shutdown(socket.SHUT_RD)
 
     def finished(self) -> bool:
-        """Whether both directions finished here: this socket's writing
-        shut down and the other end's EOF come (TCP's socket closed by then)."""
-        return self.write_shut and peer_shut_down(self._pair.fileno())
+        """Whether TCP's socket would be closed by now (see both_ways_finished)."""
+        return both_ways_finished(self._pair.fileno(), self._tcp, self.write_shut, self._peer_rcvbuf)
 
 
 def _on_the_pair(name: str) -> Callable[..., Any]:
@@ -680,7 +681,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
                  client: bool) -> None:
         self._sockname, self._peername = names
         self._on_uvloop = not isinstance(rendezvous.loop, asyncio.BaseEventLoop)
-        self._socket = (_UvloopAcrossSocket if self._on_uvloop else _AcrossSocket)(tcp, pair_end)
+        self._socket = (_UvloopAcrossSocket if self._on_uvloop else _AcrossSocket)(tcp, pair_end, peer.rcvbuf)
         super().__init__(extra={
             "socket": self._socket,
             "sockname": self._sockname,

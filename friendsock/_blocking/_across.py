@@ -58,6 +58,7 @@ from .._host._offers import (
     ConnectWait,
     Peer,
     accept_channel,
+    both_ways_finished,
     bytes_to_read,
     channel_gone,
     channel_listener,
@@ -812,9 +813,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         return moved.names[1]
 
     def both_ways_finished(self) -> bool:
-        """Whether this socket's writing is shut down and the other end's
-        EOF has come in: TCP's socket would be closed by now."""
-        return self.__dict__[_STATE].shut_down and peer_shut_down(_ss.fileno(self))
+        """Whether TCP's socket would be closed by now (see both_ways_finished)."""
+        moved: _Moved = self.__dict__[_STATE]
+        return both_ways_finished(_ss.fileno(self), moved.tcp, moved.shut_down, moved.peer.rcvbuf)
 
     # A read that finds EOF where the other end aborted raises its reset,
     # which came on the TCP socket first, as TCP's read would; one that

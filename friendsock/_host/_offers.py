@@ -19,6 +19,7 @@ import termios
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from .._core._addresses import is_unspecified
+from .._core._link import fin_arrived
 from .._handshake._process import close_with_reset
 from .._socket_errors import check_how
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
@@ -233,6 +234,17 @@ def peer_shut_down(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
+def both_ways_finished(fd: int, tcp: socket.socket, write_shut: bool, peer_rcvbuf: int) -> bool:
+    """Whether the TCP socket ``tcp`` of a connection moved onto the pair
+    end ``fd`` would be closed by now: its writing shut down
+    (``write_shut``), the other end's too, and each FIN arrived
+    (:func:`fin_arrived`). What the other end has not read yet is
+    measured by ``SIOCOUTQ``: the memory those bytes take, a little more
+    than the bytes."""
+    return (write_shut and peer_shut_down(fd) and fin_arrived(_sent_unread(fd), peer_rcvbuf)
+            and fin_arrived(bytes_to_read(fd), tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)))
+
+
 def room_like_friends(pair_end: socket.socket, tcp: socket.socket, peer_rcvbuf: int) -> None:
     """The pair end's send buffer as a friend's room: this end's SO_SNDBUF
     plus the peer's SO_RCVBUF (the kernel doubles what it is given, as the
@@ -346,6 +358,12 @@ def bytes_to_read(pair_end: Any) -> int:
     descriptor): ``SIOCINQ``."""
     fd = pair_end if isinstance(pair_end, int) else pair_end.fileno()
     return _QUEUE_SIZE.unpack(fcntl.ioctl(fd, termios.FIONREAD, bytes(_QUEUE_SIZE.size)))[0]
+
+
+def _sent_unread(fd: int) -> int:
+    """What the pair end ``fd`` sent that its other end has not read yet:
+    ``SIOCOUTQ``, the memory those bytes take."""
+    return _QUEUE_SIZE.unpack(fcntl.ioctl(fd, termios.TIOCOUTQ, bytes(_QUEUE_SIZE.size)))[0]
 
 
 _LINGER = struct.Struct("ii")
