@@ -796,6 +796,25 @@ async def _on_a_thread_against_a_server(peer_loop: str, path: str, client: Any,
         await peer.finish()
 
 
+async def _on_a_thread_until_the_server_reports(peer_loop: str, path: str, client: Any,
+                                                door: str) -> "tuple[Any, Dict[str, Any]]":
+    """``client(port, reported)`` run on a thread of its own against a
+    server process behind ``door``, the event ``reported`` set once the
+    server reported the connection: what it returned, and that report."""
+    peer, port = await _serving(peer_loop, path, door=door)
+    reported = threading.Event()
+    try:
+        running = asyncio.ensure_future(asyncio.to_thread(client, port, reported))
+        try:
+            report = await peer.report()
+        finally:
+            reported.set()
+            found = await bounded(running)
+        return found, report
+    finally:
+        await peer.finish()
+
+
 def _moved_counts(sockname: List[Any]) -> Any:
     """What ``friendsock.links()`` says of the connection whose end here is
     ``sockname``: the other end's pid and the bytes moved to the server
@@ -1230,18 +1249,9 @@ async def test_a_read_shutdown_of_a_moved_socket_is_tcps(peer_loop, path, client
     with nothing to read finds EOF at once, and the server's answer is
     written (a socketpair's would refuse it, EPIPE) and its close a clean
     one."""
-    peer, port = await _serving(peer_loop, path, door="close")
-    reported = threading.Event()
     run = _blocking_read_shut if client == "blocking" else _trio_read_shut
-    try:
-        reading = asyncio.ensure_future(asyncio.to_thread(run, port, reported))
-        try:
-            assert await peer.report() == {"closed": True}
-        finally:
-            reported.set()
-            got = await bounded(reading)
-    finally:
-        await peer.finish()
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, run, door="close")
+    assert report == {"closed": True}
     assert got == b""
 
 
@@ -1252,7 +1262,7 @@ def _blocking_shut_both_ways(port: int, reported: threading.Event) -> List[Any]:
         assert refused.value.errno == errno.EINVAL
         sock.shutdown(socket.SHUT_RDWR)
         assert reported.wait(20)
-        got: List[Any] = [sock.recv(10), list(sock.getpeername())]
+        got: List[Any] = [sock.recv(10), sock.getpeername() == ("127.0.0.1", port)]
         try:
             sock.send(b"late")
         except OSError as exc:
@@ -1270,7 +1280,8 @@ def _trio_shut_both_ways(port: int, reported: threading.Event) -> List[Any]:
         async with stream:
             stream.socket.shutdown(socket.SHUT_RDWR)
             assert await trio.to_thread.run_sync(reported.wait, 20)
-            got: List[Any] = [await stream.receive_some(10), list(stream.socket.getpeername())]
+            got: List[Any] = [await stream.receive_some(10),
+                              stream.socket.getpeername() == ("127.0.0.1", port)]
             try:
                 await stream.socket.send(b"late")
             except OSError as exc:
@@ -1287,19 +1298,10 @@ async def test_a_shutdown_both_ways_of_a_moved_socket_is_tcps(peer_loop, path, c
     server reads EOF; while it holds its end open the connection is not
     over, so the socket still names its peer; a read finds EOF, a write
     fails with BrokenPipeError."""
-    peer, port = await _serving(peer_loop, path, door="eof-hold")
-    reported = threading.Event()
     run = _blocking_shut_both_ways if client == "blocking" else _trio_shut_both_ways
-    try:
-        shut = asyncio.ensure_future(asyncio.to_thread(run, port, reported))
-        try:
-            assert await peer.report() == {"eof": True}
-        finally:
-            reported.set()
-            got = await bounded(shut)
-    finally:
-        await peer.finish()
-    assert got == [b"", ["127.0.0.1", port], "BrokenPipeError"]
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, run, door="eof-hold")
+    assert report == {"eof": True}
+    assert got == [b"", True, "BrokenPipeError"]
 
 
 def _blocking_fin_behind_unread(port: int, reported: threading.Event) -> List[Any]:
@@ -1313,7 +1315,7 @@ def _blocking_fin_behind_unread(port: int, reported: threading.Event) -> List[An
         assert reported.wait(20)
         got: List[Any] = [sock.recv(10)]
         sock.shutdown(socket.SHUT_WR)
-        return got + [list(sock.getpeername())]
+        return got + [sock.getpeername() == ("127.0.0.1", port)]
 
 
 @pytest.mark.usefixtures("socket_patched")
@@ -1322,18 +1324,10 @@ async def test_a_shutdown_while_the_fin_waits_behind_unread_bytes_goes_through(p
     connection holds, shuts its writing down and reads that EOF. TCP's
     FIN from the client still waits behind its unread bytes, its socket
     open: a second shutdown goes through and it still names its peer."""
-    peer, port = await _serving(peer_loop, path, door="eof-unread")
-    reported = threading.Event()
-    try:
-        shut = asyncio.ensure_future(asyncio.to_thread(_blocking_fin_behind_unread, port, reported))
-        try:
-            assert await peer.report() == {"eof_sent": True}
-        finally:
-            reported.set()
-            got = await bounded(shut)
-    finally:
-        await peer.finish()
-    assert got == [b"", ["127.0.0.1", port]]
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, _blocking_fin_behind_unread,
+                                                              door="eof-unread")
+    assert report == {"eof_sent": True}
+    assert got == [b"", True]
 
 
 def _blocking_from_wildcard(port: int, host: str) -> bool:
