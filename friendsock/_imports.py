@@ -8,12 +8,14 @@ is imported (at once when it already was).
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, cast
+
+if TYPE_CHECKING:
+    import importlib.abc
 
 Hook = Callable[[ModuleType], None]
 
@@ -21,7 +23,10 @@ _lock = threading.RLock()
 _hooks: Dict[str, List[Hook]] = {}
 
 
-class _HookedLoader(importlib.abc.Loader):
+# The finder and the loader below are not importlib.abc's subclasses: that
+# module imports importlib.resources, tempfile and shutil (some 4 ms) into
+# every process friendsock is switched on in.
+class _HookedLoader:
     """The module's own loader, and the hooks once it has run."""
 
     def __init__(self, loader: Any, name: str) -> None:
@@ -41,7 +46,7 @@ class _HookedLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     def find_spec(self, fullname: str, path: Optional[Sequence[str]],
                   target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
         if fullname not in _hooks:
@@ -52,7 +57,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _HookedLoader(spec.loader, fullname)
+                    spec.loader = cast("importlib.abc.Loader", _HookedLoader(spec.loader, fullname))
                 return spec
         return None
 
