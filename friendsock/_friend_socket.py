@@ -124,25 +124,39 @@ def shut_write(end: LinkEnd, show_own_fin: Callable[[], None],
         shutdown_on_tcp(socket.SHUT_WR)
 
 
+def held_weakly(hook: Optional[Callable[[], None]]) -> Any:
+    """``hook`` as an owner's object keeps it: a bound method weakly."""
+    return weakref.WeakMethod(hook) if isinstance(hook, types.MethodType) else hook
+
+
+def call_held(kept: Any) -> None:
+    """Call a hook kept by :func:`held_weakly`, if it (and its owner) is still there."""
+    hook = kept() if isinstance(kept, weakref.WeakMethod) else kept
+    if hook is not None:
+        hook()
+
+
 class FriendSocket:
     """Like ``asyncio.trsock.TransportSocket``: the real socket, minus the
     calls that would steal it from the transport."""
 
-    __slots__ = ("_sock", "_end", "_on_change")
+    __slots__ = ("_sock", "_end", "_on_change", "_on_read_shut")
 
     def __init__(
         self,
         sock: socket.socket,
         end: LinkEnd,
         on_change: Optional[Callable[[], None]] = None,
+        on_read_shut: Optional[Callable[[], None]] = None,
     ) -> None:
         self._sock = sock
         self._end = end
-        # The owner re-checks flow control. Its bound method is held weakly:
-        # the owner holds this object, and a cycle would leave a finished
+        # The owner re-checks flow control (on_change), and learns that its
+        # reading is shut (on_read_shut). Bound methods are held weakly: the
+        # owner holds this object, and a cycle would leave a finished
         # connection to the cyclic collector.
-        self._on_change: Any = (weakref.WeakMethod(on_change)
-                                if isinstance(on_change, types.MethodType) else on_change)
+        self._on_change: Any = held_weakly(on_change)
+        self._on_read_shut: Any = held_weakly(on_read_shut)
 
     family = property(lambda self: self._sock.family)
     type = property(lambda self: self._sock.type)
@@ -233,11 +247,7 @@ class FriendSocket:
     def sync_buffer_sizes(self) -> None:
         """:func:`copy_buffer_sizes`, then tell the owner."""
         copy_buffer_sizes(self._sock, self._end)
-        on_change = self._on_change
-        if isinstance(on_change, weakref.WeakMethod):
-            on_change = on_change()
-        if on_change is not None:
-            on_change()
+        call_held(self._on_change)
 
     def shutdown(self, how: int) -> None:
         """As asyncio's transport socket passes it to the socket: SHUT_WR
@@ -253,8 +263,10 @@ class FriendSocket:
             # (Looked up only if it goes on over TCP: a socketless end's
             # stand-in has no shutdown.)
             shut_write(end, lambda: show_fin(end, sock), lambda how: sock.shutdown(how))
-        if how != socket.SHUT_WR and _real_fileno(sock) >= 0:  # (a socketless end has none)
-            sock.shutdown(socket.SHUT_RD)
+        if how != socket.SHUT_WR:
+            if _real_fileno(sock) >= 0:  # (a socketless end has none)
+                sock.shutdown(socket.SHUT_RD)
+            call_held(self._on_read_shut)
 
     def settimeout(self, value: Optional[float]) -> None:
         if value == 0:
@@ -278,9 +290,9 @@ class UvloopFriendSocket(FriendSocket):
 
     __slots__ = ("_sockname", "_peername")
 
-    def __init__(self, sock: socket.socket, end: LinkEnd,
-                 on_change: Optional[Callable[[], None]] = None) -> None:
-        super().__init__(sock, end, on_change)
+    def __init__(self, sock: socket.socket, end: LinkEnd, on_change: Optional[Callable[[], None]] = None,
+                 on_read_shut: Optional[Callable[[], None]] = None) -> None:
+        super().__init__(sock, end, on_change, on_read_shut)
         self._sockname: Any = None
         self._peername: Any = None
 

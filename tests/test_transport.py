@@ -1632,6 +1632,29 @@ async def test_a_shutdown_once_both_directions_finished_fails(friends):
     assert by_socket.value.errno == by_transport.value.errno == errno.ENOTCONN
 
 
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+@pytest.mark.parametrize("keep_open", [True, False])
+async def test_a_read_shutdown_delivers_eof_after_what_came(friends, keep_open):
+    """``get_extra_info('socket').shutdown(SHUT_RD)``, as over TCP: what
+    came before is delivered, then ``eof_received()``; the transport reads
+    no more (the server's later bytes are not delivered, while writing
+    goes on), or closes if its protocol does not keep it open."""
+    async with connected_pair(friends, client_protocol=lambda: Recorder(eof_keep_open=keep_open)) as (
+            transport, client, server):
+        server.transport.write(b"before")
+        await wait(client.wait_bytes(6))
+        transport.get_extra_info("socket").shutdown(socket.SHUT_RD)
+        await wait(client.eof)
+        if not keep_open:
+            assert await wait(client.lost) is None
+            assert client.events == ["made", "data", "eof", "lost"]
+            return
+        server.transport.write(b"after")
+        transport.write(b"ping")
+        assert await wait(server.wait_bytes(4)) == b"ping"
+        assert client.events == ["made", "data", "eof"] and bytes(client.data) == b"before"
+
+
 async def test_a_buffer_that_is_not_bytes_is_written_as_the_loop_writes_it(friends):
     """uvloop's write() sends the bytes of any contiguous buffer (an
     array); asyncio's takes bytes, bytearray and memoryview only."""

@@ -109,6 +109,7 @@ class FriendTransport(ReadSide, WriteSide):
         self._closed = False  # connection_lost() ran
         self._eof = False  # write_eof() was called
         self._eof_delivered = False
+        self._read_shut = False
         self._conn_lost = 0
         self._paused_reading = False
         self._protocol_paused = False
@@ -244,7 +245,8 @@ class FriendTransport(ReadSide, WriteSide):
                 if self._closed and not isinstance(self._loop, asyncio.BaseEventLoop):
                     return None
                 kind = FriendSocket if isinstance(self._loop, asyncio.BaseEventLoop) else UvloopFriendSocket
-                wrapped = self._socket = kind(self._sock, self._end, self._buffer_sizes_changed)
+                wrapped = self._socket = kind(self._sock, self._end, self._buffer_sizes_changed,
+                                              self._reading_shut)
                 # Set once somebody can look (no segment of ours is ever
                 # delayed: the bytes do not go through the socket).
                 set_nodelay(self._loop, wrapped)

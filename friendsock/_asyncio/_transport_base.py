@@ -46,6 +46,7 @@ class TransportBase(_FlowControlMixin):
         "_closed",
         "_eof",
         "_eof_delivered",
+        "_read_shut",
         "_conn_lost",
         "_paused_reading",
         "_drains",
@@ -74,6 +75,7 @@ class TransportBase(_FlowControlMixin):
     _closed: bool  # connection_lost() ran
     _eof: bool  # write_eof() was called
     _eof_delivered: bool
+    _read_shut: bool  # its socket's shutdown(SHUT_RD)
     _conn_lost: int
     _paused_reading: bool
     _protocol_paused: bool

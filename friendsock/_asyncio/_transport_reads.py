@@ -107,8 +107,11 @@ class ReadSide(TransportBase):
                 except BaseException as exc:
                     self._fatal_error(exc, "Fatal error: protocol.data_received() call failed.")
             # The writer is done (else more may come), and this end still reads.
-            if channel.state is not CHANNEL_OPEN and not (self._paused_reading or self._closing):
-                self._drain_end(channel.seen())
+            if not (self._paused_reading or self._closing):
+                if channel.state is not CHANNEL_OPEN:
+                    self._drain_end(channel.seen())
+                elif self._read_shut and not channel.queued:
+                    self._deliver_eof()  # (TCP's read finds EOF then; the friend writes on)
         except BaseException:
             if outermost:
                 drains.stop()
@@ -119,6 +122,14 @@ class ReadSide(TransportBase):
                 drains.run_rounds(self._context)
             else:
                 drains.running = False
+
+    def _reading_shut(self) -> None:
+        """Its socket's ``shutdown(SHUT_RD)``: as over TCP, EOF once what
+        came before is delivered (``eof_received()``), and no more reading."""
+        if not self._read_shut:
+            self._read_shut = True
+            if not (self._eof_delivered or self._closing):
+                self._schedule_drain()
 
     def _drain_end(self, seen: Seen) -> None:
         """The writer is done: EOF or the reset once its bytes are read."""
