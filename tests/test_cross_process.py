@@ -1609,6 +1609,29 @@ async def test_a_shutdown_both_ways_here_leaves_the_connection_open(peer_loop, p
         await peer.finish()
 
 
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+async def test_a_read_shutdown_here_reads_eof_after_what_came(peer_loop, path):
+    """After ``get_extra_info('socket').shutdown(SHUT_RD)``, as over TCP,
+    the reader finds what came before, then EOF, and not what the server
+    echoes later; the client's writing goes on, the server reads all of it."""
+    peer, port = await _serving(peer_loop, path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        try:
+            writer.write(b"ping")
+            assert await bounded(reader.readexactly(4)) == b"ping"
+            writer.get_extra_info("socket").shutdown(socket.SHUT_RD)
+            assert await bounded(reader.read()) == b""
+            writer.write(b"more")
+            writer.write_eof()
+            report = await peer.report()
+        finally:
+            writer.close()
+    finally:
+        await peer.finish()
+    assert report["sha256"] == hashlib.sha256(b"pingmore").hexdigest()
+
+
 async def test_loop_sendfile_over_a_moved_connection(peer_loop, path, tmp_path):
     """``loop.sendfile()`` sends the file's range as over TCP (asyncio);
     uvloop has none, for TCP or a moved connection alike."""

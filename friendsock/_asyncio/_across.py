@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, S
 from .._core._link import shutdown_refused, write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._pcap import CLIENT, SERVER
-from .._friend_socket import refuse_as_uvloop
+from .._friend_socket import call_held, held_weakly, refuse_as_uvloop
 from .._core._stats import counters
 from .._core._tap import StreamTap, stream_tap_for
 from .._core._switch import is_enabled
@@ -607,13 +607,15 @@ class _AcrossSocket(trsock.TransportSocket):
     what ends a direction (``shutdown()``) or moves bytes acts on the pair
     end instead, where the connection's bytes go."""
 
-    __slots__ = ("_tcp", "_pair", "_peer_rcvbuf", "write_shut", "wrote_after_close")
+    __slots__ = ("_tcp", "_pair", "_peer_rcvbuf", "_on_read_shut", "write_shut", "wrote_after_close")
 
-    def __init__(self, tcp: socket.socket, pair: socket.socket, peer_rcvbuf: int) -> None:
+    def __init__(self, tcp: socket.socket, pair: socket.socket, peer_rcvbuf: int,
+                 on_read_shut: Callable[[], None]) -> None:
         super().__init__(tcp)
         self._tcp = tcp
         self._pair = pair
         self._peer_rcvbuf = peer_rcvbuf
+        self._on_read_shut = held_weakly(on_read_shut)  # (the transport holds this object)
         self.write_shut = False
         # A write was taken after the other end's close (see
         # AcrossTransport._taken_after_close): TCP's connection was reset then.
@@ -628,8 +630,9 @@ class _AcrossSocket(trsock.TransportSocket):
         if writing:
             self._pair.shutdown(socket.SHUT_WR)
             self.write_shut = True
-        if reading:  # (the transport's reads go on)
+        if reading:
             super().shutdown(socket.SHUT_RD)
+            call_held(self._on_read_shut)
 
     def finished(self) -> bool:
         """Whether TCP's socket would be closed by now (see both_ways_finished)."""
@@ -681,7 +684,8 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
                  client: bool) -> None:
         self._sockname, self._peername = names
         self._on_uvloop = not isinstance(rendezvous.loop, asyncio.BaseEventLoop)
-        self._socket = (_UvloopAcrossSocket if self._on_uvloop else _AcrossSocket)(tcp, pair_end, peer.rcvbuf)
+        self._socket = (_UvloopAcrossSocket if self._on_uvloop else _AcrossSocket)(
+            tcp, pair_end, peer.rcvbuf, self._reading_shut)
         super().__init__(extra={
             "socket": self._socket,
             "sockname": self._sockname,
@@ -707,6 +711,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         self._writes = 0
         self._eof_sent = False
         self._eof_came = False
+        self._read_shut = False  # its socket's shutdown(SHUT_RD), see _reading_shut
         self._hang_up: Optional[Any] = None  # a poll of the pair end for its other end's close
         self._reset_came: Optional[ConnectionResetError] = None  # see _other_end_reset
         # The capture's tap while one runs (friendsock.capture): this end's
@@ -853,11 +858,36 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
                 self._tap.reset(self._side)
         self.abort()
 
+    def _reading_shut(self) -> None:
+        """Its socket's ``shutdown(SHUT_RD)``, which the pair knows nothing
+        of: as over TCP, EOF once what came before is delivered, and no
+        more reading (the other end's later bytes wait on the pair)."""
+        if self._read_shut or self._eof_came or self._inner is None or self._inner.is_closing():
+            return
+        self._read_shut = True
+        self._look_for_read_shut_eof()
+
+    def _look_for_read_shut_eof(self) -> None:
+        """After a read shutdown: EOF soon if nothing is left to read on the
+        pair (else the relay looks again once it passed those bytes on)."""
+        if not bytes_to_read(self._socket._pair):
+            self._rendezvous.loop.call_soon(self._read_shut_eof, context=self._context)
+
+    def _read_shut_eof(self) -> None:
+        inner = self._inner
+        if inner.is_closing() or not inner.is_reading():
+            return  # (paused: resume_reading() looks again)
+        inner.pause_reading()
+        if not self._protocol.eof_received():  # type: ignore[attr-defined]
+            self.close()
+
     def pause_reading(self) -> None:
         self._inner.pause_reading()
 
     def resume_reading(self) -> None:
         self._inner.resume_reading()
+        if self._read_shut:
+            self._look_for_read_shut_eof()
 
     def is_reading(self) -> bool:
         return self._inner.is_reading()
@@ -986,7 +1016,12 @@ class _Relay(asyncio.Protocol):
         receive = getattr(self.protocol, "data_received", None)
         if receive is not None:
             receive(data)
-            return
+        else:
+            self._copy_into_buffers(data)
+        if outer._read_shut:
+            outer._look_for_read_shut_eof()
+
+    def _copy_into_buffers(self, data: bytes) -> None:
         # A protocol that reads into its own buffers, set on a transport
         # that delivers bytes (uvloop keeps a stream's first way of reading).
         view = memoryview(data)
@@ -1035,6 +1070,8 @@ class _BufferedRelay(_Relay, asyncio.BufferedProtocol):
             self.protocol.buffer_updated(nbytes)
         else:
             self.protocol.data_received(bytes(self._buffer[:nbytes]))  # type: ignore[attr-defined]
+        if outer._read_shut:
+            outer._look_for_read_shut_eof()
 
 
 def _relay_for(outer: AcrossTransport, protocol: asyncio.BaseProtocol) -> _Relay:
