@@ -291,7 +291,13 @@ class FriendVsTcp(RuleBasedStateMachine):
             # Unread bytes at close: the kernel answers with a reset.
             unread = self.ends[path][side].received < peer.delivered_target()
             self.reset_by[path][side] = unread and not self.ends[path][side].lost
-        assert self.reset_by["friend"][side] == self.reset_by["tcp"][side]
+        if self.reset_by["friend"][side] != self.reset_by["tcp"][side]:
+            # Only whether this end learnt of its peer's reset yet differs:
+            # a paused end learns of it through a write still buffered, and
+            # TCP's sizes decide whether there is one (see _comparable_events).
+            cut_off = peer.aborted or any(self.reset_by[p][PEER[side]] for p in PATHS)
+            assert me.paused and cut_off, (side, self.reset_by, self._dump())
+            self.excused[side] = True
         in_flight = max(me.written - self.ends[path][PEER[side]].received for path in PATHS)
         if in_flight > UNCERTAIN_IN_FLIGHT:
             self.fin_uncertain[PEER[side]] = True
