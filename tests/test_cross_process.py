@@ -11,6 +11,7 @@ or a reset, never a hang and never another connection's bytes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import hashlib
@@ -123,6 +124,22 @@ def no_peer_left(nothing_left_open):
 async def _serving(peer_loop: str, path: str, door: str = "api", **env: str) -> "tuple[Peer, int]":
     peer = await Peer.start("serve", peer_loop, door, env=_environment(path, **env))
     return peer, int(await peer.line())
+
+
+@contextlib.asynccontextmanager
+async def _connected_to_a_server(peer_loop: str, path: str, door: str = "api") -> Any:
+    """An asyncio connection to a server process behind ``door``: the
+    process, its port, the reader and the writer; the writer closed and
+    the process finished after."""
+    peer, port = await _serving(peer_loop, path, door=door)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        try:
+            yield peer, port, reader, writer
+        finally:
+            writer.close()
+    finally:
+        await peer.finish()
 
 
 async def _client_report(server: Any, *args: str, path: str,
@@ -1572,17 +1589,10 @@ async def test_a_read_shutdown_here_leaves_the_other_end_writing(peer_loop, path
     """``get_extra_info('socket').shutdown(SHUT_RD)`` is TCP's: the other
     end's writes go on (a socketpair's would refuse them, EPIPE), and its
     close is a clean one."""
-    peer, port = await _serving(peer_loop, path, door="close")
-    try:
-        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
-        try:
-            writer.get_extra_info("socket").shutdown(socket.SHUT_RD)
-            writer.write(b"ping")  # (answered, then closed)
-            assert await peer.report() == {"closed": True}
-        finally:
-            writer.close()
-    finally:
-        await peer.finish()
+    async with _connected_to_a_server(peer_loop, path, door="close") as (peer, port, reader, writer):
+        writer.get_extra_info("socket").shutdown(socket.SHUT_RD)
+        writer.write(b"ping")  # (answered, then closed)
+        assert await peer.report() == {"closed": True}
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
@@ -1591,22 +1601,15 @@ async def test_a_shutdown_both_ways_here_leaves_the_connection_open(peer_loop, p
     end reads EOF; while it holds its end open the connection is not
     over, so another shutdown is taken (TCP's fails, ENOTCONN, only once
     the connection is closed). One of no direction fails EINVAL first."""
-    peer, port = await _serving(peer_loop, path, door="eof-hold")
-    try:
-        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
-        try:
-            sock = writer.get_extra_info("socket")
-            with pytest.raises(OSError) as refused:
-                sock.shutdown(7)
-            assert refused.value.errno == errno.EINVAL
-            sock.shutdown(socket.SHUT_RDWR)
-            assert await peer.report() == {"eof": True}
-            sock.shutdown(socket.SHUT_WR)
-            assert sock.getpeername() == ("127.0.0.1", port)
-        finally:
-            writer.close()
-    finally:
-        await peer.finish()
+    async with _connected_to_a_server(peer_loop, path, door="eof-hold") as (peer, port, reader, writer):
+        sock = writer.get_extra_info("socket")
+        with pytest.raises(OSError) as refused:
+            sock.shutdown(7)
+        assert refused.value.errno == errno.EINVAL
+        sock.shutdown(socket.SHUT_RDWR)
+        assert await peer.report() == {"eof": True}
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.getpeername() == ("127.0.0.1", port)
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
@@ -1614,21 +1617,14 @@ async def test_a_read_shutdown_here_reads_eof_after_what_came(peer_loop, path):
     """After ``get_extra_info('socket').shutdown(SHUT_RD)``, as over TCP,
     the reader finds what came before, then EOF, and not what the server
     echoes later; the client's writing goes on, the server reads all of it."""
-    peer, port = await _serving(peer_loop, path)
-    try:
-        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
-        try:
-            writer.write(b"ping")
-            assert await bounded(reader.readexactly(4)) == b"ping"
-            writer.get_extra_info("socket").shutdown(socket.SHUT_RD)
-            assert await bounded(reader.read()) == b""
-            writer.write(b"more")
-            writer.write_eof()
-            report = await peer.report()
-        finally:
-            writer.close()
-    finally:
-        await peer.finish()
+    async with _connected_to_a_server(peer_loop, path) as (peer, port, reader, writer):
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        writer.get_extra_info("socket").shutdown(socket.SHUT_RD)
+        assert await bounded(reader.read()) == b""
+        writer.write(b"more")
+        writer.write_eof()
+        report = await peer.report()
     assert report["sha256"] == hashlib.sha256(b"pingmore").hexdigest()
 
 
