@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import socket
 import sys
 
@@ -113,6 +114,9 @@ async def _hold(writer: asyncio.StreamWriter) -> None:
 
 
 async def serve(door: str) -> None:
+    told = asyncio.Event()  # (SIGUSR1: the test's go-ahead)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, told.set)
+
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         digest = hashlib.sha256()
         if door == "abort":
@@ -128,6 +132,16 @@ async def serve(door: str) -> None:
             return
         if door == "eof-hold":  # EOF read, then the connection held open while the server runs
             print(json.dumps({"eof": await reader.read() == b""}), flush=True)
+            await _hold(writer)
+        if door == "eof-late":  # what ends the connection read only once told, then held open
+            writer.transport.pause_reading()
+            print(json.dumps({"accepted": True}), flush=True)
+            await told.wait()
+            writer.transport.resume_reading()
+            try:
+                print(json.dumps({"eof": await reader.read() == b""}), flush=True)
+            except ConnectionError as exc:
+                print(json.dumps({"error": type(exc).__name__}), flush=True)
             await _hold(writer)
         if door == "eof-unread":  # EOF at once, nothing read, then held open
             writer.transport.pause_reading()

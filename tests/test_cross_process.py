@@ -35,7 +35,8 @@ import uvloop
 import friendsock
 from friendsock._handshake._tcp_info import payload_moved
 
-from support import Recorder, bounded, fallbacks_since, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts
+from support import (Recorder, bounded, fallbacks_since, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts,
+                     until)
 from test_capture import check_tcp_shape, read_capture, tshark_check
 
 PEER = str(Path(__file__).with_name("cross_process_peer.py"))
@@ -1319,6 +1320,61 @@ async def test_a_shutdown_both_ways_of_a_moved_socket_is_tcps(peer_loop, path, c
     got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, run, door="eof-hold")
     assert report == {"eof": True}
     assert got == [b"", True, "BrokenPipeError"]
+
+
+def _blocking_shut_and_closed(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _trio_shut_and_closed(port: int) -> None:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> None:
+        with trio.fail_after(20):
+            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                stream.socket.shutdown(socket.SHUT_RDWR)
+
+    trio.run(exchange)
+
+
+async def _eof_read_after_the_close(peer: Any, port: int) -> Dict[str, Any]:
+    """What the server process behind ``eof-late`` reads, told to once the
+    client's end of its connection to ``port`` closed (the kernel's table
+    shows none established)."""
+    assert await peer.report() == {"accepted": True}
+    await until(lambda: not tcp_connections(port, "01"))
+    peer.process.send_signal(signal.SIGUSR1)
+    return await peer.report()
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_close_after_a_shutdown_both_ways_ends_with_a_fin(peer_loop, path, client):
+    """A client shuts its socket down both ways and closes it, as a
+    stopping service does: its close is TCP's FIN, not a reset (its TCP
+    socket polls readable once its reading is shut, which is not the
+    server's FIN to answer). The server, reading only after, finds EOF."""
+    peer, port = await _serving(peer_loop, path, door="eof-late")
+    try:
+        await bounded(asyncio.to_thread(_blocking_shut_and_closed if client == "blocking" else _trio_shut_and_closed,
+                                        port), 30)
+        assert await _eof_read_after_the_close(peer, port) == {"eof": True}
+    finally:
+        await peer.finish()
+
+
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+async def test_a_transport_closed_after_its_socket_shut_down_both_ways_ends_with_a_fin(peer_loop, path):
+    """The same of a transport whose socket (``get_extra_info('socket')``)
+    was shut down both ways before its close."""
+    async with _connected_to_a_server(peer_loop, path, door="eof-late") as (peer, port, reader, writer):
+        writer.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        writer.close()
+        assert await _eof_read_after_the_close(peer, port) == {"eof": True}
 
 
 def _blocking_fin_behind_unread(port: int, reported: threading.Event) -> List[Any]:

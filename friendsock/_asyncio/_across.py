@@ -35,7 +35,7 @@ from .._core._stats import counters
 from .._core._tap import StreamTap, stream_tap_for
 from .._core._switch import is_enabled
 from .._handshake import CONFIRM_TIMEOUT, is_tcp_socket, payload_moved
-from .._handshake._tcp_info import is_plain_socket
+from .._handshake._tcp_info import is_plain_socket, other_end_finished
 from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset, current_pid
 from .._host import CONNECTS, PortTable, Slot, port_table
@@ -423,7 +423,7 @@ class Rendezvous:
             return
         timer.cancel()
         self.loop.remove_reader(tcp.fileno())
-        if answered:
+        if answered and other_end_finished(tcp):  # (not its own SHUT_RD's readable)
             close_with_reset(tcp)
         else:
             tcp.close()

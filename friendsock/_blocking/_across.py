@@ -49,6 +49,7 @@ from .._core._tap import StreamTap, stream_tap_for
 from .._handshake import CONFIRM_TIMEOUT, current_pid
 from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset
+from .._handshake._tcp_info import other_end_finished
 from .._host import CONNECTS, PortTable, Slot, port_table
 from .._host._offers import (
     ANSWER_TIMEOUT,
@@ -372,7 +373,9 @@ class Rendezvous:
         if tcp.fileno() < 0:
             return  # (finished already: its deadline came after its FIN)
         self.selector.unregister(tcp)
-        self._closed(lambda: close_with_reset(tcp) if answered else tcp.close())
+        # (Readable, but still established: its user shut its reading,
+        # and the FIN to answer has not come. It closes as TCP's would.)
+        self._closed(lambda: close_with_reset(tcp) if answered and other_end_finished(tcp) else tcp.close())
 
     def _drop(self, chan: socket.socket) -> None:
         self.selector.unregister(chan)

@@ -1,6 +1,6 @@
 """What a TCP socket's kernel state says: whether payload crossed it
-(``TCP_INFO``), whether it listens, and whether it is a plain TCP socket
-at all."""
+(``TCP_INFO``), whether the other end finished, whether it listens, and
+whether it is a plain TCP socket at all."""
 
 from __future__ import annotations
 
@@ -33,6 +33,19 @@ def payload_moved(sock: socket.socket) -> bool:
         return True
     segs_in, segs_out = _DATA_SEGS.unpack_from(info, _DATA_SEGS_OFFSET)
     return bool(segs_in or segs_out or _NOTSENT.unpack_from(info, _NOTSENT_OFFSET)[0])
+
+
+_TCP_ESTABLISHED = 1  # (tcpi_state, struct tcp_info's first byte)
+
+
+def other_end_finished(sock: socket.socket) -> bool:
+    """Whether ``sock``'s connection is past established: the other end's
+    FIN or reset came. (Its socket polls readable then, but also once its
+    own user shut its reading.) A closed socket counts as finished."""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != _TCP_ESTABLISHED
+    except OSError:
+        return True
 
 
 def is_listening(sock: socket.socket) -> bool:
