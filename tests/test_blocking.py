@@ -1900,10 +1900,16 @@ def test_a_forked_child_reads_what_a_client_sent_before_closing(patched):
         assert _exit_code(pid) == 0
 
 
-def _thread_asleep(tid: int) -> bool:
-    """Whether thread ``tid`` of this process sleeps (in a system call)."""
-    with open(f"/proc/self/task/{tid}/stat") as stat:
-        return stat.read().rpartition(")")[2].split()[0] == "S"
+def _thread_asleep(tid: int, on_a_lock: bool = True) -> bool:
+    """Whether thread ``tid`` of this process sleeps (in a system call);
+    not ``on_a_lock``: in one that is not a lock's wait (a futex, as the
+    GIL's is), such as a read's."""
+    task = f"/proc/self/task/{tid}"
+    with open(f"{task}/stat") as stat:
+        if stat.read().rpartition(")")[2].split()[0] != "S":
+            return False
+    with open(f"{task}/wchan") as wchan:
+        return on_a_lock or "futex" not in wchan.read()
 
 
 def _until(condition: Callable[[], bool], what: str) -> None:

@@ -25,7 +25,7 @@ import struct
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, cast
 
 import pytest
 import pytest_asyncio
@@ -37,6 +37,7 @@ from friendsock._handshake._tcp_info import payload_moved
 
 from support import (Recorder, bounded, fallbacks_since, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts,
                      until)
+from test_blocking import _thread_asleep, _until, run_thread
 from test_capture import check_tcp_shape, read_capture, tshark_check
 
 PEER = str(Path(__file__).with_name("cross_process_peer.py"))
@@ -1320,6 +1321,66 @@ async def test_a_shutdown_both_ways_of_a_moved_socket_is_tcps(peer_loop, path, c
     got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, run, door="eof-hold")
     assert report == {"eof": True}
     assert got == [b"", True, "BrokenPipeError"]
+
+
+def _blocking_reader_stopped(port: int, reported: threading.Event, timeout: Any,
+                             hows: Sequence[int] = (socket.SHUT_RDWR,)) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.settimeout(timeout)
+        reader: List[int] = []
+        read = run_thread(lambda: reader.append(threading.get_native_id()) or sock.recv(10))
+        _until(lambda: bool(reader) and _thread_asleep(reader[0], on_a_lock=False), "the read to wait")
+        for how in hows:
+            sock.shutdown(how)
+        got = cast(bytes, read())
+        assert sock.recv(10) == b""
+        assert reported.wait(20)
+        assert sock.getpeername() == ("127.0.0.1", port)  # (the server holds its end open)
+        return got
+
+
+def _trio_reader_stopped(port: int, reported: threading.Event) -> bytes:
+    import trio
+    import trio.testing
+
+    import friendsock.trio
+
+    async def exchange() -> bytes:
+        got: List[bytes] = []
+        with trio.fail_after(20):
+            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+            async with stream, trio.open_nursery() as nursery:
+                async def read() -> None:
+                    got.append(await stream.socket.recv(10))
+
+                nursery.start_soon(read)
+                await trio.testing.wait_all_tasks_blocked()
+                stream.socket.shutdown(socket.SHUT_RDWR)
+        return got[0]
+
+    return trio.run(exchange)
+
+
+_READER_STOPPED = {"blocking": functools.partial(_blocking_reader_stopped, timeout=None),
+                   "timeout": functools.partial(_blocking_reader_stopped, timeout=20.0),
+                   "read-then-write": functools.partial(_blocking_reader_stopped, timeout=None,
+                                                        hows=(socket.SHUT_RD, socket.SHUT_WR)),
+                   "trio": _trio_reader_stopped}
+
+
+@pytest.mark.parametrize("client", list(_READER_STOPPED))
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_shutdown_wakes_a_read_waiting_on_another_thread(peer_loop, path, client):
+    """A read waits (blocking, with a timeout, or a trio task); another
+    thread or task shuts the socket down both ways, as a service stops
+    its reader (or its reading, then its writing): TCP's read wakes with
+    EOF, and the server reads EOF;
+    a blocking socket's next read finds EOF too, and it still names its
+    peer, which holds its end open."""
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, _READER_STOPPED[client],
+                                                              door="eof-hold")
+    assert report == {"eof": True}
+    assert got == b""
 
 
 def _blocking_shut_and_closed(port: int) -> None:

@@ -732,17 +732,42 @@ class _Traffic:
         self.ended = False  # (told, by whichever copy closed first)
 
 
+class _Reading:
+    """The reading of a moved connection's end, shared by its socket's
+    duplicates: whether ``shutdown()`` shut it, and the reads that may be
+    waiting on the pair (one item each: appends and pops are atomic)."""
+
+    __slots__ = ("shut", "pair_shut", "waiting")
+
+    def __init__(self) -> None:
+        self.shut = False
+        # The pair end's reading shut too, to wake a waiting read: an EOF
+        # read there since is this end's own, not the other end's FIN.
+        self.pair_shut = False
+        self.waiting: List[None] = []
+
+    def finds_shut(self, fd: int) -> bool:
+        """Whether a read of the pair end ``fd`` finds EOF for the shut
+        reading: shut, and nothing left to read (TCP's gives what came
+        before its EOF)."""
+        if not self.shut:
+            return False
+        poller = _select.poll()
+        poller.register(fd, _select.POLLIN)
+        return not poller.poll(0)
+
+
 class _Moved:
     """What an :class:`AcrossSocket` answers from: the TCP connection's
     socket and names, the finalizer that lets the TCP socket go, and the
     capture's tap while one runs (``friendsock.capture``)."""
 
     __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic",
-                 "tap", "side", "other_side", "refused_writes_fail", "fin_came")
+                 "tap", "side", "other_side", "refused_writes_fail", "fin_came", "reading")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
                  rendezvous: Rendezvous, client: bool, traffic: _Traffic,
-                 tap: Optional[StreamTap]) -> None:
+                 tap: Optional[StreamTap], reading: _Reading) -> None:
         self.tcp = tcp
         self.names = names
         self.peer = peer
@@ -754,6 +779,7 @@ class _Moved:
         # raised its reset, TCP's writes fail (EPIPE); before, it takes one.
         self.refused_writes_fail = False
         self.fin_came = False  # a read found the other end's EOF
+        self.reading = reading
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
         # Lets the TCP socket go once the user's is closed, or collected.
@@ -779,7 +805,8 @@ def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
         tcp.close()
         raise
     tap = stream_tap_for(*(names if client else names[::-1]))
-    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous, client, _Traffic(scheduler), tap)
+    sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous, client, _Traffic(scheduler), tap,
+                                   _Reading())
     sock.__class__ = AcrossSocket
     live_across.add(sock)
     counters.moved_across(peer.pid)
@@ -818,56 +845,79 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
     def both_ways_finished(self) -> bool:
         """Whether TCP's socket would be closed by now (see both_ways_finished)."""
         moved: _Moved = self.__dict__[_STATE]
+        if moved.reading.pair_shut:
+            # The other end's FIN is hidden, so taken as not arrived: a
+            # shutdown may go through where TCP's would fail, never the
+            # other way round (see fin_arrived).
+            return False
         return both_ways_finished(_ss.fileno(self), moved.tcp, moved.shut_down, moved.peer.rcvbuf)
 
     # A read that finds EOF where the other end aborted raises its reset,
     # which came on the TCP socket first, as TCP's read would; one that
     # raises the pair's (the other end closed with bytes unread) is noted.
     def recv(self, bufsize: int, *args: Any) -> bytes:
-        try:
-            data: bytes = _ss.recv(self, bufsize, *args)
-        except ConnectionResetError:
-            self.reset_read()
-            raise
+        data = self._from_pair(_ss.recv, _flags(args, 0), bufsize, *args)
+        if data is SHUT:
+            return b""
         self.received(len(data), data, bufsize > 0)
-        return data
+        return cast(bytes, data)
 
     def recv_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> int:
-        try:
-            count: int = _ss.recv_into(self, buffer, nbytes, *args)
-        except ConnectionResetError:
-            self.reset_read()
-            raise
+        count = self._from_pair(_ss.recv_into, _flags(args, 0), buffer, nbytes, *args)
+        if count is SHUT:
+            return 0
         self.received(count, buffer, count > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
-        return count
+        return cast(int, count)
 
     def recvfrom(self, bufsize: int, *args: Any) -> Any:
-        try:
-            found = _ss.recvfrom(self, bufsize, *args)  # (no address, as TCP's)
-        except ConnectionResetError:
-            self.reset_read()
-            raise
+        found = self._from_pair(_ss.recvfrom, _flags(args, 0), bufsize, *args)  # (no address, as TCP's)
+        if found is SHUT:
+            return b"", None
         self.received(len(found[0]), found[0], bufsize > 0)
         return found
 
     def recvfrom_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> Any:
-        try:
-            found = _ss.recvfrom_into(self, buffer, nbytes, *args)
-        except ConnectionResetError:
-            self.reset_read()
-            raise
+        found = self._from_pair(_ss.recvfrom_into, _flags(args, 0), buffer, nbytes, *args)
+        if found is SHUT:
+            return 0, None
         self.received(found[0], buffer, found[0] > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return found
 
     def recvmsg(self, bufsize: int, *args: Any) -> Any:
-        try:
-            found = _ss.recvmsg(self, bufsize, *args)
-        except ConnectionResetError:
-            self.reset_read()
-            raise
+        found = self._from_pair(_ss.recvmsg, _flags(args, 1), bufsize, *args)
+        if found is SHUT:
+            return b"", [], 0, None
         if found[0] or bufsize:
             self.received(len(found[0]), found[0], True)
         return found
+
+    def _from_pair(self, read: Any, flags: int, *args: Any) -> Any:
+        """``read(self, *args)``, a read of the stdlib's class, on the pair
+        end; SHUT where it finds the shut reading's EOF instead. One that
+        may wait is counted while it runs (see shutdown)."""
+        reading: _Reading = self.__dict__[_STATE].reading
+        may_wait = self.gettimeout() != 0 and not flags & socket.MSG_DONTWAIT
+        if may_wait:  # (counted before the look at the reading: see shutdown)
+            reading.waiting.append(None)
+        try:
+            if reading.finds_shut(_ss.fileno(self)):
+                return SHUT
+            return read(self, *args)
+        except ConnectionResetError:
+            self.reset_read()
+            raise
+        finally:
+            if may_wait:
+                reading.waiting.pop()
+
+    def finds_read_shut(self) -> bool:
+        """Whether a read here finds EOF for the shut reading (see _Reading)."""
+        return cast(bool, self.__dict__[_STATE].reading.finds_shut(_ss.fileno(self)))
+
+    def reads_waiting(self) -> List[None]:
+        """The reads that may be waiting on the pair: a read that waits in
+        a way of its own (trio's) adds one while it runs."""
+        return cast(List[None], self.__dict__[_STATE].reading.waiting)
 
     def reset_read(self) -> None:
         """A read raised the other end's reset: TCP's writes fail after it."""
@@ -889,6 +939,8 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             # next read (the check below takes it off the TCP socket).
             return
         reset = tcp_error(moved.tcp)
+        if moved.reading.pair_shut and not isinstance(reset, ConnectionResetError):
+            return  # (the EOF of its own shutdown, which hides the other end's FIN)
         if moved.tap is not None:
             if isinstance(reset, ConnectionResetError):
                 moved.tap.reset(moved.other_side)
@@ -980,7 +1032,17 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
                 moved.tap.fin(moved.side)
         if reading:  # (reads here find EOF once nothing is left to read, as TCP's)
             moved.tcp.shutdown(socket.SHUT_RD)
-            self.__class__ = ReadShutAcrossSocket
+            moved.reading.shut = True
+        reads = moved.reading
+        if reads.shut and moved.shut_down and reads.waiting and not reads.pair_shut:
+            # A read waits on the pair, on another thread: how threaded
+            # services stop a reader, shutting down both ways. TCP's wakes
+            # with EOF; the pair's only once its reading is shut too, which
+            # the other end meets as it meets this end's close (see the
+            # docs' differences). Not while this end still writes: the
+            # other end's next write would end its reading with it.
+            reads.pair_shut = True
+            _ss.shutdown(self, socket.SHUT_RD)
 
     def getsockopt(self, *args: Any) -> Any:
         self._check_open()
@@ -1043,7 +1105,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         moved: _Moved = self.__dict__[_STATE]
         copy = OriginalSocket.dup(self)  # (of this class, on a copy of the pair end)
         copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous,
-                                       moved.client, moved.traffic, moved.tap)
+                                       moved.client, moved.traffic, moved.tap, moved.reading)
         return copy
 
     def link_info(self, now: float) -> Optional[LinkInfo]:
@@ -1055,7 +1117,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             sndbuf = moved.tcp.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
             rcvbuf = moved.tcp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
             waiting = bytes_to_read(fd)
-            peer_done = peer_shut_down(fd)
+            peer_done = not moved.reading.pair_shut and peer_shut_down(fd)
         except OSError:  # closed meanwhile
             return None
         traffic = moved.traffic
@@ -1078,6 +1140,14 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
                                       captured=moved.tap is not None)
 
 
+SHUT = object()  # (what a read comes to: EOF, its reading shut here)
+
+
+def _flags(args: Tuple[Any, ...], index: int) -> int:
+    """The flags among a read's further ``args``, at ``index``."""
+    return cast(int, args[index]) if len(args) > index else 0
+
+
 def _first(data: Any, count: int) -> bytes:
     """The first ``count`` bytes of the buffer ``data`` (or of a list of
     them, as sendmsg takes), for the capture."""
@@ -1086,33 +1156,6 @@ def _first(data: Any, count: int) -> bytes:
     return memoryview(data).cast("B")[:count].tobytes()
 
 
-class ReadShutAcrossSocket(AcrossSocket):
-    """A moved socket whose user shut its reading (``shutdown(SHUT_RD)``):
-    a read with nothing to read finds EOF at once, as TCP's does, where
-    the pair, whose reading is not shut, would wait. (A read already
-    waiting on another thread goes on waiting.)"""
-
-    def nothing_to_read(self) -> bool:
-        poller = _select.poll()
-        poller.register(_ss.fileno(self), _select.POLLIN)
-        return not poller.poll(0)
-
-    def recv(self, bufsize: int, *args: Any) -> bytes:
-        return b"" if self.nothing_to_read() else AcrossSocket.recv(self, bufsize, *args)
-
-    def recv_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> int:
-        return 0 if self.nothing_to_read() else AcrossSocket.recv_into(self, buffer, nbytes, *args)
-
-    def recvfrom(self, bufsize: int, *args: Any) -> Any:
-        return (b"", None) if self.nothing_to_read() else AcrossSocket.recvfrom(self, bufsize, *args)
-
-    def recvfrom_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> Any:
-        return (0, None) if self.nothing_to_read() else AcrossSocket.recvfrom_into(self, buffer, nbytes, *args)
-
-    def recvmsg(self, bufsize: int, *args: Any) -> Any:
-        return (b"", [], 0, None) if self.nothing_to_read() else AcrossSocket.recvmsg(self, bufsize, *args)
-
-
 def is_moved(obj: Any) -> bool:
     """Whether ``obj`` is a blocking socket moved to another process, open."""
-    return type(obj) in (AcrossSocket, ReadShutAcrossSocket) and _ss.fileno(obj) >= 0
+    return type(obj) is AcrossSocket and _ss.fileno(obj) >= 0

@@ -19,11 +19,11 @@ from __future__ import annotations
 import collections
 import socket
 import threading
-from typing import Any, Awaitable, Callable, Deque, Optional, Tuple
+from typing import Any, Awaitable, Callable, Deque, Optional, Tuple, cast
 
 import trio
 
-from .._blocking._across import (ReadShutAcrossSocket, Rendezvous, TakenOffer, expect_offer, move_onto_pair,
+from .._blocking._across import (SHUT, Rendezvous, TakenOffer, expect_offer, move_onto_pair,
                                  offer_accepted)
 from .._blocking._capable import FriendCapableSocket
 from .._core._stats import Fallback, counters
@@ -241,65 +241,59 @@ class MovedTrioSocket(TrioSocketType):
     the stdlib class's methods, not the socket's)."""
 
     async def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
-            await trio.lowlevel.checkpoint()
-            return b""  # (its reading shut: EOF, as TCP's)
-        try:
-            data: bytes = await TrioSocketType.recv(self, bufsize, flags)  # type: ignore[attr-defined]
-        except ConnectionResetError:
-            self._sock.reset_read()
-            raise
+        data = await self._from_pair(TrioSocketType.recv, bufsize, flags)  # type: ignore[attr-defined]
+        if data is SHUT:
+            return b""
         self._sock.received(len(data), data, bufsize > 0)
-        return data
+        return cast(bytes, data)
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
-            await trio.lowlevel.checkpoint()
+        count = await self._from_pair(TrioSocketType.recv_into, buffer, nbytes, flags)  # type: ignore[attr-defined]
+        if count is SHUT:
             return 0
-        try:
-            count: int = await TrioSocketType.recv_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        except ConnectionResetError:
-            self._sock.reset_read()
-            raise
         self._sock.received(count, buffer, count > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
-        return count
+        return cast(int, count)
 
     async def recvfrom(self, bufsize: int, flags: int = 0) -> Any:
-        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
-            await trio.lowlevel.checkpoint()
+        found = await self._from_pair(TrioSocketType.recvfrom, bufsize, flags)  # type: ignore[attr-defined]
+        if found is SHUT:
             return b"", None
-        try:
-            found = await TrioSocketType.recvfrom(self, bufsize, flags)  # type: ignore[attr-defined]
-        except ConnectionResetError:
-            self._sock.reset_read()
-            raise
         self._sock.received(len(found[0]), found[0], bufsize > 0)
         return found
 
     async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Any:
-        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
-            await trio.lowlevel.checkpoint()
+        found = await self._from_pair(TrioSocketType.recvfrom_into, buffer, nbytes,  # type: ignore[attr-defined]
+                                      flags)
+        if found is SHUT:
             return 0, None
-        try:
-            found = await TrioSocketType.recvfrom_into(self, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        except ConnectionResetError:
-            self._sock.reset_read()
-            raise
         self._sock.received(found[0], buffer, found[0] > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
         return found
 
     async def recvmsg(self, bufsize: int, *args: Any) -> Any:
-        if type(self._sock) is ReadShutAcrossSocket and self._sock.nothing_to_read():
-            await trio.lowlevel.checkpoint()
+        found = await self._from_pair(TrioSocketType.recvmsg, bufsize, *args)  # type: ignore[attr-defined]
+        if found is SHUT:
             return b"", [], 0, None
-        try:
-            found = await TrioSocketType.recvmsg(self, bufsize, *args)  # type: ignore[attr-defined]
-        except ConnectionResetError:
-            self._sock.reset_read()
-            raise
         if found[0] or bufsize:
             self._sock.received(len(found[0]), found[0], True)
         return found
+
+    async def _from_pair(self, read: Any, *args: Any) -> Any:
+        """``read(self, *args)``, trio's read, on the pair end; SHUT where
+        it finds the shut reading's EOF instead. Counted while it runs: it
+        may wait (see AcrossSocket.shutdown)."""
+        sock = self._sock
+        waiting = sock.reads_waiting()
+        waiting.append(None)
+        try:
+            if sock.finds_read_shut():
+                await trio.lowlevel.checkpoint()
+                return SHUT
+            return await read(self, *args)
+        except ConnectionResetError:
+            sock.reset_read()
+            raise
+        finally:
+            waiting.pop()
 
     # A write the pair refuses is answered as TCP's (see written_after_close).
     async def send(self, data: Any, flags: int = 0) -> int:
