@@ -750,7 +750,7 @@ class _Reading:
         """Whether a read of the pair end ``fd`` finds EOF for the shut
         reading: shut, and nothing left to read (TCP's gives what came
         before its EOF)."""
-        if not self.shut:
+        if not self.shut or fd < 0:  # (a closed socket's read raises EBADF)
             return False
         poller = _select.poll()
         poller.register(fd, _select.POLLIN)
