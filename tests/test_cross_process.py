@@ -25,7 +25,7 @@ import struct
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, cast
+from typing import Any, Dict, List, Optional, Sequence, cast
 
 import pytest
 import pytest_asyncio
@@ -517,7 +517,8 @@ async def test_a_write_after_the_sockets_own_shutdown_fails_as_over_tcp(peer_loo
 @pytest.mark.parametrize("after", ["both-finished", "write-taken"])
 async def test_a_shutdown_of_a_closed_tcp_socket_fails(peer_loop, path, after):
     """Where TCP's socket is closed by now, a shutdown of the transport's
-    socket and the transport's write_eof() fail with ENOTCONN, as over TCP:
+    socket, its getpeername() and the transport's write_eof() fail with
+    ENOTCONN, as over TCP:
     once both directions finished (this socket's writing shut down, the
     server's EOF read), or once the write taken after the server's close
     was answered with a reset."""
@@ -534,13 +535,15 @@ async def test_a_shutdown_of_a_closed_tcp_socket_fails(peer_loop, path, after):
             writer.write(b"more")
         with pytest.raises(OSError) as by_socket:
             sock.shutdown(socket.SHUT_WR)
+        with pytest.raises(OSError) as by_name:
+            sock.getpeername()
         with pytest.raises(OSError) as by_transport:
             writer.write_eof()
         writer.close()
         await bounded(writer.wait_closed())
     finally:
         await peer.finish()
-    assert by_socket.value.errno == by_transport.value.errno == errno.ENOTCONN
+    assert by_socket.value.errno == by_name.value.errno == by_transport.value.errno == errno.ENOTCONN
 
 
 @pytest.mark.parametrize("ending, linger", [("abort", False), ("abort", True), ("close", True)],
@@ -1233,6 +1236,59 @@ async def test_a_write_after_the_other_end_closed_with_bytes_unread_is_reset(pat
     run = functools.partial(_unread_at_close, client=client)
     got, _ = await _on_a_thread_against_a_server("-", path, run, door="blocking-close-unread")
     assert got == ["ConnectionResetError", "BrokenPipeError", "b''"]
+
+
+def _not_connected(*calls: Any) -> List[Optional[str]]:
+    """The errno name each of ``calls`` fails with (None: it does not)."""
+    found: List[Optional[str]] = []
+    for call in calls:
+        try:
+            call()
+            found.append(None)
+        except OSError as exc:
+            found.append(errno.errorcode[exc.errno])
+    return found
+
+
+def _blocking_write_taken_after_close(port: int, reported: threading.Event) -> List[Optional[str]]:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        assert sock.makefile("rb").read() == b"ping"  # (then the server's EOF)
+        assert reported.wait(20)
+        sock.sendall(b"more")  # (taken: the server's kernel answers it with a reset)
+        return _not_connected(sock.getpeername, lambda: sock.shutdown(socket.SHUT_WR))
+
+
+def _trio_write_taken_after_close(port: int, reported: threading.Event) -> List[Optional[str]]:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> List[Optional[str]]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"ping")
+            got = b""
+            while data := await stream.receive_some():
+                got += data
+            assert got == b"ping"
+            assert await trio.to_thread.run_sync(reported.wait, 20)
+            await stream.send_all(b"more")
+            return _not_connected(stream.socket.getpeername, lambda: stream.socket.shutdown(socket.SHUT_WR))
+
+    return trio.run(exchange)
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_moved_socket_reset_by_a_write_after_the_close_is_not_connected(peer_loop, path, client):
+    """The server closes; the client writes once more, which TCP takes
+    and the server's kernel answers with a reset: the client's socket is
+    closed by it, so getpeername() and shutdown() fail with ENOTCONN."""
+    run = _blocking_write_taken_after_close if client == "blocking" else _trio_write_taken_after_close
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, run, door="close")
+    assert report == {"closed": True}
+    assert got == ["ENOTCONN", "ENOTCONN"]
 
 
 def _blocking_read_shut(port: int, reported: threading.Event) -> bytes:

@@ -27,7 +27,7 @@ from asyncio import transports, trsock
 from asyncio.constants import _SendfileMode
 from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
-from .._core._link import shutdown_refused, write_refused_across
+from .._core._link import LinkBrokenError, closed_error, write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._pcap import CLIENT, SERVER
 from .._friend_socket import call_held, held_weakly, refuse_as_uvloop
@@ -621,10 +621,15 @@ class _AcrossSocket(trsock.TransportSocket):
         # AcrossTransport._taken_after_close): TCP's connection was reset then.
         self.wrote_after_close = False
 
+    def getpeername(self) -> Any:
+        closed = self.closed()
+        if closed is not None:
+            raise closed.as_os_error()
+        return super().getpeername()
+
     def shutdown(self, how: int) -> None:
         reading, writing = directions_shut(how)
-        refused = shutdown_refused(self.wrote_after_close or reset_pending(self._tcp, self._pair),
-                                   self.finished())
+        refused = self.closed()
         if refused is not None:
             raise refused.as_os_error()
         if writing:
@@ -637,6 +642,14 @@ class _AcrossSocket(trsock.TransportSocket):
     def finished(self) -> bool:
         """Whether TCP's socket would be closed by now (see both_ways_finished)."""
         return both_ways_finished(self._pair.fileno(), self._tcp, self.write_shut, self._peer_rcvbuf)
+
+    def closed(self) -> Optional[LinkBrokenError]:
+        """ENOTCONN where TCP's socket would be closed by now: reset (see
+        AcrossSocket.closed) or both directions finished. (None once the
+        transport closed it: the call itself fails then, EBADF.)"""
+        if self._tcp.fileno() < 0 or self._pair.fileno() < 0:
+            return None
+        return closed_error(self.wrote_after_close or reset_pending(self._tcp, self._pair), self.finished())
 
 
 def _on_the_pair(name: str) -> Callable[..., Any]:
@@ -810,7 +823,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         # see Rendezvous.release.)
         if not (self._eof_sent or self._inner.is_closing()):
             reset = self._socket.wrote_after_close or self._other_end_reset() is not None
-            refused = shutdown_refused(reset, self._socket.finished())
+            refused = closed_error(reset, self._socket.finished())
             if refused is not None:
                 self._write_eof_refused(refused.as_os_error())
                 return

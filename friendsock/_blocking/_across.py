@@ -40,7 +40,7 @@ import time
 import weakref
 from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Tuple, Union, cast
 
-from .._core._link import shutdown_refused, write_refused_across
+from .._core._link import LinkBrokenError, closed_error, write_refused_across
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._fork import Part, on_fork
 from .._core._pcap import CLIENT, SERVER
@@ -837,10 +837,20 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         self._check_open()
         moved: _Moved = self.__dict__[_STATE]
         if moved.tcp.fileno() >= 0:  # (let go of at exit: the names stay)
-            moved.tcp.getpeername()  # (ENOTCONN once a reset ended it)
-        if self.both_ways_finished():  # (TCP's socket would be closed by now)
-            raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
+            moved.tcp.getpeername()  # (ENOTCONN once the other end's abort reset it)
+        closed = self.closed()
+        if closed is not None:
+            raise closed.as_os_error()
         return moved.names[1]
+
+    def closed(self) -> Optional[LinkBrokenError]:
+        """ENOTCONN where TCP's socket would be closed by now: a reset (a
+        write taken after the other end's close, which the other kernel
+        answers with one; a read that raised one; one waiting to be taken),
+        or both directions finished."""
+        moved: _Moved = self.__dict__[_STATE]
+        reset = moved.refused_writes_fail or (moved.tcp.fileno() >= 0 and reset_pending(moved.tcp, self))
+        return closed_error(reset, self.both_ways_finished())
 
     def both_ways_finished(self) -> bool:
         """Whether TCP's socket would be closed by now (see both_ways_finished)."""
@@ -1020,9 +1030,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
     def shutdown(self, how: int) -> None:
         moved: _Moved = self.__dict__[_STATE]
         reading, writing = directions_shut(how)
-        # (A reset read, made by a write taken after a close, or waiting.)
-        refused = shutdown_refused(moved.refused_writes_fail or reset_pending(moved.tcp, self),
-                                   self.both_ways_finished())
+        refused = self.closed()
         if refused is not None:
             raise refused.as_os_error()
         if writing:

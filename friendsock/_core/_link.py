@@ -293,14 +293,14 @@ class LinkEnd:
     def shutdown_write(self) -> bool:
         """``shutdown(SHUT_WR)``: EOF after what was written. After the
         friend's reset, or once both directions finished, the socket is
-        closed, and shutdown fails ENOTCONN (:func:`shutdown_refused`).
+        closed, and shutdown fails ENOTCONN (:func:`closed_error`).
         False when the connection went on over TCP (:meth:`Link.go_on_over_tcp`,
         maybe while this call began): the shutdown is the socket's own, to
         make now that the move to TCP has sent what was queued."""
         incoming, out = self.incoming, self.outgoing
         finished = (out.state is CHANNEL_EOF and incoming.state is CHANNEL_EOF
                     and fin_arrived(out.queued, out.rcvbuf) and fin_arrived(incoming.queued, incoming.rcvbuf))
-        refused = shutdown_refused(incoming.state is CHANNEL_RESET, finished)
+        refused = closed_error(incoming.state is CHANNEL_RESET, finished)
         if refused is not None:
             raise refused
         if out.state is CHANNEL_OPEN or out.state is CHANNEL_TCP:
@@ -411,9 +411,10 @@ def write_refused_across(peer_reset: bool, taken_before: bool,
     return LinkBrokenError(errno.EPIPE)
 
 
-def shutdown_refused(reset: bool, finished: bool = False) -> Optional[LinkBrokenError]:
-    """What a ``shutdown()`` fails with, if anything: ENOTCONN once TCP's
-    socket is closed, by a ``reset`` (the friend's, or the one the other
+def closed_error(reset: bool, finished: bool = False) -> Optional[LinkBrokenError]:
+    """What a call that needs the connection (``shutdown()``, a moved
+    socket's ``getpeername()``) fails with, if anything: ENOTCONN once
+    TCP's socket is closed, by a ``reset`` (the friend's, or the one the other
     kernel answers the write TCP takes after a clean close with, see
     :func:`write_refused_across`), or with both directions ``finished``
     (this end's FIN sent, the friend's too, and each arrived:
