@@ -1291,6 +1291,26 @@ async def test_a_moved_socket_reset_by_a_write_after_the_close_is_not_connected(
     assert got == ["ENOTCONN", "ENOTCONN"]
 
 
+def _blocking_reset_taken(port: int, reported: threading.Event) -> List[Any]:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        assert reported.wait(20)
+        got: List[Any] = [sock.recv(4), errno.errorcode[sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)]]
+        return got + _not_connected(sock.getpeername, lambda: sock.shutdown(socket.SHUT_WR))
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_moved_socket_whose_reset_was_taken_is_not_connected(peer_loop, path):
+    """The server answers, then aborts (a reset); the client reads the
+    answer and takes the reset off its socket (SO_ERROR): TCP's socket is
+    closed all the same, so getpeername() and shutdown() fail with
+    ENOTCONN, with no error left pending."""
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, _blocking_reset_taken,
+                                                              door="abort")
+    assert report == {"aborted": True}
+    assert got == [b"ping", "ECONNRESET", "ENOTCONN", "ENOTCONN"]
+
+
 def _blocking_read_shut(port: int, reported: threading.Event) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.shutdown(socket.SHUT_RD)

@@ -61,12 +61,12 @@ from .._host._offers import (
     open_channel,
     peer_shut_down,
     refused_with_reset,
-    reset_pending,
     room_like_friends,
     runs,
     send_offer,
     take_offer,
     tcp_error,
+    was_reset,
 )
 from .._host._payoff import moved_connection_ended, worth_an_offer
 from .._host._ports import served_elsewhere
@@ -649,7 +649,7 @@ class _AcrossSocket(trsock.TransportSocket):
         transport closed it: the call itself fails then, EBADF.)"""
         if self._tcp.fileno() < 0 or self._pair.fileno() < 0:
             return None
-        return closed_error(self.wrote_after_close or reset_pending(self._tcp, self._pair), self.finished())
+        return closed_error(self.wrote_after_close or was_reset(self._tcp, self._pair), self.finished())
 
 
 def _on_the_pair(name: str) -> Callable[..., Any]:

@@ -71,12 +71,12 @@ from .._host._offers import (
     open_channel,
     peer_shut_down,
     refused_with_reset,
-    reset_pending,
     room_like_friends,
     runs,
     send_offer,
     take_offer,
     tcp_error,
+    was_reset,
 )
 from .._host._payoff import moved_connection_ended
 from .._host._ports import connect_slot, served_elsewhere
@@ -849,7 +849,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         answers with one; a read that raised one; one waiting to be taken),
         or both directions finished."""
         moved: _Moved = self.__dict__[_STATE]
-        reset = moved.refused_writes_fail or (moved.tcp.fileno() >= 0 and reset_pending(moved.tcp, self))
+        reset = moved.refused_writes_fail or (moved.tcp.fileno() >= 0 and was_reset(moved.tcp, self))
         return closed_error(reset, self.both_ways_finished())
 
     def both_ways_finished(self) -> bool:

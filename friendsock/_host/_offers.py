@@ -393,15 +393,20 @@ def refused_with_reset(tcp: Optional[socket.socket], pair: socket.socket) -> Opt
     return None
 
 
-def reset_pending(tcp: socket.socket, pair: socket.socket) -> bool:
-    """Whether a reset waits to be taken on a moved connection's ``tcp``
-    socket (the other end aborted) or its ``pair`` end (it closed with
-    bytes unread here): poll's POLLERR, which leaves the error to the
-    call that takes it, as TCP's shutdown() leaves it."""
+def was_reset(tcp: socket.socket, pair: socket.socket) -> bool:
+    """Whether a reset ended a moved connection: on its ``tcp`` socket
+    (the other end aborted: POLLERR while the error waits to be taken,
+    POLLHUP as the socket is closed, after too), or on its ``pair`` end
+    (the other end closed with bytes unread here: POLLERR). Poll leaves
+    the error to the call that takes it, as TCP's shutdown() leaves it.
+    (The TCP socket, whose writing is never shut while the connection
+    lives, polls POLLHUP only once closed.)"""
     poller = select.poll()
-    for sock in (tcp, pair):
-        poller.register(sock.fileno(), 0)  # (POLLERR comes unasked)
-    return any(events & select.POLLERR for _, events in poller.poll(0))
+    tcp_fd = tcp.fileno()
+    for fd in (tcp_fd, pair.fileno()):
+        poller.register(fd, 0)  # (POLLERR and POLLHUP come unasked)
+    return any(events & select.POLLERR or (fd == tcp_fd and events & select.POLLHUP)
+               for fd, events in poller.poll(0))
 
 
 def tcp_error(tcp: socket.socket) -> Optional[OSError]:
