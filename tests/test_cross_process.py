@@ -1296,7 +1296,8 @@ def _blocking_reset_taken(port: int, reported: threading.Event) -> List[Any]:
         sock.sendall(b"ping")
         assert reported.wait(20)
         got: List[Any] = [sock.recv(4), errno.errorcode[sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)]]
-        return got + _not_connected(sock.getpeername, lambda: sock.shutdown(socket.SHUT_WR))
+        return got + _not_connected(sock.getpeername, lambda: sock.shutdown(socket.SHUT_WR),
+                                    lambda: sock.send(b"late"))
 
 
 @pytest.mark.usefixtures("socket_patched")
@@ -1304,11 +1305,11 @@ async def test_a_moved_socket_whose_reset_was_taken_is_not_connected(peer_loop, 
     """The server answers, then aborts (a reset); the client reads the
     answer and takes the reset off its socket (SO_ERROR): TCP's socket is
     closed all the same, so getpeername() and shutdown() fail with
-    ENOTCONN, with no error left pending."""
+    ENOTCONN, with no error left pending, and a write with EPIPE."""
     got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, _blocking_reset_taken,
                                                               door="abort")
     assert report == {"aborted": True}
-    assert got == [b"ping", "ECONNRESET", "ENOTCONN", "ENOTCONN"]
+    assert got == [b"ping", "ECONNRESET", "ENOTCONN", "ENOTCONN", "EPIPE"]
 
 
 def _blocking_read_shut(port: int, reported: threading.Event) -> bytes:

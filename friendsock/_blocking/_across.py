@@ -1000,6 +1000,8 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if moved.shut_down:
             raise refused  # (our own shutdown: EPIPE, as TCP's)
         reset = refused_with_reset(moved.tcp, self)
+        if reset is None and moved.tcp.fileno() >= 0 and was_reset(moved.tcp, self):
+            moved.refused_writes_fail = True  # (a reset whose error a call took: TCP's writes fail)
         error = write_refused_across(reset is not None, moved.refused_writes_fail, moved.fin_came)
         if size:  # (a write of nothing is none: TCP's send(b"") answers 0)
             moved.refused_writes_fail = True
