@@ -1077,14 +1077,28 @@ def _blocking_steps(port: int, steps: Sequence[str]) -> List[str]:
             if step == "gone":
                 _peer_gone(sock)
                 continue
-            try:
-                if step == "shut":
-                    outcomes.append(repr(sock.shutdown(socket.SHUT_WR)))
-                    continue
-                outcomes.append(repr(sock.send(_SENT[step]) if step in _SENT else sock.recv(_SIZES[step])))
-            except OSError as exc:
-                outcomes.append(type(exc).__name__)
+            outcomes.append(_blocking_step(sock, step))
         return outcomes
+
+
+def _blocking_step(sock: socket.socket, step: str) -> str:
+    """What ``step`` gets: its answer's repr, or its error's type name."""
+    try:
+        if step in _ASKED:
+            return cast(str, _ASKED[step](sock))
+        return repr(sock.send(_SENT[step]) if step in _SENT else sock.recv(_SIZES[step]))
+    except OSError as exc:
+        return type(exc).__name__
+
+
+async def _trio_step(sock: Any, step: str) -> str:
+    """The same, of a trio socket."""
+    try:
+        if step in _ASKED:
+            return cast(str, _ASKED[step](sock))
+        return repr(await (sock.send(_SENT[step]) if step in _SENT else sock.recv(_SIZES[step])))
+    except OSError as exc:
+        return type(exc).__name__
 
 
 def _trio_steps(port: int, steps: Sequence[str]) -> List[str]:
@@ -1106,14 +1120,7 @@ def _trio_steps(port: int, steps: Sequence[str]) -> List[str]:
                 if step == "gone":
                     _peer_gone(sock)
                     continue
-                try:
-                    if step == "shut":
-                        outcomes.append(repr(sock.shutdown(socket.SHUT_WR)))
-                        continue
-                    outcomes.append(repr(await (sock.send(_SENT[step]) if step in _SENT
-                                                else sock.recv(_SIZES[step]))))
-                except OSError as exc:
-                    outcomes.append(type(exc).__name__)
+                outcomes.append(await _trio_step(sock, step))
             return outcomes
 
     return trio.run(exchange)
@@ -1121,6 +1128,10 @@ def _trio_steps(port: int, steps: Sequence[str]) -> List[str]:
 
 _SIZES = {"recv0": 0, "recv": 10}
 _SENT = {"send": b"more", "send0": b""}
+# Steps that ask the socket: a shutdown of its writing, and its error
+# (SO_ERROR, which takes it), by name.
+_ASKED = {"shut": lambda sock: repr(sock.shutdown(socket.SHUT_WR)),
+          "error": lambda sock: errno.errorcode.get(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), "0")}
 _CLIENT_STEPS = {"blocking": _blocking_steps, "trio": _trio_steps}
 
 
@@ -1183,10 +1194,10 @@ async def test_calls_after_the_server_ended_answer_as_over_tcp(peer_loop, path, 
     assert got == expected and theirs == report
 
 
-def _unread_at_close(port: int, client: str) -> List[str]:
-    """What a client's sends and read get once the server closed with
-    bytes of its unread (after a first connection: a blocking server's
-    is TCP's)."""
+def _unread_at_close(port: int, client: str, steps: Sequence[str]) -> List[str]:
+    """What a client's ``steps`` (see _blocking_steps) get once the server
+    closed with bytes of its unread (after a first connection: a blocking
+    server's is TCP's)."""
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.sendall(b"warm")
         assert sock.recv(4) == b"warm"
@@ -1203,13 +1214,7 @@ def _unread_at_close(port: int, client: str) -> List[str]:
                 assert await sock.recv(4) == b"ping"
                 await sock.send(b"unread")
                 _peer_gone(sock)
-                outcomes = []
-                for step in ("send", "send", "recv"):
-                    try:
-                        outcomes.append(repr(await (sock.send(b"more") if step == "send" else sock.recv(10))))
-                    except OSError as exc:
-                        outcomes.append(type(exc).__name__)
-                return outcomes
+                return [await _trio_step(sock, step) for step in steps]
 
         return trio.run(exchange)
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
@@ -1217,25 +1222,30 @@ def _unread_at_close(port: int, client: str) -> List[str]:
         assert sock.recv(4) == b"ping"
         sock.sendall(b"unread")
         _peer_gone(sock)
-        outcomes = []
-        for step in ("send", "send", "recv"):
-            try:
-                outcomes.append(repr(sock.send(b"more") if step == "send" else sock.recv(10)))
-            except OSError as exc:
-                outcomes.append(type(exc).__name__)
-        return outcomes
+        return [_blocking_step(sock, step) for step in steps]
 
 
+# Steps after the server's close with bytes unread, and what each gets.
+_AFTER_A_CLOSE_WITH_BYTES_UNREAD = {
+    # The next send raises the reset, the one after EPIPE: not taken as
+    # after a clean close, its bytes lost.
+    "sends": (("send", "send", "recv"), ["ConnectionResetError", "BrokenPipeError", "b''"]),
+    # SO_ERROR takes the reset: the read finds EOF, a send fails EPIPE.
+    "error-taken": (("error", "error", "recv", "send"), ["ECONNRESET", "0", "b''", "BrokenPipeError"]),
+}
+
+
+@pytest.mark.parametrize("case", list(_AFTER_A_CLOSE_WITH_BYTES_UNREAD))
 @pytest.mark.parametrize("client", ["blocking", "trio"])
 @pytest.mark.usefixtures("socket_patched")
-async def test_a_write_after_the_other_end_closed_with_bytes_unread_is_reset(path, client):
-    """The server closes with bytes of the client's unread: as over TCP
-    (whose close is a reset then), the client's next send raises
-    ConnectionResetError, the one after BrokenPipeError; not taken as
-    after a clean close, its bytes lost."""
-    run = functools.partial(_unread_at_close, client=client)
+async def test_a_close_with_bytes_unread_resets_the_other_end(path, client, case):
+    """The server closes with bytes of the client's unread: as over TCP,
+    whose close is a reset then, the client's calls meet that reset (see
+    _AFTER_A_CLOSE_WITH_BYTES_UNREAD)."""
+    steps, expected = _AFTER_A_CLOSE_WITH_BYTES_UNREAD[case]
+    run = functools.partial(_unread_at_close, client=client, steps=steps)
     got, _ = await _on_a_thread_against_a_server("-", path, run, door="blocking-close-unread")
-    assert got == ["ConnectionResetError", "BrokenPipeError", "b''"]
+    assert got == expected
 
 
 def _not_connected(*calls: Any) -> List[Optional[str]]:

@@ -1056,7 +1056,16 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def getsockopt(self, *args: Any) -> Any:
         self._check_open()
-        return self.__dict__[_STATE].tcp.getsockopt(*args)
+        moved: _Moved = self.__dict__[_STATE]
+        value = moved.tcp.getsockopt(*args)
+        if args == (socket.SOL_SOCKET, socket.SO_ERROR) and not value:
+            # The other end closed with bytes unread here: TCP's close
+            # resets, the pair's sets its error (taken now, as TCP's is,
+            # after which TCP's writes fail).
+            value = _ss.getsockopt(self, socket.SOL_SOCKET, socket.SO_ERROR)
+            if value == errno.ECONNRESET:
+                moved.refused_writes_fail = True
+        return value
 
     def setsockopt(self, *args: Any) -> None:
         self._check_open()
