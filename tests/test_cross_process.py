@@ -1765,6 +1765,19 @@ async def test_a_transport_write_after_a_reset_that_followed_eof_fails_with_epip
     assert bytes(client.data) == b"ping" and isinstance(lost, BrokenPipeError)
 
 
+async def _closed_with_bytes_unread(peer: Peer, port: int) -> Any:
+    """A connection to the server behind ``blocking-close-unread``, which
+    answered and closed with bytes of ours unread: its reader and writer,
+    reading paused."""
+    reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+    writer.write(b"ping")
+    assert await bounded(reader.readexactly(4)) == b"ping"
+    writer.transport.pause_reading()
+    writer.write(b"unread")
+    assert await peer.report() == {"closed": True}
+    return reader, writer
+
+
 async def test_a_transport_write_after_the_other_end_closed_with_bytes_unread_is_reset(path):
     """The server closes with bytes of the client's unread: the client's
     next write meets the reset, as over TCP (whose close is a reset then):
@@ -1772,12 +1785,7 @@ async def test_a_transport_write_after_the_other_end_closed_with_bytes_unread_is
     peer, port = await _serving("-", path, door="blocking-close-unread")
     try:
         for _ in range(2):  # (a blocking server's first connection is TCP's)
-            reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
-            writer.write(b"ping")
-            assert await bounded(reader.readexactly(4)) == b"ping"
-            writer.transport.pause_reading()
-            writer.write(b"unread")
-            assert await peer.report() == {"closed": True}
+            reader, writer = await _closed_with_bytes_unread(peer, port)
             writer.write(b"more")
             assert writer.transport.is_closing()
             with pytest.raises(ConnectionResetError):
@@ -1786,6 +1794,29 @@ async def test_a_transport_write_after_the_other_end_closed_with_bytes_unread_is
     finally:
         await peer.finish()
     assert friendsock.is_friend(writer) == (path == "friend")
+
+
+async def test_a_transport_sockets_error_shows_the_reset_of_a_close_with_bytes_unread(path):
+    """The server closes with bytes of the client's unread, its reading
+    paused: as over TCP (whose close is a reset then), the transport's
+    socket's SO_ERROR reads ECONNRESET and takes it; reading on finds EOF,
+    and the next write loses the connection."""
+    peer, port = await _serving("-", path, door="blocking-close-unread")
+    try:
+        for _ in range(2):  # (a blocking server's first connection is TCP's)
+            reader, writer = await _closed_with_bytes_unread(peer, port)
+            sock = writer.get_extra_info("socket")
+            errors = [sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) for _ in range(2)]
+            writer.transport.resume_reading()
+            assert await bounded(reader.read()) == b""
+            writer.write(b"more")
+            with pytest.raises(ConnectionError):
+                await bounded(writer.drain())
+            writer.close()
+    finally:
+        await peer.finish()
+    assert friendsock.is_friend(writer) == (path == "friend")
+    assert errors == [errno.ECONNRESET, 0]
 
 
 async def test_a_write_after_both_ends_sent_eof_fails(peer_loop, path):

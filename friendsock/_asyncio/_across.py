@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
 import itertools
 import os
 import select
@@ -64,6 +65,7 @@ from .._host._offers import (
     room_like_friends,
     runs,
     send_offer,
+    socket_error,
     take_offer,
     tcp_error,
     was_reset,
@@ -620,6 +622,14 @@ class _AcrossSocket(trsock.TransportSocket):
         # A write was taken after the other end's close (see
         # AcrossTransport._taken_after_close): TCP's connection was reset then.
         self.wrote_after_close = False
+
+    def getsockopt(self, *args: Any) -> Any:
+        if args != (socket.SOL_SOCKET, socket.SO_ERROR) or self._tcp.fileno() < 0:
+            return super().getsockopt(*args)
+        error = socket_error(self._tcp, self._pair)
+        if error == errno.ECONNRESET:
+            self.wrote_after_close = True  # (taken: TCP's socket, reset, fails writes)
+        return error
 
     def getpeername(self) -> Any:
         closed = self.closed()

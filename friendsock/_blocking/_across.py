@@ -74,6 +74,7 @@ from .._host._offers import (
     room_like_friends,
     runs,
     send_offer,
+    socket_error,
     take_offer,
     tcp_error,
     was_reset,
@@ -1057,15 +1058,12 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
     def getsockopt(self, *args: Any) -> Any:
         self._check_open()
         moved: _Moved = self.__dict__[_STATE]
-        value = moved.tcp.getsockopt(*args)
-        if args == (socket.SOL_SOCKET, socket.SO_ERROR) and not value:
-            # The other end closed with bytes unread here: TCP's close
-            # resets, the pair's sets its error (taken now, as TCP's is,
-            # after which TCP's writes fail).
-            value = _ss.getsockopt(self, socket.SOL_SOCKET, socket.SO_ERROR)
-            if value == errno.ECONNRESET:
-                moved.refused_writes_fail = True
-        return value
+        if args != (socket.SOL_SOCKET, socket.SO_ERROR):
+            return moved.tcp.getsockopt(*args)
+        error = socket_error(moved.tcp, self)
+        if error == errno.ECONNRESET:
+            moved.refused_writes_fail = True  # (taken: TCP's socket, reset, fails writes)
+        return error
 
     def setsockopt(self, *args: Any) -> None:
         self._check_open()

@@ -16,7 +16,7 @@ import select
 import socket
 import struct
 import termios
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union, cast
 
 from .._core._addresses import is_unspecified
 from .._core._link import fin_arrived
@@ -407,6 +407,18 @@ def was_reset(tcp: socket.socket, pair: socket.socket) -> bool:
         poller.register(fd, 0)  # (POLLERR and POLLHUP come unasked)
     return any(events & select.POLLERR or (fd == tcp_fd and events & select.POLLHUP)
                for fd, events in poller.poll(0))
+
+
+def socket_error(tcp: socket.socket, pair: socket.socket) -> int:
+    """A moved connection's ``SO_ERROR``, taken as TCP's is: its TCP
+    socket's (the other end's abort), else its ``pair`` end's (the other
+    end closed with bytes unread here, which TCP's close answers with a
+    reset). (The C class's getsockopt: a moved socket answers for its TCP
+    socket.)"""
+    error: int = _socket.socket.getsockopt(tcp, socket.SOL_SOCKET, socket.SO_ERROR)
+    if error or pair.fileno() < 0:
+        return error
+    return cast(int, _socket.socket.getsockopt(pair, socket.SOL_SOCKET, socket.SO_ERROR))
 
 
 def tcp_error(tcp: socket.socket) -> Optional[OSError]:
