@@ -1490,6 +1490,66 @@ async def test_a_read_of_a_closed_socket_whose_reading_was_shut_is_ebadf(peer_lo
     assert got == "EBADF"
 
 
+_ECHOED = b"0123456789"
+
+
+def _blocking_reads(port: int, reported: threading.Event) -> List[Any]:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(_ECHOED)
+        got: List[Any] = [sock.recv(10, socket.MSG_PEEK | socket.MSG_WAITALL)]  # (the echo, all here)
+        into = bytearray(2)
+        got += [sock.recv_into(into), bytes(into), sock.recvfrom_into(into), bytes(into),
+                sock.recvfrom(2), sock.recvmsg(2), sock.recv(2), _moved_counts(list(sock.getsockname()))]
+        sock.shutdown(socket.SHUT_RD)
+        return got + [sock.recv(10), sock.recv_into(into), sock.recvfrom(10), sock.recvfrom_into(into),
+                      sock.recvmsg(10)]
+
+
+def _trio_reads(port: int, reported: threading.Event) -> List[Any]:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> List[Any]:
+        with trio.fail_after(20):
+            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                sock = stream.socket
+                await stream.send_all(_ECHOED)
+                got: List[Any] = [await sock.recv(10, socket.MSG_PEEK)]
+                while len(got[0]) < len(_ECHOED):  # (until the echo is all here)
+                    await trio.lowlevel.wait_readable(sock)
+                    got[0] = await sock.recv(10, socket.MSG_PEEK)
+                into = bytearray(2)
+                got += [await sock.recv_into(into), bytes(into), await sock.recvfrom_into(into), bytes(into),
+                        await sock.recvfrom(2), await sock.recvmsg(2), await sock.recv(2),
+                        _moved_counts(list(sock.getsockname()))]
+                sock.shutdown(socket.SHUT_RD)
+                return got + [await sock.recv(10), await sock.recv_into(into), await sock.recvfrom(10),
+                              await sock.recvfrom_into(into), await sock.recvmsg(10)]
+
+    return trio.run(exchange)
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_each_read_of_a_moved_socket_answers_and_counts_as_tcps(peer_loop, path, client):
+    """Each read call of a blocking or trio socket gives what TCP's gives:
+    a peek leaves the echo to the reads that follow (and counts none of
+    it), each read takes its part, and after ``shutdown(SHUT_RD)`` each
+    finds EOF in its own shape; ``links()`` counts each byte once."""
+    run = _blocking_reads if client == "blocking" else _trio_reads
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, run, door="api")
+    assert report["sha256"] == hashlib.sha256(_ECHOED).hexdigest()
+    counts = got.pop(8)
+    assert got == [_ECHOED, 2, b"01", (2, None), b"23", (b"45", None), (b"67", [], 0, None), b"89",
+                   b"", 0, (b"", None), (0, None), (b"", [], 0, None)]
+    if path == "tcp":
+        assert counts is None
+    else:
+        assert counts[1:] == [len(_ECHOED), len(_ECHOED)] and counts[0] != os.getpid()
+
+
 def _blocking_shut_and_closed(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.shutdown(socket.SHUT_RDWR)

@@ -867,59 +867,55 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
     # which came on the TCP socket first, as TCP's read would; one that
     # raises the pair's (the other end closed with bytes unread) is noted.
     def recv(self, bufsize: int, *args: Any) -> bytes:
-        data = self._from_pair(_ss.recv, _flags(args, 0), bufsize, *args)
-        if data is SHUT:
-            return b""
-        self.received(len(data), data, bufsize > 0)
-        return cast(bytes, data)
+        return cast(bytes, self._read(_ss.recv, bufsize, *args))
 
     def recv_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> int:
-        count = self._from_pair(_ss.recv_into, _flags(args, 0), buffer, nbytes, *args)
-        if count is SHUT:
-            return 0
-        self.received(count, buffer, count > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
-        return cast(int, count)
+        return cast(int, self._read(_ss.recv_into, buffer, nbytes, *args))
 
     def recvfrom(self, bufsize: int, *args: Any) -> Any:
-        found = self._from_pair(_ss.recvfrom, _flags(args, 0), bufsize, *args)  # (no address, as TCP's)
-        if found is SHUT:
-            return b"", None
-        self.received(len(found[0]), found[0], bufsize > 0)
-        return found
+        return self._read(_ss.recvfrom, bufsize, *args)  # (no address, as TCP's)
 
     def recvfrom_into(self, buffer: Any, nbytes: int = 0, *args: Any) -> Any:
-        found = self._from_pair(_ss.recvfrom_into, _flags(args, 0), buffer, nbytes, *args)
-        if found is SHUT:
-            return 0, None
-        self.received(found[0], buffer, found[0] > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
-        return found
+        return self._read(_ss.recvfrom_into, buffer, nbytes, *args)
 
     def recvmsg(self, bufsize: int, *args: Any) -> Any:
-        found = self._from_pair(_ss.recvmsg, _flags(args, 1), bufsize, *args)
-        if found is SHUT:
-            return b"", [], 0, None
-        if found[0] or bufsize:
-            self.received(len(found[0]), found[0], True)
-        return found
+        return self._read(_ss.recvmsg, bufsize, *args)
 
-    def _from_pair(self, read: Any, flags: int, *args: Any) -> Any:
+    def _read(self, read: Any, *args: Any) -> Any:
         """``read(self, *args)``, a read of the stdlib's class, on the pair
-        end; SHUT where it finds the shut reading's EOF instead. One that
-        may wait is counted while it runs (see shutdown)."""
+        end: what it answers (see answer). One that may wait is counted
+        while it runs (see shutdown)."""
         reading: _Reading = self.__dict__[_STATE].reading
-        may_wait = self.gettimeout() != 0 and not flags & socket.MSG_DONTWAIT
+        may_wait = self.gettimeout() != 0 and not _read_flags(read.__name__, args) & socket.MSG_DONTWAIT
         if may_wait:  # (counted before the look at the reading: see shutdown)
             reading.waiting.append(None)
         try:
-            if reading.finds_shut(_ss.fileno(self)):
-                return SHUT
-            return read(self, *args)
+            found = SHUT if reading.finds_shut(_ss.fileno(self)) else read(self, *args)
         except ConnectionResetError:
             self.reset_read()
             raise
         finally:
             if may_wait:
                 reading.waiting.pop()
+        return self.answer(read.__name__, found, args)
+
+    def answer(self, read: str, found: Any, args: Tuple[Any, ...]) -> Any:
+        """What the read named ``read``, called with ``args`` (its size or
+        buffer first), answers where it ``found`` that on the pair (SHUT:
+        the shut reading's EOF, in that read's shape); what came counted,
+        once (a peek leaves it to the read that takes it)."""
+        if found is SHUT:
+            return _SHUT_READS[read]
+        if read.endswith("_into"):
+            buffer = args[0]
+            count = found if read == "recv_into" else found[0]
+            asked = count > 0 or _arg(args, 1) > 0 or memoryview(buffer).nbytes > 0
+        else:
+            buffer = found if read == "recv" else found[0]
+            count, asked = len(buffer), args[0] > 0
+        if not (count and _read_flags(read, args) & socket.MSG_PEEK):
+            self.received(count, buffer, asked)
+        return found
 
     def finds_read_shut(self) -> bool:
         """Whether a read here finds EOF for the shut reading (see _Reading)."""
@@ -1158,10 +1154,22 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
 
 SHUT = object()  # (what a read comes to: EOF, its reading shut here)
+# What each read answers for that EOF, as TCP's does.
+_SHUT_READS = {"recv": b"", "recv_into": 0, "recvfrom": (b"", None), "recvfrom_into": (0, None),
+               "recvmsg": (b"", [], 0, None)}
 
 
-def _flags(args: Tuple[Any, ...], index: int) -> int:
-    """The flags among a read's further ``args``, at ``index``."""
+# Where each read takes its flags, among its arguments.
+_FLAGS_AT = {"recv": 1, "recv_into": 2, "recvfrom": 1, "recvfrom_into": 2, "recvmsg": 2}
+
+
+def _read_flags(read: str, args: Tuple[Any, ...]) -> int:
+    """The flags of the read named ``read``, called with ``args``."""
+    return _arg(args, _FLAGS_AT[read])
+
+
+def _arg(args: Tuple[Any, ...], index: int) -> int:
+    """The int argument at ``index`` among ``args``; 0 where not given."""
     return cast(int, args[index]) if len(args) > index else 0
 
 

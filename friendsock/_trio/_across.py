@@ -241,59 +241,39 @@ class MovedTrioSocket(TrioSocketType):
     the stdlib class's methods, not the socket's)."""
 
     async def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data = await self._from_pair(TrioSocketType.recv, bufsize, flags)  # type: ignore[attr-defined]
-        if data is SHUT:
-            return b""
-        self._sock.received(len(data), data, bufsize > 0)
-        return cast(bytes, data)
+        return cast(bytes, await self._read("recv", bufsize, flags))
 
     async def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        count = await self._from_pair(TrioSocketType.recv_into, buffer, nbytes, flags)  # type: ignore[attr-defined]
-        if count is SHUT:
-            return 0
-        self._sock.received(count, buffer, count > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
-        return cast(int, count)
+        return cast(int, await self._read("recv_into", buffer, nbytes, flags))
 
     async def recvfrom(self, bufsize: int, flags: int = 0) -> Any:
-        found = await self._from_pair(TrioSocketType.recvfrom, bufsize, flags)  # type: ignore[attr-defined]
-        if found is SHUT:
-            return b"", None
-        self._sock.received(len(found[0]), found[0], bufsize > 0)
-        return found
+        return await self._read("recvfrom", bufsize, flags)
 
     async def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> Any:
-        found = await self._from_pair(TrioSocketType.recvfrom_into, buffer, nbytes,  # type: ignore[attr-defined]
-                                      flags)
-        if found is SHUT:
-            return 0, None
-        self._sock.received(found[0], buffer, found[0] > 0 or nbytes > 0 or memoryview(buffer).nbytes > 0)
-        return found
+        return await self._read("recvfrom_into", buffer, nbytes, flags)
 
     async def recvmsg(self, bufsize: int, *args: Any) -> Any:
-        found = await self._from_pair(TrioSocketType.recvmsg, bufsize, *args)  # type: ignore[attr-defined]
-        if found is SHUT:
-            return b"", [], 0, None
-        if found[0] or bufsize:
-            self._sock.received(len(found[0]), found[0], True)
-        return found
+        return await self._read("recvmsg", bufsize, *args)
 
-    async def _from_pair(self, read: Any, *args: Any) -> Any:
-        """``read(self, *args)``, trio's read, on the pair end; SHUT where
-        it finds the shut reading's EOF instead. Counted while it runs: it
-        may wait (see AcrossSocket.shutdown)."""
+    async def _read(self, read: str, *args: Any) -> Any:
+        """Trio's read named ``read`` on the pair end: what it answers, as
+        the blocking socket's (AcrossSocket.answer). Counted while it runs:
+        it may wait (see AcrossSocket.shutdown)."""
         sock = self._sock
         waiting = sock.reads_waiting()
         waiting.append(None)
         try:
             if sock.finds_read_shut():
                 await trio.lowlevel.checkpoint()
-                return SHUT
-            return await read(self, *args)
+                found = SHUT
+            else:
+                found = await getattr(TrioSocketType, read)(self, *args)
         except ConnectionResetError:
             sock.reset_read()
             raise
         finally:
             waiting.pop()
+        return sock.answer(read, found, args)
 
     # A write the pair refuses is answered as TCP's (see written_after_close).
     async def send(self, data: Any, flags: int = 0) -> int:
