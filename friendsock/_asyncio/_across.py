@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import errno
 import itertools
 import os
 import select
@@ -28,7 +27,7 @@ from asyncio import transports, trsock
 from asyncio.constants import _SendfileMode
 from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
-from .._core._link import LinkBrokenError, closed_error, write_refused_across
+from .._core._link import LinkBrokenError, closed_error
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._pcap import CLIENT, SERVER
 from .._friend_socket import call_held, held_weakly, refuse_as_uvloop
@@ -47,6 +46,7 @@ from .._host._offers import (
     RESET,
     ConnectWait,
     Peer,
+    TcpReset,
     accept_channel,
     answer_offer,
     both_ways_finished,
@@ -65,10 +65,8 @@ from .._host._offers import (
     room_like_friends,
     runs,
     send_offer,
-    socket_error,
     take_offer,
     tcp_error,
-    was_reset,
 )
 from .._host._payoff import moved_connection_ended, worth_an_offer
 from .._host._ports import served_elsewhere
@@ -609,7 +607,7 @@ class _AcrossSocket(trsock.TransportSocket):
     what ends a direction (``shutdown()``) or moves bytes acts on the pair
     end instead, where the connection's bytes go."""
 
-    __slots__ = ("_tcp", "_pair", "_peer_rcvbuf", "_on_read_shut", "write_shut", "wrote_after_close")
+    __slots__ = ("_tcp", "_pair", "_peer_rcvbuf", "_on_read_shut", "write_shut", "tcp_reset")
 
     def __init__(self, tcp: socket.socket, pair: socket.socket, peer_rcvbuf: int,
                  on_read_shut: Callable[[], None]) -> None:
@@ -619,17 +617,12 @@ class _AcrossSocket(trsock.TransportSocket):
         self._peer_rcvbuf = peer_rcvbuf
         self._on_read_shut = held_weakly(on_read_shut)  # (the transport holds this object)
         self.write_shut = False
-        # A write was taken after the other end's close (see
-        # AcrossTransport._taken_after_close): TCP's connection was reset then.
-        self.wrote_after_close = False
+        self.tcp_reset = TcpReset()
 
     def getsockopt(self, *args: Any) -> Any:
         if args != (socket.SOL_SOCKET, socket.SO_ERROR) or self._tcp.fileno() < 0:
             return super().getsockopt(*args)
-        error = socket_error(self._tcp, self._pair)
-        if error == errno.ECONNRESET:
-            self.wrote_after_close = True  # (taken: TCP's socket, reset, fails writes)
-        return error
+        return self.tcp_reset.socket_error(self._tcp, self._pair)
 
     def getpeername(self) -> Any:
         closed = self.closed()
@@ -659,7 +652,7 @@ class _AcrossSocket(trsock.TransportSocket):
         transport closed it: the call itself fails then, EBADF.)"""
         if self._tcp.fileno() < 0 or self._pair.fileno() < 0:
             return None
-        return closed_error(self.wrote_after_close or was_reset(self._tcp, self._pair), self.finished())
+        return self.tcp_reset.closed(self._tcp, self._pair, self.finished())
 
 
 def _on_the_pair(name: str) -> Callable[..., Any]:
@@ -786,9 +779,8 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         if not any(_has_bytes(data) for data in buffers):
             return False  # (a write of nothing is none, as over TCP)
         reset = self._other_end_reset()
-        refused = write_refused_across(reset is not None, self._socket.wrote_after_close, self._eof_came)
+        refused = self._socket.tcp_reset.write_refused(reset is not None, self._eof_came, True)
         if refused is None:
-            self._socket.wrote_after_close = True
             return True
         if reset is None:
             return False  # (the pair refuses it: EPIPE)
@@ -832,7 +824,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         # (Not on the TCP socket: its FIN comes as the connection ends,
         # see Rendezvous.release.)
         if not (self._eof_sent or self._inner.is_closing()):
-            reset = self._socket.wrote_after_close or self._other_end_reset() is not None
+            reset = self._socket.tcp_reset.seen or self._other_end_reset() is not None
             refused = closed_error(reset, self._socket.finished())
             if refused is not None:
                 self._write_eof_refused(refused.as_os_error())

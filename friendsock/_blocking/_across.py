@@ -40,7 +40,7 @@ import time
 import weakref
 from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Tuple, Union, cast
 
-from .._core._link import LinkBrokenError, closed_error, write_refused_across
+from .._core._link import LinkBrokenError
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._fork import Part, on_fork
 from .._core._pcap import CLIENT, SERVER
@@ -58,6 +58,7 @@ from .._host._offers import (
     RESET,
     ConnectWait,
     Peer,
+    TcpReset,
     accept_channel,
     both_ways_finished,
     bytes_to_read,
@@ -74,7 +75,6 @@ from .._host._offers import (
     room_like_friends,
     runs,
     send_offer,
-    socket_error,
     take_offer,
     tcp_error,
     was_reset,
@@ -764,7 +764,7 @@ class _Moved:
     capture's tap while one runs (``friendsock.capture``)."""
 
     __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic",
-                 "tap", "side", "other_side", "refused_writes_fail", "fin_came", "reading")
+                 "tap", "side", "other_side", "tcp_reset", "fin_came", "reading")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
                  rendezvous: Rendezvous, client: bool, traffic: _Traffic,
@@ -776,9 +776,7 @@ class _Moved:
         self.client = client
         self.traffic = traffic
         self.shut_down = False  # writing, by shutdown()
-        # Once a write was refused after the other end closed, or a read
-        # raised its reset, TCP's writes fail (EPIPE); before, it takes one.
-        self.refused_writes_fail = False
+        self.tcp_reset = TcpReset()
         self.fin_came = False  # a read found the other end's EOF
         self.reading = reading
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
@@ -850,8 +848,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         answers with one; a read that raised one; one waiting to be taken),
         or both directions finished."""
         moved: _Moved = self.__dict__[_STATE]
-        reset = moved.refused_writes_fail or (moved.tcp.fileno() >= 0 and was_reset(moved.tcp, self))
-        return closed_error(reset, self.both_ways_finished())
+        return moved.tcp_reset.closed(moved.tcp, self, self.both_ways_finished())
 
     def both_ways_finished(self) -> bool:
         """Whether TCP's socket would be closed by now (see both_ways_finished)."""
@@ -928,7 +925,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def reset_read(self) -> None:
         """A read raised the other end's reset: TCP's writes fail after it."""
-        self.__dict__[_STATE].refused_writes_fail = True
+        self.__dict__[_STATE].tcp_reset.seen = True
 
     def received(self, count: int, data: Any, asked: bool) -> None:
         """``count`` bytes were read, the first of ``data``; none, where
@@ -956,7 +953,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if not isinstance(reset, ConnectionResetError):
             moved.fin_came = True
             return
-        moved.refused_writes_fail = True
+        moved.tcp_reset.seen = True
         if not moved.fin_came:
             raise reset
         # (After its FIN, TCP's read finds EOF, the reset left to a send.)
@@ -998,10 +995,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             raise refused  # (our own shutdown: EPIPE, as TCP's)
         reset = refused_with_reset(moved.tcp, self)
         if reset is None and moved.tcp.fileno() >= 0 and was_reset(moved.tcp, self):
-            moved.refused_writes_fail = True  # (a reset whose error a call took: TCP's writes fail)
-        error = write_refused_across(reset is not None, moved.refused_writes_fail, moved.fin_came)
-        if size:  # (a write of nothing is none: TCP's send(b"") answers 0)
-            moved.refused_writes_fail = True
+            moved.tcp_reset.seen = True  # (a reset whose error a call took: TCP's writes fail)
+        # (A write of nothing is none: TCP's send(b"") answers 0.)
+        error = moved.tcp_reset.write_refused(reset is not None, moved.fin_came, size > 0)
         if error is None:
             return size
         raise error.as_os_error() from None
@@ -1056,10 +1052,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         moved: _Moved = self.__dict__[_STATE]
         if args != (socket.SOL_SOCKET, socket.SO_ERROR):
             return moved.tcp.getsockopt(*args)
-        error = socket_error(moved.tcp, self)
-        if error == errno.ECONNRESET:
-            moved.refused_writes_fail = True  # (taken: TCP's socket, reset, fails writes)
-        return error
+        return moved.tcp_reset.socket_error(moved.tcp, self)
 
     def setsockopt(self, *args: Any) -> None:
         self._check_open()

@@ -19,7 +19,8 @@ import termios
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union, cast
 
 from .._core._addresses import is_unspecified
-from .._core._link import fin_arrived
+from .._core._errors import LinkBrokenError
+from .._core._link import closed_error, fin_arrived, write_refused_across
 from .._handshake._process import close_with_reset
 from .._socket_errors import check_how
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
@@ -419,6 +420,45 @@ def socket_error(tcp: socket.socket, pair: socket.socket) -> int:
     if error or pair.fileno() < 0:
         return error
     return cast(int, _socket.socket.getsockopt(pair, socket.SOL_SOCKET, socket.SO_ERROR))
+
+
+class TcpReset:
+    """Whether a moved connection's TCP socket would be reset by now, by
+    what only this end knows: a write taken after the other end's clean
+    close (the other kernel answers it with a reset), a read that raised
+    the other end's reset, or ``SO_ERROR`` that took it. TCP's writes fail
+    after it (EPIPE); its ``shutdown()`` and ``getpeername()`` with ENOTCONN.
+    One per connection, shared by an end's copies."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def socket_error(self, tcp: socket.socket, pair: socket.socket) -> int:
+        """``SO_ERROR`` (see :func:`socket_error`); a reset it takes, seen."""
+        error = socket_error(tcp, pair)
+        if error == errno.ECONNRESET:
+            self.seen = True
+        return error
+
+    def closed(self, tcp: socket.socket, pair: socket.socket, finished: bool) -> Optional[LinkBrokenError]:
+        """What a call that needs the connection fails with (ENOTCONN), if
+        anything (:func:`closed_error`): reset, here or by a reset that
+        ``tcp`` or ``pair`` holds (:func:`was_reset`), or both directions
+        ``finished``."""
+        reset = self.seen or (tcp.fileno() >= 0 and was_reset(tcp, pair))
+        return closed_error(reset, finished)
+
+    def write_refused(self, peer_reset: bool, after_fin: bool, wrote: bool) -> Optional[LinkBrokenError]:
+        """What a write the pair refused gets (:func:`write_refused_across`):
+        ``peer_reset``, the other end aborted or closed with bytes unread
+        here; ``after_fin``, this end read its EOF; ``wrote``: the write
+        had bytes, which TCP takes once and the other kernel resets."""
+        error = write_refused_across(peer_reset, self.seen, after_fin)
+        if wrote:
+            self.seen = True
+        return error
 
 
 def tcp_error(tcp: socket.socket) -> Optional[OSError]:
