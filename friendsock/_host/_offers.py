@@ -430,14 +430,19 @@ class TcpReset:
     after it (EPIPE); its ``shutdown()`` and ``getpeername()`` with ENOTCONN.
     One per connection, shared by an end's copies."""
 
-    __slots__ = ("seen",)
+    __slots__ = ("seen", "error")
 
     def __init__(self) -> None:
         self.seen = False
+        # The error TCP's socket would hold, not taken yet: that reset came
+        # after the other end's FIN, which TCP's socket keeps as EPIPE.
+        self.error = 0
 
     def socket_error(self, tcp: socket.socket, pair: socket.socket) -> int:
-        """``SO_ERROR`` (see :func:`socket_error`); a reset it takes, seen."""
-        error = socket_error(tcp, pair)
+        """``SO_ERROR`` (see :func:`socket_error`), taken; a reset, seen."""
+        error, self.error = self.error, 0
+        if not error:
+            error = socket_error(tcp, pair)
         if error == errno.ECONNRESET:
             self.seen = True
         return error
@@ -456,6 +461,10 @@ class TcpReset:
         here; ``after_fin``, this end read its EOF; ``wrote``: the write
         had bytes, which TCP takes once and the other kernel resets."""
         error = write_refused_across(peer_reset, self.seen, after_fin)
+        if error is not None:
+            self.error = 0  # (TCP's failing write takes the error it holds)
+        elif wrote:
+            self.error = errno.EPIPE
         if wrote:
             self.seen = True
         return error
