@@ -14,7 +14,7 @@ also takes ``both`` (``api``, a server on 127.0.0.1 and one on ::1, on
 one port) and
 ``abort`` (``api``: echoes 4 bytes, then aborts with SO_LINGER {1, 0});
 ``eof-abort`` (the same, but it sends EOF after the 4 bytes and aborts
-once it read 4 more);
+once it read 4 more); ``eof-abort-late`` (it reads until EOF, then aborts);
 ``blocking`` and ``blocking-abort`` are the same served by a blocking
 server (``socketserver``'s threading TCP server, under ``patch_socket()``;
 LOOP ``-``; ``blocking-timeout``, its listener with a timeout of 0.5 s),
@@ -128,6 +128,10 @@ async def serve(door: str) -> None:
             writer.write(await reader.readexactly(4))
             writer.write_eof()
             await reader.readexactly(4)
+            await _reset(writer)
+            return
+        if door == "eof-abort-late":  # the client's EOF read, then a reset
+            await reader.read()
             await _reset(writer)
             return
         if door == "eof-hold":  # EOF read, then the connection held open while the server runs
@@ -270,8 +274,11 @@ def serve_blocking(door: str) -> None:
             sock.close()
             say(json.dumps({"aborted": True}))
             return
-        if door == "blocking-close-unread":  # the answer, then a close with what came next unread
+        if door in ("blocking-close-unread", "blocking-eof-close-unread"):
+            # the answer (and EOF), then a close with what came next unread
             sock.sendall(sock.recv(4))
+            if door == "blocking-eof-close-unread":
+                sock.shutdown(socket.SHUT_WR)
             select.select([sock], [], [], 20)
             sock.close()
             say(json.dumps({"closed": True}))

@@ -1128,9 +1128,10 @@ def _trio_steps(port: int, steps: Sequence[str]) -> List[str]:
 
 _SIZES = {"recv0": 0, "recv": 10}
 _SENT = {"send": b"more", "send0": b""}
-# Steps that ask the socket: a shutdown of its writing, and its error
-# (SO_ERROR, which takes it), by name.
+# Steps that ask the socket: a shutdown of its writing, its peer's name
+# (whether it has one), and its error (SO_ERROR, which takes it), by name.
 _ASKED = {"shut": lambda sock: repr(sock.shutdown(socket.SHUT_WR)),
+          "peer": lambda sock: repr(bool(sock.getpeername())),
           "error": lambda sock: errno.errorcode.get(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), "0")}
 _CLIENT_STEPS = {"blocking": _blocking_steps, "trio": _trio_steps}
 
@@ -1194,10 +1195,10 @@ async def test_calls_after_the_server_ended_answer_as_over_tcp(peer_loop, path, 
     assert got == expected and theirs == report
 
 
-def _unread_at_close(port: int, client: str, steps: Sequence[str]) -> List[str]:
+def _unread_at_close(port: int, client: str, steps: Sequence[str], eof_first: bool) -> List[str]:
     """What a client's ``steps`` (see _blocking_steps) get once the server
     closed with bytes of its unread (after a first connection: a blocking
-    server's is TCP's)."""
+    server's is TCP's); ``eof_first``: the server's EOF read before."""
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.sendall(b"warm")
         assert sock.recv(4) == b"warm"
@@ -1212,6 +1213,7 @@ def _unread_at_close(port: int, client: str, steps: Sequence[str]) -> List[str]:
                 sock = stream.socket
                 await sock.send(b"ping")
                 assert await sock.recv(4) == b"ping"
+                assert not eof_first or await sock.recv(10) == b""
                 await sock.send(b"unread")
                 _peer_gone(sock)
                 return [await _trio_step(sock, step) for step in steps]
@@ -1220,18 +1222,26 @@ def _unread_at_close(port: int, client: str, steps: Sequence[str]) -> List[str]:
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.sendall(b"ping")
         assert sock.recv(4) == b"ping"
+        assert not eof_first or sock.recv(10) == b""
         sock.sendall(b"unread")
         _peer_gone(sock)
         return [_blocking_step(sock, step) for step in steps]
 
 
-# Steps after the server's close with bytes unread, and what each gets.
+# Steps after the server's close with bytes unread, and what each gets;
+# "eof-first": the server's EOF came (and was read) before that close.
 _AFTER_A_CLOSE_WITH_BYTES_UNREAD = {
     # The next send raises the reset, the one after EPIPE: not taken as
     # after a clean close, its bytes lost.
     "sends": (("send", "send", "recv"), ["ConnectionResetError", "BrokenPipeError", "b''"]),
     # SO_ERROR takes the reset: the read finds EOF, a send fails EPIPE.
     "error-taken": (("error", "error", "recv", "send"), ["ECONNRESET", "0", "b''", "BrokenPipeError"]),
+    # A send of nothing takes the reset too: TCP's socket is closed.
+    "empty-send": (("send0", "peer", "send"), ["ConnectionResetError", "OSError", "BrokenPipeError"]),
+    # The reset met TCP's socket after the EOF (CLOSE_WAIT): reads find
+    # EOF again, and the socket holds EPIPE.
+    "eof-first": (("recv", "error", "recv", "send"), ["b''", "EPIPE", "b''", "BrokenPipeError"]),
+    "eof-first-error-taken": (("error", "error", "recv", "send"), ["EPIPE", "0", "b''", "BrokenPipeError"]),
 }
 
 
@@ -1243,9 +1253,49 @@ async def test_a_close_with_bytes_unread_resets_the_other_end(path, client, case
     whose close is a reset then, the client's calls meet that reset (see
     _AFTER_A_CLOSE_WITH_BYTES_UNREAD)."""
     steps, expected = _AFTER_A_CLOSE_WITH_BYTES_UNREAD[case]
-    run = functools.partial(_unread_at_close, client=client, steps=steps)
-    got, _ = await _on_a_thread_against_a_server("-", path, run, door="blocking-close-unread")
+    eof_first = case.startswith("eof-first")
+    run = functools.partial(_unread_at_close, client=client, steps=steps, eof_first=eof_first)
+    door = "blocking-eof-close-unread" if eof_first else "blocking-close-unread"
+    got, _ = await _on_a_thread_against_a_server("-", path, run, door=door)
     assert got == expected
+
+
+def _blocking_sends_after_shutdown_and_reset(port: int, reported: threading.Event) -> List[str]:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.shutdown(socket.SHUT_WR)
+        assert reported.wait(20)
+        _peer_gone(sock)
+        return [_blocking_step(sock, "send"), _blocking_step(sock, "send")]
+
+
+def _trio_sends_after_shutdown_and_reset(port: int, reported: threading.Event) -> List[str]:
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> List[str]:
+        stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            sock = stream.socket
+            sock.shutdown(socket.SHUT_WR)
+            assert await trio.to_thread.run_sync(reported.wait, 20)
+            _peer_gone(sock)
+            return [await _trio_step(sock, "send"), await _trio_step(sock, "send")]
+
+    return trio.run(exchange)
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_send_after_a_shutdown_takes_the_reset_that_came(peer_loop, path, client):
+    """The client shuts its writing down; the server reads the EOF, then
+    resets: a send fails as TCP's does, with the reset that waits (the
+    send takes it), then with EPIPE."""
+    run = (_blocking_sends_after_shutdown_and_reset if client == "blocking"
+           else _trio_sends_after_shutdown_and_reset)
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, run, door="eof-abort-late")
+    assert report == {"aborted": True}
+    assert got == ["ConnectionResetError", "BrokenPipeError"]
 
 
 def _not_connected(*calls: Any) -> List[Optional[str]]:

@@ -726,7 +726,6 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         self._reads = 0  # how often (does the move pay? see _host._payoff)
         self._writes = 0
         self._eof_sent = False
-        self._eof_came = False
         self._read_shut = False  # its socket's shutdown(SHUT_RD), see _reading_shut
         self._hang_up: Optional[Any] = None  # a poll of the pair end for its other end's close
         self._reset_came: Optional[ConnectionResetError] = None  # see _other_end_reset
@@ -779,7 +778,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         if not any(_has_bytes(data) for data in buffers):
             return False  # (a write of nothing is none, as over TCP)
         reset = self._other_end_reset()
-        refused = self._socket.tcp_reset.write_refused(reset is not None, self._eof_came, True)
+        refused = self._socket.tcp_reset.write_refused(reset is not None, True)
         if refused is None:
             return True
         if reset is None:
@@ -877,7 +876,8 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         """Its socket's ``shutdown(SHUT_RD)``, which the pair knows nothing
         of: as over TCP, EOF once what came before is delivered, and no
         more reading (the other end's later bytes wait on the pair)."""
-        if self._read_shut or self._eof_came or self._inner is None or self._inner.is_closing():
+        inner = self._inner
+        if self._read_shut or self._socket.tcp_reset.fin_read or inner is None or inner.is_closing():
             return
         self._read_shut = True
         self._look_for_read_shut_eof()
@@ -963,13 +963,13 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
                       paused_writing=self._protocol_paused, thread=self._thread,
                       scheduler=loop_name(self._rendezvous.loop))
         peer = EndInfo(address=tuple(self._peername), sndbuf=self._peer.sndbuf,
-                       rcvbuf=self._peer.rcvbuf, closed=self._eof_came, paused_reading=None,
+                       rcvbuf=self._peer.rcvbuf, closed=self._socket.tcp_reset.fin_read, paused_reading=None,
                        paused_writing=None, thread=None, scheduler=None)
         unsent = inner.get_write_buffer_size()
         reset = self._reset is not None
         sent = DirectionInfo("reset" if reset else "eof" if self._eof_sent else "open",
                              unsent, self._sent - unsent, False)
-        received = DirectionInfo("reset" if reset else "eof" if self._eof_came else "open",
+        received = DirectionInfo("reset" if reset else "eof" if self._socket.tcp_reset.fin_read else "open",
                                  waiting, self._received, closing)
         server = self._peername if self._client else self._sockname
         return link_between_processes(client_side=self._client, own=own, peer=peer, sent=sent,
@@ -1054,7 +1054,7 @@ class _Relay(asyncio.Protocol):
             self.outer._reset = reset
             self.outer._inner.abort()
             return True
-        self.outer._eof_came = True
+        self.outer._socket.tcp_reset.fin_read = True
         if self.outer._tap is not None:
             self.outer._tap.fin(self.outer._other_side)
         return self.protocol.eof_received()  # type: ignore[attr-defined]

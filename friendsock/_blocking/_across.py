@@ -764,7 +764,7 @@ class _Moved:
     capture's tap while one runs (``friendsock.capture``)."""
 
     __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic",
-                 "tap", "side", "other_side", "tcp_reset", "fin_came", "reading")
+                 "tap", "side", "other_side", "tcp_reset", "reading")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
                  rendezvous: Rendezvous, client: bool, traffic: _Traffic,
@@ -777,7 +777,6 @@ class _Moved:
         self.traffic = traffic
         self.shut_down = False  # writing, by shutdown()
         self.tcp_reset = TcpReset()
-        self.fin_came = False  # a read found the other end's EOF
         self.reading = reading
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
@@ -889,8 +888,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         try:
             found = SHUT if reading.finds_shut(_ss.fileno(self)) else read(self, *args)
         except ConnectionResetError:
-            self.reset_read()
-            raise
+            if self.reset_read():
+                raise
+            found = SHUT  # (EOF: see reset_read)
         finally:
             if may_wait:
                 reading.waiting.pop()
@@ -923,9 +923,10 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         a way of its own (trio's) adds one while it runs."""
         return cast(List[None], self.__dict__[_STATE].reading.waiting)
 
-    def reset_read(self) -> None:
-        """A read raised the other end's reset: TCP's writes fail after it."""
-        self.__dict__[_STATE].tcp_reset.seen = True
+    def reset_read(self) -> bool:
+        """A read met the other end's reset: whether it raises it (see
+        TcpReset.read_reset)."""
+        return cast(bool, self.__dict__[_STATE].tcp_reset.read_reset())
 
     def received(self, count: int, data: Any, asked: bool) -> None:
         """``count`` bytes were read, the first of ``data``; none, where
@@ -948,15 +949,13 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if moved.tap is not None:
             if isinstance(reset, ConnectionResetError):
                 moved.tap.reset(moved.other_side)
-            elif not moved.fin_came:
+            elif not moved.tcp_reset.fin_read:
                 moved.tap.fin(moved.other_side)
         if not isinstance(reset, ConnectionResetError):
-            moved.fin_came = True
+            moved.tcp_reset.fin_read = True
             return
-        moved.tcp_reset.seen = True
-        if not moved.fin_came:
+        if self.reset_read():
             raise reset
-        # (After its FIN, TCP's read finds EOF, the reset left to a send.)
 
     # A write the pair refuses (EPIPE: the other end's socket is gone) is
     # answered as TCP's would be (see written_after_close).
@@ -992,12 +991,18 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         send gives where it takes the write, else the error it raises."""
         moved: _Moved = self.__dict__[_STATE]
         if moved.shut_down:
-            raise refused  # (our own shutdown: EPIPE, as TCP's)
+            # Our own shutdown: EPIPE, as TCP's, but for a reset that came
+            # since, which TCP's send takes and raises.
+            reset = refused_with_reset(moved.tcp, self) if moved.tcp.fileno() >= 0 else None
+            if reset is None:
+                raise refused
+            moved.tcp_reset.seen = True
+            raise reset from None
         reset = refused_with_reset(moved.tcp, self)
         if reset is None and moved.tcp.fileno() >= 0 and was_reset(moved.tcp, self):
             moved.tcp_reset.seen = True  # (a reset whose error a call took: TCP's writes fail)
         # (A write of nothing is none: TCP's send(b"") answers 0.)
-        error = moved.tcp_reset.write_refused(reset is not None, moved.fin_came, size > 0)
+        error = moved.tcp_reset.write_refused(reset is not None, size > 0)
         if error is None:
             return size
         raise error.as_os_error() from None

@@ -430,13 +430,15 @@ class TcpReset:
     after it (EPIPE); its ``shutdown()`` and ``getpeername()`` with ENOTCONN.
     One per connection, shared by an end's copies."""
 
-    __slots__ = ("seen", "error")
+    __slots__ = ("seen", "error", "fin_read")
 
     def __init__(self) -> None:
         self.seen = False
-        # The error TCP's socket would hold, not taken yet: that reset came
-        # after the other end's FIN, which TCP's socket keeps as EPIPE.
+        # The error TCP's socket would hold, not taken yet.
         self.error = 0
+        # A read here found the other end's EOF: a reset that comes after
+        # meets TCP's socket in CLOSE_WAIT, which holds it as EPIPE.
+        self.fin_read = False
 
     def socket_error(self, tcp: socket.socket, pair: socket.socket) -> int:
         """``SO_ERROR`` (see :func:`socket_error`), taken; a reset, seen."""
@@ -445,6 +447,8 @@ class TcpReset:
             error = socket_error(tcp, pair)
         if error == errno.ECONNRESET:
             self.seen = True
+            if self.fin_read:
+                error = errno.EPIPE
         return error
 
     def closed(self, tcp: socket.socket, pair: socket.socket, finished: bool) -> Optional[LinkBrokenError]:
@@ -455,19 +459,29 @@ class TcpReset:
         reset = self.seen or (tcp.fileno() >= 0 and was_reset(tcp, pair))
         return closed_error(reset, finished)
 
-    def write_refused(self, peer_reset: bool, after_fin: bool, wrote: bool) -> Optional[LinkBrokenError]:
+    def write_refused(self, peer_reset: bool, wrote: bool) -> Optional[LinkBrokenError]:
         """What a write the pair refused gets (:func:`write_refused_across`):
         ``peer_reset``, the other end aborted or closed with bytes unread
-        here; ``after_fin``, this end read its EOF; ``wrote``: the write
-        had bytes, which TCP takes once and the other kernel resets."""
-        error = write_refused_across(peer_reset, self.seen, after_fin)
+        here (the write takes that reset); ``wrote``: the write had bytes,
+        which TCP takes once and the other kernel resets."""
+        error = write_refused_across(peer_reset, self.seen, self.fin_read)
         if error is not None:
             self.error = 0  # (TCP's failing write takes the error it holds)
         elif wrote:
-            self.error = errno.EPIPE
-        if wrote:
+            self.error = errno.EPIPE  # (that reset meets TCP's socket after the FIN)
+        if wrote or peer_reset:
             self.seen = True
         return error
+
+    def read_reset(self) -> bool:
+        """A read met the other end's reset; whether it raises it. Not once
+        a read found the other end's EOF: TCP's read finds EOF again, its
+        socket holding the reset as EPIPE for ``SO_ERROR`` or a write."""
+        self.seen = True
+        if self.fin_read:
+            self.error = errno.EPIPE
+            return False
+        return True
 
 
 def tcp_error(tcp: socket.socket) -> Optional[OSError]:

@@ -269,8 +269,9 @@ class MovedTrioSocket(TrioSocketType):
             else:
                 found = await getattr(TrioSocketType, read)(self, *args)
         except ConnectionResetError:
-            sock.reset_read()
-            raise
+            if sock.reset_read():
+                raise
+            found = SHUT  # (EOF: see AcrossSocket.reset_read)
         finally:
             waiting.pop()
         return sock.answer(read, found, args)
