@@ -28,7 +28,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 import pytest
 import uvloop
@@ -398,17 +398,9 @@ class FriendVsTcp(RuleBasedStateMachine):
         self.run(self._settle(until_lost))
 
     async def _settle(self, until_lost: bool) -> None:
-        while True:
-            await self._spin(2)
-            waiting = {path: self._unsettled(path, until_lost) for path in PATHS}
-            if not any(waiting.values()):
-                await self._quiet()
-                return
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), QUIET_LIMIT)
-            except asyncio.TimeoutError:
-                raise AssertionError(f"no progress; still waiting for {waiting}\n{self._dump()}") from None
+        await settled(lambda: self._spin(2), lambda: {path: self._unsettled(path, until_lost) for path in PATHS},
+                      self.changed, self._dump)
+        await self._quiet()
 
     async def _quiet(self) -> None:
         """Until what follows at once has happened (a close's connection_lost)."""
@@ -471,6 +463,23 @@ class FriendVsTcp(RuleBasedStateMachine):
                 # missing on one; the rest must agree.
                 events = {p: [e for e in ev if e != "data"] for p, ev in events.items()}
             assert events["friend"] == events["tcp"], (side, events, self._dump())
+
+
+async def settled(turn: Callable[[], Awaitable[Any]], waiting: Callable[[], Dict[str, Any]],
+                  changed: asyncio.Event, dump: Callable[[], str]) -> None:
+    """Until, after a ``turn()``, ``waiting()`` finds nothing left to wait
+    for on any path; a failure once nothing is ``changed`` for
+    QUIET_LIMIT, with what it still waited for and ``dump()``."""
+    while True:
+        await turn()
+        left = waiting()
+        if not any(left.values()):
+            return
+        changed.clear()
+        try:
+            await asyncio.wait_for(changed.wait(), QUIET_LIMIT)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"no progress; still waiting for {left}\n{dump()}") from None
 
 
 class ServerProcess:

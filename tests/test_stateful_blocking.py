@@ -44,7 +44,7 @@ import friendsock
 from friendsock._host import _payoff
 
 from stateful_streams import stream_bytes
-from test_stateful import ACROSS_EXAMPLES, QUIET_LIMIT, STEPS, RemoteEnd, ServerProcess
+from test_stateful import ACROSS_EXAMPLES, QUIET_LIMIT, STEPS, RemoteEnd, ServerProcess, settled
 
 PATHS = ("friend", "tcp")
 # Bytes written and not yet read, at most, each way.
@@ -309,16 +309,9 @@ class BlockingVsTcp(RuleBasedStateMachine):
         return None
 
     async def _settle(self) -> None:
-        while True:
-            await self.server.call("sync")
-            waiting = {path: self._unsettled(end) for path, end in self.ends.items()}
-            if not any(waiting.values()):
-                return
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), QUIET_LIMIT)
-            except asyncio.TimeoutError:
-                raise AssertionError(f"no progress; still waiting for {waiting}\n{self._dump()}") from None
+        await settled(lambda: self.server.call("sync"),
+                      lambda: {path: self._unsettled(end) for path, end in self.ends.items()},
+                      self.changed, self._dump)
 
     def _client_caught_up(self, path: str) -> bool:
         """Whether what the server did has reached the client's socket on
