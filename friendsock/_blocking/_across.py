@@ -1151,7 +1151,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
                                       captured=moved.tap is not None)
 
 
-SHUT = object()  # (what a read comes to: EOF, its reading shut here)
+# What a read comes to where TCP's finds EOF and the pair does not: its
+# reading shut here, or a reset after the other end's FIN (see reset_read).
+SHUT = object()
 # What each read answers for that EOF, as TCP's does.
 _SHUT_READS = {"recv": b"", "recv_into": 0, "recvfrom": (b"", None), "recvfrom_into": (0, None),
                "recvmsg": (b"", [], 0, None)}
