@@ -423,12 +423,14 @@ def socket_error(tcp: socket.socket, pair: socket.socket) -> int:
 
 
 class TcpReset:
-    """Whether a moved connection's TCP socket would be reset by now, by
-    what only this end knows: a write taken after the other end's clean
-    close (the other kernel answers it with a reset), a read that raised
-    the other end's reset, or ``SO_ERROR`` that took it. TCP's writes fail
-    after it (EPIPE); its ``shutdown()`` and ``getpeername()`` with ENOTCONN.
-    One per connection, shared by an end's copies."""
+    """What only this end knows of how a moved connection's TCP socket
+    would have ended: whether it was reset by now (``seen``: a write taken
+    after the other end's clean close, which the other kernel answers
+    with a reset; a read that met the other end's reset; ``SO_ERROR``
+    that took it), the error it would hold, and whether a read found the
+    other end's EOF first. TCP's writes fail after a reset (EPIPE); its
+    ``shutdown()`` and ``getpeername()`` with ENOTCONN. One per
+    connection, shared by an end's copies."""
 
     __slots__ = ("seen", "error", "fin_read")
 
