@@ -49,8 +49,9 @@ from test_stateful import ACROSS_EXAMPLES, QUIET_LIMIT, STEPS, RemoteEnd, Server
 PATHS = ("friend", "tcp")
 # Bytes written and not yet read, at most, each way.
 IN_FLIGHT = 32 * 1024
-# Reads, by what each returns (the bytes, or how many went into a buffer).
-READS = ("recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg")
+# Reads, by what each returns (the bytes, or how many went into a buffer);
+# "peek": recv() with MSG_PEEK, which leaves what it returns to be read.
+READS = ("recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "peek")
 
 Outcome = Tuple[str, Any]  # ("ok", what it returned) or (the error's type, its errno)
 # What a client call meets where it may meet the reset alone, or the EOF
@@ -72,6 +73,8 @@ def _read(sock: socket.socket, how: str, size: int) -> bytes:
 def _read_now(sock: socket.socket, how: str, size: int) -> bytes:
     if how == "recv":
         return sock.recv(size)
+    if how == "peek":
+        return sock.recv(size, socket.MSG_PEEK)
     if how == "recvfrom":
         data, address = sock.recvfrom(size)
         assert address is None
@@ -87,6 +90,15 @@ def _read_now(sock: socket.socket, how: str, size: int) -> bytes:
         count, address = sock.recvfrom_into(buffer, size)
         assert address is None
     return bytes(buffer[:count])
+
+
+def _moved_to_client(sock: socket.socket) -> Optional[int]:
+    """What ``friendsock.links()`` says was moved to the client ``sock``."""
+    sockname = sock.getsockname()
+    for link in friendsock.links():
+        if link.peer_pid is not None and tuple(link.client.address) == sockname:
+            return link.to_client.moved
+    return None
 
 
 class BlockingVsTcp(RuleBasedStateMachine):
@@ -215,11 +227,14 @@ class BlockingVsTcp(RuleBasedStateMachine):
         def read(sock: socket.socket, path: str) -> bytes:
             data = _read(sock, how, size)
             assert data == stream_bytes(self.read[path], len(data)), (path, "not the stream's bytes")
-            self.read[path] += len(data)
+            if how != "peek":
+                self.read[path] += len(data)
             self.eof_read[path] |= not data and size > 0
             return data
 
         self._each(f"{how}({size})", read)
+        # links() counts each byte read once (a peek none).
+        assert _moved_to_client(self.socks["friend"]) == self.read["friend"], self._dump()
 
     @precondition(lambda self: self.ends and not self.client_closed)
     @rule(how=st.sampled_from([socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR]))
@@ -280,7 +295,9 @@ class BlockingVsTcp(RuleBasedStateMachine):
         method = "abort" if aborted else "close"
         unread = any(end.received < self.sent for end in self.ends.values())
         if self.server_eof and (aborted or unread):
-            self.client_fin_uncertain = not all(self.eof_read.values())
+            # Also where the client had finished its writing too: TCP's
+            # connection was over, and the close resets nothing.
+            self.client_fin_uncertain = not all(self.eof_read.values()) or self.client_shut["write"]
         self._on_server(f"{method}()", "call", method=method, args=[])
         self.server_closed = True
 
