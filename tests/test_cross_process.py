@@ -1132,7 +1132,7 @@ _SENT = {"send": b"more", "send0": b""}
 # (whether it has one), and its error (SO_ERROR, which takes it), by name.
 _ASKED = {"shut": lambda sock: repr(sock.shutdown(socket.SHUT_WR)),
           "peer": lambda sock: repr(bool(sock.getpeername())),
-          "error": lambda sock: errno.errorcode.get(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), "0")}
+          "error": lambda sock: _error_taken(sock) or "0"}
 _CLIENT_STEPS = {"blocking": _blocking_steps, "trio": _trio_steps}
 
 
