@@ -162,7 +162,9 @@ async def _connection(friends: bool) -> Tuple[Streams, Streams, asyncio.Abstract
     server = await friendsock.start_server(handler, LOCALHOST, 0, friends=friends)
     port = server.sockets[0].getsockname()[1]
     descriptors = descriptors_open()
-    client = await asyncio.wait_for(friendsock.open_connection(LOCALHOST, port), TIMEOUT)
+    # (friends=False: plain TCP on both ends, whatever the host's port
+    # table says of the port, which another process may have held.)
+    client = await asyncio.wait_for(friendsock.open_connection(LOCALHOST, port, friends=friends), TIMEOUT)
     assert friendsock.is_friend(client[1].transport) is friends
     served = await asyncio.wait_for(accepted, TIMEOUT)
     # Two sockets, the client's and the accepted one; none when socketless.
