@@ -2175,6 +2175,56 @@ async def test_a_trio_connect_keeps_its_callers_deadline():
     assert got == "ping"
 
 
+def _pinged(client: str, port: int) -> str:
+    """``ping`` sent to ``port`` and the answer read by a ``client``
+    (blocking or trio) of this thread."""
+    if client == "blocking":
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+            sock.sendall(b"ping")
+            return sock.recv(4).decode()
+    import trio
+
+    import friendsock.trio
+
+    async def exchange() -> str:
+        async with await friendsock.trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(b"ping")
+            return (await stream.receive_some(4)).decode()
+
+    return trio.run(exchange)
+
+
+@pytest.mark.parametrize("client", ["asyncio", "blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_port_whose_process_offered_nothing_is_not_waited_on_again(client):
+    """A port the table says a live friendsock process serves, where what
+    accepts offers nothing and reads first (a process whose listener is
+    gone, its pid now another's, or one killed and not yet reaped, with
+    a plain server on the port now): the connect waits its second for
+    the offer, then goes over TCP, and the slot goes with it, so that no
+    later connect there waits."""
+    from friendsock._host import LISTENERS, opened_table
+
+    peer = await Peer.start("serve", "-", "silent", env=_environment("friend"))
+    try:
+        port = int(await peer.line())
+        table = opened_table()
+        assert table is not None and table.read(LISTENERS, port).pid == peer.process.pid
+        if client == "asyncio":
+            reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+            assert not friendsock.is_friend(writer)
+            writer.write(b"ping")
+            got = (await bounded(reader.readexactly(4))).decode()
+            writer.close()
+        else:
+            got = await bounded(asyncio.to_thread(_pinged, client, port), 20)
+        assert await peer.report() == {"answered": True}
+    finally:
+        await peer.finish()
+    assert got == "ping"
+    assert table.read(LISTENERS, port).pid == 0
+
+
 def _trio_dup(port: int) -> Dict[str, Any]:
     import trio
 

@@ -38,7 +38,7 @@ from .._handshake import CONFIRM_TIMEOUT, is_tcp_socket, payload_moved
 from .._handshake._tcp_info import is_plain_socket, other_end_finished
 from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset, current_pid
-from .._host import CONNECTS, PortTable, Slot, port_table
+from .._host import PortTable, Slot, port_table
 from .._host._offers import (
     ANSWER_TIMEOUT,
     OFFER_TIMEOUT,
@@ -218,7 +218,7 @@ class Rendezvous:
             return None
         wait = _Wait(sock, sockname, self.loop.create_future())
         self.waits[port] = wait
-        self.table.write(CONNECTS, port, self.pid, to_port, self.token)
+        wait.publish(self.table, self.pid, to_port, self.token)
         return wait
 
     async def decided(self, wait: _Wait) -> Optional[socket.socket]:
@@ -248,9 +248,12 @@ class Rendezvous:
             return  # a forked child's copy: the parent's wait, and its answer
         if self.waits.get(wait.port) is wait:
             del self.waits[wait.port]
-        if not wait.decided.done():
-            wait.decided.set_result(None)
-        self.table.clear(CONNECTS, wait.port, self.pid)
+        decided = wait.decided
+        offered = wait.held is not None or (
+            decided.done() and not decided.cancelled() and decided.result() is not None)
+        if not decided.done():
+            decided.set_result(None)
+        wait.withdraw(self.table, self.pid, offered)
         _stop_timer(wait)
         if self.for_users.get(wait.sock) is wait:
             del self.for_users[wait.sock]

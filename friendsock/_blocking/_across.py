@@ -50,7 +50,7 @@ from .._handshake import CONFIRM_TIMEOUT, current_pid
 from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset
 from .._handshake._tcp_info import other_end_finished
-from .._host import CONNECTS, PortTable, Slot, port_table
+from .._host import PortTable, Slot, port_table
 from .._host._offers import (
     ANSWER_TIMEOUT,
     OFFER_TIMEOUT,
@@ -176,7 +176,7 @@ class Rendezvous:
             if not sockname[1] or sockname[1] in self.waits or self.listener is None:
                 return None
             wait = self.waits[sockname[1]] = Waiting(sock, sockname)
-        self.table.write(CONNECTS, wait.port, self.pid, to_port, self.token)
+        wait.publish(self.table, self.pid, to_port, self.token)
         return wait
 
     def wait_for_offer(self, wait: Waiting, timeout: float) -> None:
@@ -212,7 +212,7 @@ class Rendezvous:
                 del self.waits[wait.port]
             wait.settled.set()  # (by the waiter itself: nothing to wake)
             taken = wait.taken
-        self.table.clear(CONNECTS, wait.port, self.pid)
+        wait.withdraw(self.table, self.pid, taken is not None)
         return taken
 
     def release(self, tcp: socket.socket, timeout: Optional[float] = RELEASE_TIMEOUT) -> None:

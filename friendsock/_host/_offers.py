@@ -16,6 +16,7 @@ import select
 import socket
 import struct
 import termios
+import time
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar, Union, cast
 
 from .._core._addresses import is_unspecified
@@ -24,6 +25,7 @@ from .._core._link import closed_error, fin_arrived, write_refused_across
 from .._handshake._process import close_with_reset
 from .._socket_errors import check_how
 from ._proof import Message, What, channel_address, is_stream_pair_end, mirrors, peer_credentials, received
+from ._table import CONNECTS, LISTENERS, PortTable
 
 # Messages read from a channel in one go, at most (the rest wait their turn).
 MESSAGES_PER_TURN = 64
@@ -70,13 +72,35 @@ class ConnectWait:
     waiting for the offer of the process that accepts it, which finds it
     by its port."""
 
-    __slots__ = ("peer", "port", "sock", "sockname")
+    __slots__ = ("peer", "port", "sock", "sockname", "to_port", "server_pid", "since")
 
     def __init__(self, sock: socket.socket, sockname: Any) -> None:
         self.sock = sock
         self.sockname = sockname
         self.port: int = sockname[1]
         self.peer = Peer(0, 0, 0)  # (the offering process, once taken)
+        self.to_port = 0
+        self.server_pid = 0  # the process the table named for to_port
+        self.since = 0.0
+
+    def publish(self, table: PortTable, pid: int, to_port: int, token: int) -> None:
+        """Tell the process the table names for ``to_port`` that this
+        connect, of process ``pid``'s waiting side ``token``, waits."""
+        self.to_port = to_port
+        self.server_pid = table.pid(LISTENERS, to_port)
+        self.since = time.monotonic()
+        table.write(CONNECTS, self.port, pid, to_port, token)
+
+    def withdraw(self, table: PortTable, pid: int, offered: bool) -> None:
+        """Stop waiting (``offered``: an offer came). None came within
+        OFFER_TIMEOUT, nor anything over TCP: the process the table names
+        for the port does not serve it (killed and not yet reaped, or its
+        pid now another's), and every connect there would wait as long;
+        its slot goes. (A process that does serve it publishes it again
+        as it accepts.)"""
+        table.clear(CONNECTS, self.port, pid)
+        if not offered and self.server_pid and time.monotonic() - self.since >= OFFER_TIMEOUT:
+            table.clear(LISTENERS, self.to_port, self.server_pid)
 
     def names(self) -> Tuple[Any, Any]:
         """The connection's names, as its socket has them (the kernel's)."""
