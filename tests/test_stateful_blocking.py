@@ -70,7 +70,7 @@ def _read(sock: socket.socket, how: str, size: int) -> bytes:
         sock.settimeout(timeout)
 
 
-def _read_now(sock: socket.socket, how: str, size: int) -> bytes:
+def _read_now(sock: Any, how: str, size: int) -> bytes:
     if how == "recv":
         return sock.recv(size)
     if how == "peek":
@@ -92,7 +92,7 @@ def _read_now(sock: socket.socket, how: str, size: int) -> bytes:
     return bytes(buffer[:count])
 
 
-def _moved_to_client(sock: socket.socket) -> Optional[int]:
+def _moved_to_client(sock: Any) -> Optional[int]:
     """What ``friendsock.links()`` says was moved to the client ``sock``."""
     sockname = sock.getsockname()
     for link in friendsock.links():
@@ -109,7 +109,7 @@ class BlockingVsTcp(RuleBasedStateMachine):
         super().__init__()
         self.changed = asyncio.Event()
         self.server.changed = self.changed
-        self.socks: Dict[str, socket.socket] = {}
+        self.socks: Dict[str, Any] = {}
         self.ends: Dict[str, RemoteEnd] = {}
         self.sent = 0  # bytes the client's sendall() took, on both paths
         self.read = dict.fromkeys(PATHS, 0)  # bytes the client read
@@ -137,9 +137,9 @@ class BlockingVsTcp(RuleBasedStateMachine):
         self.run(self.server.call("keep_open", value=keep_open))
         for path in PATHS:
             after = max(self.server.ends, default=0)
-            sock = socket.create_connection(("127.0.0.1", self.server.ports[path]), timeout=QUIET_LIMIT)
+            sock = self._open(self.server.ports[path])
             self.socks[path] = sock
-            assert friendsock.is_friend(sock) is (path == "friend")
+            assert self._moved(sock) is (path == "friend")
             self.ends[path] = self.run(self.server.accepted(path, after))
 
     def teardown(self) -> None:
@@ -155,8 +155,21 @@ class BlockingVsTcp(RuleBasedStateMachine):
             if self.ends:
                 self.run(self.server.call("sync"))
 
+    # -- the client's calls ---------------------------------------------------
+    def _open(self, port: int) -> Any:
+        """A client socket connected to ``port``."""
+        return socket.create_connection(("127.0.0.1", port), timeout=QUIET_LIMIT)
+
+    def _moved(self, sock: Any) -> bool:
+        """Whether ``sock``'s connection moved off TCP."""
+        return friendsock.is_friend(sock)
+
+    def _read(self, sock: Any, how: str, size: int) -> bytes:
+        """``size`` bytes at most, read from ``sock`` without waiting by the read ``how``."""
+        return _read(sock, how, size)
+
     # -- helpers ------------------------------------------------------------
-    def _each(self, what: str, call: Callable[[socket.socket, str], Any]) -> Dict[str, Outcome]:
+    def _each(self, what: str, call: Callable[[Any, str], Any]) -> Dict[str, Outcome]:
         """``call(sock, path)`` on each path's client socket: what each
         answered, which must be the same (but where the client meets the
         reset alone, see client_fin_uncertain)."""
@@ -223,8 +236,8 @@ class BlockingVsTcp(RuleBasedStateMachine):
     @precondition(lambda self: self.ends and not self.client_closed)
     @rule(how=st.sampled_from(READS), size=st.sampled_from([1, 7, 100, 4096, IN_FLIGHT]))
     def read_some(self, how: str, size: int) -> None:
-        def read(sock: socket.socket, path: str) -> bytes:
-            data = _read(sock, how, size)
+        def read(sock: Any, path: str) -> bytes:
+            data = self._read(sock, how, size)
             assert data == stream_bytes(self.read[path], len(data)), (path, "not the stream's bytes")
             if how != "peek":
                 self.read[path] += len(data)
@@ -381,27 +394,39 @@ class BlockingVsTcp(RuleBasedStateMachine):
         assert events["friend"] == events["tcp"], self._dump()
 
 
-@pytest.mark.timeout(600)  # only a failing run, shrinking, takes long
-@pytest.mark.parametrize("server_loop", ["asyncio", "uvloop"])
-def test_a_blocking_client_moved_between_processes_behaves_as_tcp(server_loop, monkeypatch):
-    # Every connection here is short: each must still move (see _payoff).
-    monkeypatch.setattr(_payoff, "SHORT_RUN", sys.maxsize)
+def run_against_a_server_process(machine: Any, server_loop: str) -> None:
+    """``machine`` (a :class:`BlockingVsTcp`) run against a server process
+    on ``server_loop``, every connection moved however short; neither
+    process's loop may have met an error it did not handle."""
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(_payoff, "SHORT_RUN", sys.maxsize)  # (see _payoff)
     loop = asyncio.new_event_loop()
     errors: List[dict] = []
     loop.set_exception_handler(lambda _loop, context: errors.append(context))
     asyncio.set_event_loop(loop)
-    server = loop.run_until_complete(ServerProcess.start(server_loop))
-    friendsock.patch_socket()
     try:
-        BlockingVsTcp.loop = loop
-        BlockingVsTcp.server = server
-        run_state_machine_as_test(BlockingVsTcp, settings=settings(
-            max_examples=ACROSS_EXAMPLES, stateful_step_count=STEPS, deadline=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+        server = loop.run_until_complete(ServerProcess.start(server_loop))
+        try:
+            machine.loop = loop
+            machine.server = server
+            run_state_machine_as_test(machine, settings=settings(
+                max_examples=ACROSS_EXAMPLES, stateful_step_count=STEPS, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+        finally:
+            loop.run_until_complete(server.finish())
     finally:
-        friendsock.unpatch_socket()
-        loop.run_until_complete(server.finish())
         asyncio.set_event_loop(None)
         loop.close()
+        monkeypatch.undo()
     assert errors == []
     assert server.loop_errors == []
+
+
+@pytest.mark.timeout(600)  # only a failing run, shrinking, takes long
+@pytest.mark.parametrize("server_loop", ["asyncio", "uvloop"])
+def test_a_blocking_client_moved_between_processes_behaves_as_tcp(server_loop):
+    friendsock.patch_socket()
+    try:
+        run_against_a_server_process(BlockingVsTcp, server_loop)
+    finally:
+        friendsock.unpatch_socket()
