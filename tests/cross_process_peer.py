@@ -274,12 +274,15 @@ def serve_blocking(door: str) -> None:
             sock.close()
             say(json.dumps({"aborted": True}))
             return
-        if door in ("blocking-close-unread", "blocking-eof-close-unread"):
+        if door in ("blocking-close-unread", "blocking-eof-close-unread", "blocking-eof-close-unread-fin"):
             # the answer (and EOF), then a close with what came next unread
+            # (-fin: once the client's EOF came behind it too)
             sock.sendall(sock.recv(4))
-            if door == "blocking-eof-close-unread":
+            if door != "blocking-close-unread":
                 sock.shutdown(socket.SHUT_WR)
-            select.select([sock], [], [], 20)
+            poller = select.poll()
+            poller.register(sock, select.POLLRDHUP if door.endswith("-fin") else select.POLLIN)
+            poller.poll(20_000)
             sock.close()
             say(json.dumps({"closed": True}))
             return

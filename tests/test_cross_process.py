@@ -1260,6 +1260,57 @@ async def test_a_close_with_bytes_unread_resets_the_other_end(path, client, case
     assert got == expected
 
 
+def _both_fins_then_unread_at_close(port: int, reported: threading.Event, client: str) -> List[Any]:
+    """What a client's steps get where it read the server's EOF, sent bytes
+    the server leaves unread and shut its writing down, before the server
+    closed (reported); whether the connection moved first (after a first
+    connection: a blocking server's is TCP's)."""
+    steps = ("error", "send", "recv", "peer", "error")
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"warm")
+        assert sock.recv(4) == b"warm"
+    if client == "trio":
+        import trio
+
+        async def exchange() -> List[Any]:
+            import friendsock.trio
+
+            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                sock = stream.socket
+                await sock.send(b"ping")
+                assert await sock.recv(4) == b"ping"
+                assert await sock.recv(10) == b""
+                await sock.send(b"unread")
+                sock.shutdown(socket.SHUT_WR)
+                assert await trio.to_thread.run_sync(reported.wait, 20)
+                return [friendsock.is_friend(sock)] + [await _trio_step(sock, step) for step in steps]
+
+        return trio.run(exchange)
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"ping")
+        assert sock.recv(4) == b"ping"
+        assert sock.recv(10) == b""
+        sock.sendall(b"unread")
+        sock.shutdown(socket.SHUT_WR)
+        assert reported.wait(20)
+        return [friendsock.is_friend(sock)] + [_blocking_step(sock, step) for step in steps]
+
+
+@pytest.mark.parametrize("client", ["blocking", "trio"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_close_after_both_fins_resets_nothing(path, client):
+    """The server's EOF read, the client's sent behind bytes the server
+    leaves unread: TCP's connection is over, and the server's close
+    resets nothing. The client's socket holds no error, a send fails
+    with EPIPE (its own shutdown), a read finds EOF."""
+    run = functools.partial(_both_fins_then_unread_at_close, client=client)
+    got, report = await _on_a_thread_until_the_server_reports("-", path, run,
+                                                              door="blocking-eof-close-unread-fin")
+    assert report == {"closed": True}
+    assert got == [path == "friend", "0", "BrokenPipeError", "b''", "OSError", "0"]
+
+
 def _blocking_sends_after_shutdown_and_reset(port: int, reported: threading.Event) -> List[str]:
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.shutdown(socket.SHUT_WR)

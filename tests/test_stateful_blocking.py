@@ -92,6 +92,15 @@ def _read_now(sock: Any, how: str, size: int) -> bytes:
     return bytes(buffer[:count])
 
 
+# TCP's states in which a FIN this end sent waits to be acknowledged.
+_FIN_SENT_STATES = (4, 9, 11)  # FIN_WAIT1, LAST_ACK, CLOSING
+
+
+def _fin_unacknowledged(sock: Any) -> bool:
+    """Whether the FIN a TCP socket sent waits for the other kernel's ACK."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _FIN_SENT_STATES
+
+
 def _moved_to_client(sock: Any) -> Optional[int]:
     """What ``friendsock.links()`` says was moved to the client ``sock``."""
     sockname = sock.getsockname()
@@ -307,9 +316,7 @@ class BlockingVsTcp(RuleBasedStateMachine):
         method = "abort" if aborted else "close"
         unread = any(end.received < self.sent for end in self.ends.values())
         if self.server_eof and (aborted or unread):
-            # Also where the client had finished its writing too: TCP's
-            # connection was over, and the close resets nothing.
-            self.client_fin_uncertain = not all(self.eof_read.values()) or self.client_shut["write"]
+            self.client_fin_uncertain = not all(self.eof_read.values())
         self._on_server(f"{method}()", "call", method=method, args=[])
         self.server_closed = True
 
@@ -345,8 +352,12 @@ class BlockingVsTcp(RuleBasedStateMachine):
     def _client_caught_up(self, path: str) -> bool:
         """Whether what the server did has reached the client's socket on
         ``path``: its bytes, its FIN, the reset that answered a write after
-        its close."""
-        fd = self.socks[path].fileno()
+        its close; and the client's FIN, the server's kernel (where the
+        server's close would otherwise reset a connection not over yet)."""
+        sock = self.socks[path]
+        if path == "tcp" and self.client_shut["write"] and _fin_unacknowledged(sock):
+            return False  # (its FIN, at the server's kernel before the server closes)
+        fd = sock.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLRDHUP)
         events = dict(poller.poll(0)).get(fd, 0)

@@ -610,7 +610,7 @@ class _AcrossSocket(trsock.TransportSocket):
     what ends a direction (``shutdown()``) or moves bytes acts on the pair
     end instead, where the connection's bytes go."""
 
-    __slots__ = ("_tcp", "_pair", "_peer_rcvbuf", "_on_read_shut", "write_shut", "tcp_reset")
+    __slots__ = ("_tcp", "_pair", "_peer_rcvbuf", "_on_read_shut", "tcp_reset")
 
     def __init__(self, tcp: socket.socket, pair: socket.socket, peer_rcvbuf: int,
                  on_read_shut: Callable[[], None]) -> None:
@@ -619,7 +619,6 @@ class _AcrossSocket(trsock.TransportSocket):
         self._pair = pair
         self._peer_rcvbuf = peer_rcvbuf
         self._on_read_shut = held_weakly(on_read_shut)  # (the transport holds this object)
-        self.write_shut = False
         self.tcp_reset = TcpReset()
 
     def getsockopt(self, *args: Any) -> Any:
@@ -640,14 +639,15 @@ class _AcrossSocket(trsock.TransportSocket):
             raise refused.as_os_error()
         if writing:
             self._pair.shutdown(socket.SHUT_WR)
-            self.write_shut = True
+            self.tcp_reset.fin_sent = True
         if reading:
             super().shutdown(socket.SHUT_RD)
             call_held(self._on_read_shut)
 
     def finished(self) -> bool:
         """Whether TCP's socket would be closed by now (see both_ways_finished)."""
-        return both_ways_finished(self._pair.fileno(), self._tcp, self.write_shut, self._peer_rcvbuf)
+        return both_ways_finished(self._pair.fileno(), self._tcp, self.tcp_reset.fin_sent,
+                                  self._peer_rcvbuf)
 
     def closed(self) -> Optional[LinkBrokenError]:
         """ENOTCONN where TCP's socket would be closed by now: reset (see
@@ -774,7 +774,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         - the other end aborted, or closed with bytes unread: a reset,
           which this write fails with, as TCP's.
         """
-        if self._eof_sent or self._socket.write_shut or self._inner.is_closing():
+        if self._socket.tcp_reset.fin_sent or self._inner.is_closing():
             return False  # (after its own write_eof() or shutdown(SHUT_WR), as TCP's)
         if not self._hung_up():
             return False  # (only its writing shut down: it still reads)
@@ -832,7 +832,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
                 self._write_eof_refused(refused.as_os_error())
                 return
         self._inner.write_eof()
-        self._eof_sent = True
+        self._eof_sent = self._socket.tcp_reset.fin_sent = True
         if self._tap is not None:
             self._tap.fin(self._side)
 
@@ -845,7 +845,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
             self._inner.abort()
             return
         self._inner.write_eof()
-        self._eof_sent = True
+        self._eof_sent = self._socket.tcp_reset.fin_sent = True
         raise error
 
     def is_closing(self) -> bool:
@@ -970,7 +970,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
                        paused_writing=None, thread=None, scheduler=None)
         unsent = inner.get_write_buffer_size()
         reset = self._reset is not None
-        sent = DirectionInfo("reset" if reset else "eof" if self._eof_sent else "open",
+        sent = DirectionInfo("reset" if reset else "eof" if self._socket.tcp_reset.fin_sent else "open",
                              unsent, self._sent - unsent, False)
         received = DirectionInfo("reset" if reset else "eof" if self._socket.tcp_reset.fin_read else "open",
                                  waiting, self._received, closing)

@@ -763,7 +763,7 @@ class _Moved:
     socket and names, the finalizer that lets the TCP socket go, and the
     capture's tap while one runs (``friendsock.capture``)."""
 
-    __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "shut_down", "traffic",
+    __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "traffic",
                  "tap", "side", "other_side", "tcp_reset", "reading")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
@@ -775,7 +775,6 @@ class _Moved:
         self.rendezvous = rendezvous
         self.client = client
         self.traffic = traffic
-        self.shut_down = False  # writing, by shutdown()
         self.tcp_reset = TcpReset()
         self.reading = reading
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
@@ -857,7 +856,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             # shutdown may go through where TCP's would fail, never the
             # other way round (see fin_arrived).
             return False
-        return both_ways_finished(_ss.fileno(self), moved.tcp, moved.shut_down, moved.peer.rcvbuf)
+        return both_ways_finished(_ss.fileno(self), moved.tcp, moved.tcp_reset.fin_sent, moved.peer.rcvbuf)
 
     # A read that finds EOF where the other end aborted raises its reset,
     # which came on the TCP socket first, as TCP's read would; one that
@@ -990,14 +989,11 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         (the core's rule, :func:`write_refused_across`): the count TCP's
         send gives where it takes the write, else the error it raises."""
         moved: _Moved = self.__dict__[_STATE]
-        if moved.shut_down:
+        if moved.tcp_reset.fin_sent:
             # Our own shutdown: EPIPE, as TCP's, but for a reset that came
             # since, which TCP's send takes and raises.
             reset = refused_with_reset(moved.tcp, self) if moved.tcp.fileno() >= 0 else None
-            if reset is None:
-                raise refused
-            moved.tcp_reset.seen = True
-            raise reset from None
+            raise moved.tcp_reset.written_after_fin(reset) or refused from None
         reset = refused_with_reset(moved.tcp, self)
         if reset is None and moved.tcp.fileno() >= 0 and was_reset(moved.tcp, self):
             moved.tcp_reset.seen = True  # (a reset whose error a call took: TCP's writes fail)
@@ -1035,14 +1031,14 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             raise refused.as_os_error()
         if writing:
             _ss.shutdown(self, socket.SHUT_WR)
-            moved.shut_down = True
+            moved.tcp_reset.fin_sent = True
             if moved.tap is not None:
                 moved.tap.fin(moved.side)
         if reading:  # (reads here find EOF once nothing is left to read, as TCP's)
             moved.tcp.shutdown(socket.SHUT_RD)
             moved.reading.shut = True
         reads = moved.reading
-        if reads.shut and moved.shut_down and reads.waiting and not reads.pair_shut:
+        if reads.shut and moved.tcp_reset.fin_sent and reads.waiting and not reads.pair_shut:
             # A read waits on the pair, on another thread: how threaded
             # services stop a reader, shutting down both ways. TCP's wakes
             # with EOF; the pair's only once its reading is shut too, which
@@ -1140,7 +1136,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
                        rcvbuf=moved.peer.rcvbuf, closed=peer_done, paused_reading=None,
                        paused_writing=None, thread=None, scheduler=None)
         # (Its bytes go to the kernel as they are sent: none wait here.)
-        sent = DirectionInfo("reset" if reset else "eof" if moved.shut_down else "open",
+        sent = DirectionInfo("reset" if reset else "eof" if moved.tcp_reset.fin_sent else "open",
                              0, traffic.sent, False)
         received = DirectionInfo("reset" if reset else "eof" if peer_done else "open",
                                  waiting, traffic.received, False)

@@ -451,12 +451,13 @@ class TcpReset:
     would have ended: whether it was reset by now (``seen``: a write taken
     after the other end's clean close, which the other kernel answers
     with a reset; a read that met the other end's reset; ``SO_ERROR``
-    that took it), the error it would hold, and whether a read found the
-    other end's EOF first. TCP's writes fail after a reset (EPIPE); its
-    ``shutdown()`` and ``getpeername()`` with ENOTCONN. One per
-    connection, shared by an end's copies."""
+    that took it), the error it would hold, whether a read found the
+    other end's EOF first, and whether this end shut its writing down.
+    TCP's writes fail after a reset (EPIPE); its ``shutdown()`` and
+    ``getpeername()`` with ENOTCONN. One per connection, shared by an
+    end's copies."""
 
-    __slots__ = ("seen", "error", "fin_read")
+    __slots__ = ("seen", "error", "fin_read", "fin_sent")
 
     def __init__(self) -> None:
         self.seen = False
@@ -465,17 +466,26 @@ class TcpReset:
         # A read here found the other end's EOF: a reset that comes after
         # meets TCP's socket in CLOSE_WAIT, which holds it as EPIPE.
         self.fin_read = False
+        # This end shut its writing down (TCP's FIN). With the other end's
+        # EOF read, TCP's connection is over: a reset after that, from
+        # a close with bytes unread there, is not sent (nothing is left
+        # to reset), and TCP's socket holds no error.
+        self.fin_sent = False
+
+    def _met_reset(self) -> int:
+        """The other end's reset met here: the error TCP's socket holds
+        for it (0: none, the connection was over)."""
+        self.seen = True
+        if not self.fin_read:
+            return errno.ECONNRESET
+        return 0 if self.fin_sent else errno.EPIPE
 
     def socket_error(self, tcp: socket.socket, pair: socket.socket) -> int:
         """``SO_ERROR`` (see :func:`socket_error`), taken; a reset, seen."""
         error, self.error = self.error, 0
         if not error:
             error = socket_error(tcp, pair)
-        if error == errno.ECONNRESET:
-            self.seen = True
-            if self.fin_read:
-                error = errno.EPIPE
-        return error
+        return self._met_reset() if error == errno.ECONNRESET else error
 
     def closed(self, tcp: socket.socket, pair: socket.socket, finished: bool) -> Optional[LinkBrokenError]:
         """What a call that needs the connection fails with (ENOTCONN), if
@@ -499,15 +509,24 @@ class TcpReset:
             self.seen = True
         return error
 
+    def written_after_fin(self, reset: Optional[OSError]) -> Optional[OSError]:
+        """What a write after this end's own shutdown of its writing meets,
+        besides TCP's EPIPE: the other end's ``reset`` if one came (TCP's
+        send takes it), but where the connection was over by then."""
+        if reset is None or not self._met_reset():
+            return None
+        return reset
+
     def read_reset(self) -> bool:
         """A read met the other end's reset; whether it raises it. Not once
         a read found the other end's EOF: TCP's read finds EOF again, its
-        socket holding the reset as EPIPE for ``SO_ERROR`` or a write."""
-        self.seen = True
-        if self.fin_read:
-            self.error = errno.EPIPE
-            return False
-        return True
+        socket holding the reset as EPIPE for ``SO_ERROR`` or a write (or
+        nothing, the connection over: see ``fin_sent``)."""
+        error = self._met_reset()
+        if error == errno.ECONNRESET:
+            return True
+        self.error = error
+        return False
 
 
 def tcp_error(tcp: socket.socket) -> Optional[OSError]:
