@@ -1195,19 +1195,23 @@ async def test_calls_after_the_server_ended_answer_as_over_tcp(peer_loop, path, 
     assert got == expected and theirs == report
 
 
-def _unread_at_close(port: int, client: str, steps: Sequence[str], eof_first: bool) -> List[str]:
-    """What a client's ``steps`` (see _blocking_steps) get once the server
-    closed with bytes of its unread (after a first connection: a blocking
-    server's is TCP's); ``eof_first``: the server's EOF read before."""
+def _unread_at_close(port: int, reported: Optional[threading.Event] = None, *, client: str,
+                     steps: Sequence[str], eof_first: bool) -> List[Any]:
+    """Whether a client's connection moved (after a first connection: a
+    blocking server's is TCP's), then what its ``steps`` (see
+    _blocking_steps) get once the server closed with bytes of its unread;
+    ``eof_first``: the server's EOF read before. With ``reported``, the
+    client shuts its writing down behind those bytes, and the steps wait
+    for the server's report of its close (``-fin`` doors)."""
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.sendall(b"warm")
         assert sock.recv(4) == b"warm"
     if client == "trio":
         import trio
 
-        import friendsock.trio
+        async def exchange() -> List[Any]:
+            import friendsock.trio
 
-        async def exchange() -> List[str]:
             stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
             async with stream:
                 sock = stream.socket
@@ -1215,8 +1219,12 @@ def _unread_at_close(port: int, client: str, steps: Sequence[str], eof_first: bo
                 assert await sock.recv(4) == b"ping"
                 assert not eof_first or await sock.recv(10) == b""
                 await sock.send(b"unread")
-                _peer_gone(sock)
-                return [await _trio_step(sock, step) for step in steps]
+                if reported is None:
+                    _peer_gone(sock)
+                else:
+                    sock.shutdown(socket.SHUT_WR)
+                    assert await trio.to_thread.run_sync(reported.wait, 20)
+                return [friendsock.is_friend(sock)] + [await _trio_step(sock, step) for step in steps]
 
         return trio.run(exchange)
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
@@ -1224,8 +1232,12 @@ def _unread_at_close(port: int, client: str, steps: Sequence[str], eof_first: bo
         assert sock.recv(4) == b"ping"
         assert not eof_first or sock.recv(10) == b""
         sock.sendall(b"unread")
-        _peer_gone(sock)
-        return [_blocking_step(sock, step) for step in steps]
+        if reported is None:
+            _peer_gone(sock)
+        else:
+            sock.shutdown(socket.SHUT_WR)
+            assert reported.wait(20)
+        return [friendsock.is_friend(sock)] + [_blocking_step(sock, step) for step in steps]
 
 
 # Steps after the server's close with bytes unread, and what each gets;
@@ -1257,44 +1269,7 @@ async def test_a_close_with_bytes_unread_resets_the_other_end(path, client, case
     run = functools.partial(_unread_at_close, client=client, steps=steps, eof_first=eof_first)
     door = "blocking-eof-close-unread" if eof_first else "blocking-close-unread"
     got, _ = await _on_a_thread_against_a_server("-", path, run, door=door)
-    assert got == expected
-
-
-def _both_fins_then_unread_at_close(port: int, reported: threading.Event, client: str) -> List[Any]:
-    """What a client's steps get where it read the server's EOF, sent bytes
-    the server leaves unread and shut its writing down, before the server
-    closed (reported); whether the connection moved first (after a first
-    connection: a blocking server's is TCP's)."""
-    steps = ("error", "send", "recv", "peer", "error")
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
-        sock.sendall(b"warm")
-        assert sock.recv(4) == b"warm"
-    if client == "trio":
-        import trio
-
-        async def exchange() -> List[Any]:
-            import friendsock.trio
-
-            stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
-            async with stream:
-                sock = stream.socket
-                await sock.send(b"ping")
-                assert await sock.recv(4) == b"ping"
-                assert await sock.recv(10) == b""
-                await sock.send(b"unread")
-                sock.shutdown(socket.SHUT_WR)
-                assert await trio.to_thread.run_sync(reported.wait, 20)
-                return [friendsock.is_friend(sock)] + [await _trio_step(sock, step) for step in steps]
-
-        return trio.run(exchange)
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
-        sock.sendall(b"ping")
-        assert sock.recv(4) == b"ping"
-        assert sock.recv(10) == b""
-        sock.sendall(b"unread")
-        sock.shutdown(socket.SHUT_WR)
-        assert reported.wait(20)
-        return [friendsock.is_friend(sock)] + [_blocking_step(sock, step) for step in steps]
+    assert got == [path == "friend"] + expected
 
 
 @pytest.mark.parametrize("client", ["blocking", "trio"])
@@ -1304,7 +1279,8 @@ async def test_a_close_after_both_fins_resets_nothing(path, client):
     leaves unread: TCP's connection is over, and the server's close
     resets nothing. The client's socket holds no error, a send fails
     with EPIPE (its own shutdown), a read finds EOF."""
-    run = functools.partial(_both_fins_then_unread_at_close, client=client)
+    run = functools.partial(_unread_at_close, client=client, steps=("error", "send", "recv", "peer", "error"),
+                            eof_first=True)
     got, report = await _on_a_thread_until_the_server_reports("-", path, run,
                                                               door="blocking-eof-close-unread-fin")
     assert report == {"closed": True}
