@@ -27,7 +27,7 @@ from asyncio import transports, trsock
 from asyncio.constants import _SendfileMode
 from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
-from .._core._link import LinkBrokenError, closed_error
+from .._core._link import LinkBrokenError
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
 from .._core._pcap import CLIENT, SERVER
 from .._friend_socket import call_held, held_weakly, refuse_as_uvloop
@@ -826,8 +826,7 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
         # (Not on the TCP socket: its FIN comes as the connection ends,
         # see Rendezvous.release.)
         if not (self._eof_sent or self._inner.is_closing()):
-            reset = self._socket.tcp_reset.seen or self._other_end_reset() is not None
-            refused = closed_error(reset, self._socket.finished())
+            refused = self._socket.closed()
             if refused is not None:
                 self._write_eof_refused(refused.as_os_error())
                 return
