@@ -605,6 +605,27 @@ async def test_a_client_short_of_descriptors_is_served_over_tcp(peer_loop, path,
     assert theirs == {"echo": "ping"}
 
 
+async def test_a_connection_both_ends_finished_is_not_connected(peer_loop, path):
+    """After the client's ``write_eof()`` and the server's EOF behind its
+    answer, TCP's socket is closed: the transport's socket's
+    ``getpeername()`` fails with ENOTCONN, as TCP's does."""
+    peer, port = await _serving(peer_loop, path)
+    try:
+        reader, writer = await bounded(friendsock.open_connection("127.0.0.1", port))
+        assert friendsock.is_friend(writer) is (path == "friend")
+        writer.write(b"ping")
+        writer.write_eof()
+        assert await bounded(reader.read()) == b"ping"
+        assert (await peer.report())["sha256"] == hashlib.sha256(b"ping").hexdigest()
+        with pytest.raises(OSError) as raised:
+            writer.get_extra_info("socket").getpeername()
+        assert raised.value.errno == errno.ENOTCONN
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        await peer.finish()
+
+
 async def test_a_server_killed_is_eof_here(peer_loop, path):
     peer, port = await _serving(peer_loop, path)
     try:
