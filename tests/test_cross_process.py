@@ -1579,22 +1579,25 @@ async def test_a_shutdown_wakes_a_read_waiting_on_another_thread(peer_loop, path
     assert got == b""
 
 
-def _blocking_read_after_close(port: int, reported: threading.Event) -> str:
+def _blocking_call_after_close(port: int, reported: threading.Event, call: str) -> str:
     sock = socket.create_connection(("127.0.0.1", port), timeout=20)
     sock.shutdown(socket.SHUT_RDWR)
     assert reported.wait(20)
     sock.close()
     with pytest.raises(OSError) as closed:
-        sock.recv(10)
+        sock.recv(10) if call == "recv" else sock.shutdown(socket.SHUT_RDWR)
     return errno.errorcode[closed.value.errno]
 
 
+@pytest.mark.parametrize("call", ["recv", "shutdown"])
 @pytest.mark.usefixtures("socket_patched")
-async def test_a_read_of_a_closed_socket_whose_reading_was_shut_is_ebadf(peer_loop, path):
-    """A read after the close of a socket whose reading was shut fails
-    with EBADF, as TCP's (not a poller's complaint of its descriptor)."""
-    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, _blocking_read_after_close,
-                                                              door="eof-hold")
+async def test_a_closed_socket_that_was_shut_down_is_ebadf(peer_loop, path, call):
+    """A read or a shutdown() after the close of a socket that was shut
+    down both ways fails with EBADF, as TCP's (not a poller's complaint
+    of its descriptor, ValueError: socketserver, which shuts each
+    connection down after its handler, catches OSError only)."""
+    run = functools.partial(_blocking_call_after_close, call=call)
+    got, report = await _on_a_thread_until_the_server_reports(peer_loop, path, run, door="eof-hold")
     assert report == {"eof": True}
     assert got == "EBADF"
 

@@ -1024,6 +1024,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             moved.tap.data(moved.side, _first(data, count))
 
     def shutdown(self, how: int) -> None:
+        self._check_open()  # (EBADF once closed, as TCP's, before anything looks at the pair)
         moved: _Moved = self.__dict__[_STATE]
         reading, writing = directions_shut(how)
         refused = self.closed()
