@@ -98,6 +98,11 @@ class _Wait(ConnectWait):
         self.held: Optional[Tuple[socket.socket, int, Message, List[socket.socket]]] = None
         self.timer: Optional[asyncio.TimerHandle] = None
 
+    def taken(self) -> Optional[socket.socket]:
+        """The pair end of the offer taken, if one was by now."""
+        decided = self.decided
+        return decided.result() if decided.done() and not decided.cancelled() else None
+
 
 def _decided(wait: _Wait) -> bool:
     return wait.decided.done()
@@ -248,11 +253,9 @@ class Rendezvous:
             return  # a forked child's copy: the parent's wait, and its answer
         if self.waits.get(wait.port) is wait:
             del self.waits[wait.port]
-        decided = wait.decided
-        offered = wait.held is not None or (
-            decided.done() and not decided.cancelled() and decided.result() is not None)
-        if not decided.done():
-            decided.set_result(None)
+        offered = wait.held is not None or wait.taken() is not None
+        if not wait.decided.done():
+            wait.decided.set_result(None)
         wait.withdraw(self.table, self.pid, offered)
         _stop_timer(wait)
         if self.for_users.get(wait.sock) is wait:
@@ -531,9 +534,9 @@ async def _moved(found: Rendezvous, protocol_factory: Any, sock: socket.socket, 
         pair_end = await taking
     except BaseException:
         sock.close()  # withdrawn: as a connect cancelled, the socket goes
-        taken = wait.decided
-        if taken.done() and not taken.cancelled() and taken.result() is not None:
-            taken.result().close()  # (taken in the turn it was withdrawn)
+        taken = wait.taken()
+        if taken is not None:
+            taken.close()  # (taken in the turn it was withdrawn)
         raise
     if pair_end is None:
         return None
