@@ -33,6 +33,11 @@ MESSAGES_PER_TURN = 64
 # How long a connect waits for the process that accepts it to offer a
 # rendezvous; then it is TCP's (an offer that comes later is declined).
 OFFER_TIMEOUT = 1.0
+# The share of OFFER_TIMEOUT a wait that ran out measures on time.monotonic():
+# a loop's timer may fire before it (uvloop's counts from libuv's clock,
+# read once each turn of the loop), where an offer or TCP's bytes end a
+# wait within milliseconds.
+WAITED_OUT = 0.9
 # How long an accept waits for the answer of a client process that runs
 # but has not answered (its loop, or the GIL, busy elsewhere): it answers
 # once it gets to it, and giving up before costs the connection. One that
@@ -99,7 +104,7 @@ class ConnectWait:
         its slot goes. (A process that does serve it publishes it again
         as it accepts.)"""
         table.clear(CONNECTS, self.port, pid)
-        if not offered and self.server_pid and time.monotonic() - self.since >= OFFER_TIMEOUT:
+        if not offered and self.server_pid and time.monotonic() - self.since >= WAITED_OUT * OFFER_TIMEOUT:
             table.clear(LISTENERS, self.to_port, self.server_pid)
 
     def names(self) -> Tuple[Any, Any]:
