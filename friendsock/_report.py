@@ -11,7 +11,7 @@ import sys
 import types
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ._core._stats import FriendStats, ListenerStats
+from ._core._stats import FriendStats, ListenerStats, listener_stats
 
 # How many listeners the text report lists (the JSON report has them all).
 TOP_LISTENERS = 10
@@ -23,16 +23,17 @@ def since(before: FriendStats, after: FriendStats) -> FriendStats:
     listeners = []
     for address, now in after.listeners.items():
         then = before.listeners.get(address)
-        if then is None or not then.generation <= now.generation:
-            # New, or counted afresh: its counts had been dropped for more
-            # recently used addresses (see MAX_PLACES), so all it has now
-            # came after ``before``.
-            listeners.append(now)
-            continue
-        made = now.links_made - then.links_made
-        fallbacks = _minus(now.fallbacks, then.fallbacks)
-        if made or fallbacks:
-            listeners.append(ListenerStats(address, made, fallbacks, now.generation))
+        old_parts = then.parts if then is not None else {}
+        # Part by part: a part missing from ``before`` began after it (its
+        # address's counts had been dropped for more recently used ones,
+        # see MAX_PLACES), so all it has came since.
+        parts = {}
+        for serial, (made, fallbacks) in now.parts.items():
+            old_made, old_fallbacks = old_parts.get(serial, (0, {}))
+            parts[serial] = (made - old_made, _minus(fallbacks, old_fallbacks))
+        listener = listener_stats(address, parts)
+        if listener.links_made or listener.fallbacks:
+            listeners.append(listener)
     listeners.sort(key=lambda s: (-s.links_made, -s.fell_back, s.address))
     return FriendStats(
         links_made=after.links_made - before.links_made,

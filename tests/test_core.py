@@ -20,7 +20,7 @@ from friendsock._core._finalizing import close_when_safe
 from friendsock._core._channel import Channel, ChannelState, Seen
 from friendsock._core._link import Link
 from friendsock._core._registry import ListenerEntry, PendingConnect, PendingState, Registry
-from friendsock._core._stats import counters
+from friendsock._core._stats import Fallback, counters
 
 
 def test_flow_key_is_direction_independent_and_folds_mapped_ipv4():
@@ -571,6 +571,31 @@ def test_since_counts_an_address_counted_afresh_from_zero() -> None:
     # An address counted all along shows its difference.
     stats.link_made(listener)
     assert since(middle, stats.snapshot(pending=0)).listeners["127.0.0.1:8000"].links_made == 1
+
+
+def test_since_counts_what_other_threads_kept_at_an_address_counted_afresh() -> None:
+    """An address whose counts this thread dropped and began again, while
+    another thread kept its own there: only what came since shows."""
+    import threading
+
+    from friendsock._core._stats import MAX_PLACES, Counters
+    from friendsock._report import since
+
+    stats = Counters()
+    listener = ("127.0.0.1", 8000)
+    other = threading.Thread(target=stats.fallback, args=(Fallback.PEER_NOT_FRIEND, listener))
+    other.start()
+    other.join(timeout=30)
+    stats.link_made(listener)
+    before = stats.snapshot(pending=0)
+    for number in range(MAX_PLACES * 2):  # this thread's counts at 8000 go
+        stats.link_made(("127.0.0.2", 10000 + number))
+    stats.link_made(listener)
+    stats.fallback(Fallback.OPTED_OUT, listener)
+    after = stats.snapshot(pending=0)
+    assert after.listeners["127.0.0.1:8000"].fallbacks == {"peer-not-friend": 1, "opted-out": 1}
+    delta = since(before, after).listeners["127.0.0.1:8000"]
+    assert delta.links_made == 1 and delta.fallbacks == {"opted-out": 1}
 
 
 def test_moves_between_processes_are_counted_per_process() -> None:

@@ -8,7 +8,7 @@ import enum
 import itertools
 import threading
 import types
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ._addresses import normalize_endpoint
 from ._fork import Part, on_fork
@@ -85,10 +85,13 @@ class ListenerStats:
     address: str
     links_made: int
     fallbacks: Mapping[str, int]
-    # The serials of the per-thread counts summed here: one missing from a
-    # later snapshot was dropped for more recently used addresses (see
-    # MAX_PLACES), and what is counted now began afresh.
-    generation: FrozenSet[int] = frozenset()
+    # The per-thread counts summed here, ``(links_made, fallbacks)`` by
+    # serial: one missing from a later snapshot was dropped for more
+    # recently used addresses (see MAX_PLACES), one new began afresh, so a
+    # difference of two snapshots is taken part by part.
+    parts: Mapping[int, Tuple[int, Mapping[str, int]]] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}), repr=False, compare=False
+    )
 
     @property
     def fell_back(self) -> int:
@@ -278,21 +281,22 @@ def _peers(shards: List[Shard]) -> Mapping[int, int]:
     return types.MappingProxyType(dict(counts.most_common()))
 
 
+def listener_stats(address: str, parts: Mapping[int, Tuple[int, Mapping[str, int]]]) -> ListenerStats:
+    """The counts at ``address``: its ``parts`` added up."""
+    fallbacks: collections.Counter[str] = collections.Counter()
+    for _, counts in parts.values():
+        fallbacks.update(counts)
+    return ListenerStats(address, sum(made for made, _ in parts.values()),
+                         types.MappingProxyType(dict(fallbacks)), types.MappingProxyType(dict(parts)))
+
+
 def _listeners(shards: List[Shard]) -> Mapping[str, ListenerStats]:
-    made: collections.Counter[str] = collections.Counter()
-    serials: Dict[str, Set[int]] = {}
-    fallbacks: Dict[str, collections.Counter[str]] = {}
+    parts: Dict[str, Dict[int, Tuple[int, Mapping[str, int]]]] = {}
     for shard in shards:
         for key, place in dict(shard.places).items():  # dict(): one atomic copy
-            address = format_address(key)
-            made[address] += place.made
-            serials.setdefault(address, set()).add(place.serial)
-            fallbacks.setdefault(address, collections.Counter()).update(dict(place.fallbacks))
-    stats = [
-        ListenerStats(address, made[address], types.MappingProxyType(dict(counts)),
-                      frozenset(serials.get(address, ())))
-        for address, counts in fallbacks.items()
-    ]
+            counts = (place.made, types.MappingProxyType(dict(place.fallbacks)))
+            parts.setdefault(format_address(key), {})[place.serial] = counts
+    stats = [listener_stats(address, by_serial) for address, by_serial in parts.items()]
     stats.sort(key=lambda s: (-s.links_made, -s.fell_back, s.address))
     return types.MappingProxyType({s.address: s for s in stats})
 
