@@ -71,13 +71,11 @@ from .._host._offers import (
     offer_answered,
     open_channel,
     peer_shut_down,
-    refused_with_reset,
     room_like_friends,
     runs,
     send_offer,
     take_offer,
     tcp_error,
-    was_reset,
 )
 from .._host._payoff import moved_connection_ended
 from .._host._ports import connect_slot, served_elsewhere
@@ -986,22 +984,13 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def written_after_close(self, refused: BrokenPipeError, size: int) -> int:
         """What a write of ``size`` bytes that the pair ``refused`` answers
-        (the core's rule, :func:`write_refused_across`): the count TCP's
-        send gives where it takes the write, else the error it raises."""
+        (:meth:`TcpReset.refused_write`): the count TCP's send gives where
+        it takes the write, else the error it raises."""
         moved: _Moved = self.__dict__[_STATE]
-        if moved.tcp_reset.fin_sent:
-            # Our own shutdown: EPIPE, as TCP's, but for a reset that came
-            # since, which TCP's send takes and raises.
-            reset = refused_with_reset(moved.tcp, self) if moved.tcp.fileno() >= 0 else None
-            raise moved.tcp_reset.written_after_fin(reset) or refused from None
-        reset = refused_with_reset(moved.tcp, self)
-        if reset is None and moved.tcp.fileno() >= 0 and was_reset(moved.tcp, self):
-            moved.tcp_reset.seen = True  # (a reset whose error a call took: TCP's writes fail)
-        # (A write of nothing is none: TCP's send(b"") answers 0.)
-        error = moved.tcp_reset.write_refused(reset is not None, size > 0)
+        error = moved.tcp_reset.refused_write(moved.tcp, self, refused, size > 0)
         if error is None:
             return size
-        raise error.as_os_error() from None
+        raise error from None
 
     def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: Optional[int] = None) -> int:
         # (socket.sendfile's os.sendfile path: the kernel reads the file)

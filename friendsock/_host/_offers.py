@@ -514,13 +514,23 @@ class TcpReset:
             self.seen = True
         return error
 
-    def written_after_fin(self, reset: Optional[OSError]) -> Optional[OSError]:
-        """What a write after this end's own shutdown of its writing meets,
-        besides TCP's EPIPE: the other end's ``reset`` if one came (TCP's
-        send takes it), but where the connection was over by then."""
-        if reset is None or not self._met_reset():
-            return None
-        return reset
+    def refused_write(self, tcp: socket.socket, pair: socket.socket, refused: OSError,
+                      wrote: bool) -> Optional[OSError]:
+        """What a write that the ``pair`` end ``refused`` (EPIPE: the other
+        end's socket gone, or this end's writing shut down) answers, as
+        TCP's send would: None where TCP takes it (``wrote``: it had
+        bytes; see :meth:`write_refused`), else the error it raises."""
+        if self.fin_sent:
+            # Our own shutdown: EPIPE, as TCP's, but for a reset that came
+            # since, which TCP's send takes and raises (where the
+            # connection was not over by then).
+            reset = refused_with_reset(tcp, pair) if tcp.fileno() >= 0 else None
+            return reset if reset is not None and self._met_reset() else refused
+        reset = refused_with_reset(tcp, pair)
+        if reset is None and tcp.fileno() >= 0 and was_reset(tcp, pair):
+            self.seen = True  # (a reset whose error a call took: TCP's writes fail)
+        error = self.write_refused(reset is not None, wrote)
+        return None if error is None else error.as_os_error()
 
     def read_reset(self) -> bool:
         """A read met the other end's reset; whether it raises it. Not once
