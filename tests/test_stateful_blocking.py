@@ -92,13 +92,21 @@ def _read_now(sock: Any, how: str, size: int) -> bytes:
     return bytes(buffer[:count])
 
 
-# TCP's states in which a FIN this end sent waits to be acknowledged.
-_FIN_SENT_STATES = (4, 9, 11)  # FIN_WAIT1, LAST_ACK, CLOSING
+# TCP's states in which what this end sent may wait to be acknowledged
+# (not once a reset ended the connection: what it held then never will be).
+_SENDING_STATES = (1, 4, 8, 9, 11)  # ESTABLISHED, FIN_WAIT1, CLOSE_WAIT, LAST_ACK, CLOSING
 
 
-def _fin_unacknowledged(sock: Any) -> bool:
-    """Whether the FIN a TCP socket sent waits for the other kernel's ACK."""
-    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _FIN_SENT_STATES
+def _unacknowledged(sock: Any) -> bool:
+    """Whether bytes or the FIN a TCP socket sent wait for the other
+    kernel's ACK: Nagle's algorithm holds a small write back until the
+    one before it is acknowledged, which a delayed ACK may leave for
+    later than the next step."""
+    if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] not in _SENDING_STATES:
+        return False
+    queued = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, queued)  # (sent or not, not acknowledged)
+    return queued[0] > 0
 
 
 def _moved_to_client(sock: Any) -> Optional[int]:
@@ -352,11 +360,14 @@ class BlockingVsTcp(RuleBasedStateMachine):
     def _client_caught_up(self, path: str) -> bool:
         """Whether what the server did has reached the client's socket on
         ``path``: its bytes, its FIN, the reset that answered a write after
-        its close; and the client's FIN, the server's kernel (where the
-        server's close would otherwise reset a connection not over yet)."""
+        its close; and the client's bytes and FIN, the server's kernel
+        (where the server's close would otherwise find other bytes unread,
+        or a connection not over yet)."""
         sock = self.socks[path]
-        if path == "tcp" and self.client_shut["write"] and _fin_unacknowledged(sock):
-            return False  # (its FIN, at the server's kernel before the server closes)
+        if path == "tcp" and _unacknowledged(sock):
+            # (Its bytes and FIN at the server's kernel before the server
+            # closes: there, over the pair, they are at once.)
+            return False
         fd = sock.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLRDHUP)
