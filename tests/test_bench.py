@@ -71,6 +71,7 @@ def switches_left_as_found():
     assert friendsock.is_enabled() and not friendsock.is_socketless()
 
 
+@pytest.mark.timeout(240)  # every test on every transport and loop: 16 s alone, far more on a busy machine
 def test_every_test_transport_and_loop(tmp_path, capsys):
     plot = tmp_path / "out.png"
     argv = [*TINY, "--tests", "all", "--sizes", "64,64K", "--conns", "1,3", "--idle", "20"]
