@@ -520,14 +520,14 @@ class TcpReset:
         end's socket gone, or this end's writing shut down) answers, as
         TCP's send would: None where TCP takes it (``wrote``: it had
         bytes; see :meth:`write_refused`), else the error it raises."""
+        tcp_open = tcp.fileno() >= 0
+        reset = refused_with_reset(tcp if tcp_open else None, pair)
         if self.fin_sent:
             # Our own shutdown: EPIPE, as TCP's, but for a reset that came
             # since, which TCP's send takes and raises (where the
             # connection was not over by then).
-            reset = refused_with_reset(tcp, pair) if tcp.fileno() >= 0 else None
             return reset if reset is not None and self._met_reset() else refused
-        reset = refused_with_reset(tcp, pair)
-        if reset is None and tcp.fileno() >= 0 and was_reset(tcp, pair):
+        if reset is None and tcp_open and was_reset(tcp, pair):
             self.seen = True  # (a reset whose error a call took: TCP's writes fail)
         error = self.write_refused(reset is not None, wrote)
         return None if error is None else error.as_os_error()
