@@ -124,6 +124,11 @@ async def serve(door: str) -> None:
             await writer.drain()
             await _reset(writer)
             return
+        if door == "abort-later":  # the answer, then a reset once 4 more bytes came
+            writer.write(await reader.readexactly(4))
+            await reader.readexactly(4)
+            await _reset(writer)
+            return
         if door == "eof-abort":  # the answer and EOF, then a reset once 4 more bytes came
             writer.write(await reader.readexactly(4))
             writer.write_eof()

@@ -2055,6 +2055,23 @@ async def test_a_read_shutdown_here_reads_eof_after_what_came(peer_loop, path):
     assert report["sha256"] == hashlib.sha256(b"pingmore").hexdigest()
 
 
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # (uvloop's transport socket refuses shutdown())
+async def test_a_reset_after_a_read_shutdown_is_what_the_read_finds(peer_loop, path):
+    """A reset that came after ``get_extra_info('socket').shutdown(SHUT_RD)``,
+    while reading was paused, is what reading finds as it resumes, as over
+    TCP (where the reset is met before the shut reading's EOF)."""
+    async with _connected_to_a_server(peer_loop, path, door="abort-later") as (peer, port, reader, writer):
+        writer.write(b"ping")
+        assert await bounded(reader.readexactly(4)) == b"ping"
+        writer.transport.pause_reading()
+        writer.get_extra_info("socket").shutdown(socket.SHUT_RD)
+        writer.write(b"more")  # (the server's go-ahead to reset)
+        assert await peer.report() == {"aborted": True}
+        writer.transport.resume_reading()
+        with pytest.raises(ConnectionResetError):
+            await bounded(reader.read())
+
+
 async def test_loop_sendfile_over_a_moved_connection(peer_loop, path, tmp_path):
     """``loop.sendfile()`` sends the file's range as over TCP (asyncio);
     uvloop has none, for TCP or a moved connection alike."""

@@ -61,6 +61,7 @@ from .._host._offers import (
     offer_proven,
     open_channel,
     peer_shut_down,
+    read_shut_finds_eof,
     refused_with_reset,
     room_like_friends,
     runs,
@@ -889,8 +890,9 @@ class AcrossTransport(transports._FlowControlMixin, AcrossEnd):
 
     def _look_for_read_shut_eof(self) -> None:
         """After a read shutdown: EOF soon if nothing is left to read on the
-        pair (else the relay looks again once it passed those bytes on)."""
-        if not bytes_to_read(self._socket._pair):
+        pair (else the relay looks again once it passed those bytes on, or
+        the other end's FIN or reset comes as it would)."""
+        if read_shut_finds_eof(self._socket._pair):
             self._rendezvous.loop.call_soon(self._read_shut_eof, context=self._context)
 
     def _read_shut_eof(self) -> None:

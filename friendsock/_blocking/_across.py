@@ -71,6 +71,7 @@ from .._host._offers import (
     offer_answered,
     open_channel,
     peer_shut_down,
+    read_shut_finds_eof,
     room_like_friends,
     runs,
     send_offer,
@@ -747,13 +748,8 @@ class _Reading:
 
     def finds_shut(self, fd: int) -> bool:
         """Whether a read of the pair end ``fd`` finds EOF for the shut
-        reading: shut, and nothing left to read (TCP's gives what came
-        before its EOF)."""
-        if not self.shut or fd < 0:  # (a closed socket's read raises EBADF)
-            return False
-        poller = _select.poll()
-        poller.register(fd, _select.POLLIN)
-        return not poller.poll(0)
+        reading (see read_shut_finds_eof)."""
+        return self.shut and read_shut_finds_eof(fd)
 
 
 class _Moved:

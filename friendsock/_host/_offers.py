@@ -380,6 +380,20 @@ def offer_answered(names: Tuple[Any, Any], pid: int, ours: socket.socket, messag
             sock.close()
 
 
+def read_shut_finds_eof(pair_end: Any) -> bool:
+    """Whether a read of a moved connection whose reading its socket's
+    ``shutdown(SHUT_RD)`` shut finds EOF at ``pair_end`` (a socket or its
+    descriptor; a closed one's, -1, reads EBADF): TCP's read gives what
+    came before it, the other end's bytes, FIN or reset, and EOF once
+    nothing is left."""
+    fd = pair_end if isinstance(pair_end, int) else pair_end.fileno()
+    if fd < 0:
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)  # (an error or hang-up is told unasked)
+    return not poller.poll(0)
+
+
 _QUEUE_SIZE = struct.Struct("i")
 
 
