@@ -752,6 +752,36 @@ class _Reading:
         return self.shut and read_shut_finds_eof(fd)
 
 
+class PairRead:
+    """One read of a moved connection's pair end, in a ``with`` block
+    whose read sets ``found``: counted while it may wait (see
+    AcrossSocket.shutdown), EOF for a shut reading with nothing left
+    (``finds_shut``: then it does not read), and the other end's reset
+    raised or read as EOF (see AcrossSocket.reset_read). ``found`` stays
+    SHUT, the shut reading's EOF, where the read found none."""
+
+    __slots__ = ("sock", "reading", "waiting", "finds_shut", "found")
+
+    def __init__(self, sock: "AcrossSocket", reading: _Reading, may_wait: bool) -> None:
+        self.sock = sock
+        self.reading = reading
+        self.waiting = reading.waiting if may_wait else None
+        self.finds_shut = False
+        self.found: Any = SHUT
+
+    def __enter__(self) -> "PairRead":
+        if self.waiting is not None:  # (counted before the look at the reading: see shutdown)
+            self.waiting.append(None)
+        self.finds_shut = self.reading.finds_shut(_ss.fileno(self.sock))
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> bool:
+        if self.waiting is not None:
+            self.waiting.pop()
+        # (True: the reset is read as EOF)
+        return kind is not None and issubclass(kind, ConnectionResetError) and not self.sock.reset_read()
+
+
 class _Moved:
     """What an :class:`AcrossSocket` answers from: the TCP connection's
     socket and names, the finalizer that lets the TCP socket go, and the
@@ -872,22 +902,17 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
 
     def _read(self, read: Any, *args: Any) -> Any:
         """``read(self, *args)``, a read of the stdlib's class, on the pair
-        end: what it answers (see answer). One that may wait is counted
-        while it runs (see shutdown)."""
-        reading: _Reading = self.__dict__[_STATE].reading
+        end: what it answers (see answer)."""
         may_wait = self.gettimeout() != 0 and not _read_flags(read.__name__, args) & socket.MSG_DONTWAIT
-        if may_wait:  # (counted before the look at the reading: see shutdown)
-            reading.waiting.append(None)
-        try:
-            found = SHUT if reading.finds_shut(_ss.fileno(self)) else read(self, *args)
-        except ConnectionResetError:
-            if self.reset_read():
-                raise
-            found = SHUT  # (EOF: see reset_read)
-        finally:
-            if may_wait:
-                reading.waiting.pop()
-        return self.answer(read.__name__, found, args)
+        with self.pair_read(may_wait) as pair_read:
+            if not pair_read.finds_shut:
+                pair_read.found = read(self, *args)
+        return self.answer(read.__name__, pair_read.found, args)
+
+    def pair_read(self, may_wait: bool) -> "PairRead":
+        """One read of the pair end, as every door's read goes (see
+        PairRead); ``may_wait``: it may block (a trio read always may)."""
+        return PairRead(self, self.__dict__[_STATE].reading, may_wait)
 
     def answer(self, read: str, found: Any, args: Tuple[Any, ...]) -> Any:
         """What the read named ``read``, called with ``args`` (its size or
@@ -906,15 +931,6 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if not (count and _read_flags(read, args) & socket.MSG_PEEK):
             self.received(count, buffer, asked)
         return found
-
-    def finds_read_shut(self) -> bool:
-        """Whether a read here finds EOF for the shut reading (see _Reading)."""
-        return cast(bool, self.__dict__[_STATE].reading.finds_shut(_ss.fileno(self)))
-
-    def reads_waiting(self) -> List[None]:
-        """The reads that may be waiting on the pair: a read that waits in
-        a way of its own (trio's) adds one while it runs."""
-        return cast(List[None], self.__dict__[_STATE].reading.waiting)
 
     def reset_read(self) -> bool:
         """A read met the other end's reset: whether it raises it (see

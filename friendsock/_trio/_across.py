@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Deque, Optional, Tuple, cast
 
 import trio
 
-from .._blocking._across import (SHUT, Rendezvous, TakenOffer, expect_offer, move_onto_pair,
+from .._blocking._across import (Rendezvous, TakenOffer, expect_offer, move_onto_pair,
                                  offer_accepted)
 from .._blocking._capable import FriendCapableSocket
 from .._core._stats import Fallback, counters
@@ -257,24 +257,14 @@ class MovedTrioSocket(TrioSocketType):
 
     async def _read(self, read: str, *args: Any) -> Any:
         """Trio's read named ``read`` on the pair end: what it answers, as
-        the blocking socket's (AcrossSocket.answer). Counted while it runs:
-        it may wait (see AcrossSocket.shutdown)."""
+        the blocking socket's (AcrossSocket.pair_read, AcrossSocket.answer)."""
         sock = self._sock
-        waiting = sock.reads_waiting()
-        waiting.append(None)
-        try:
-            if sock.finds_read_shut():
+        with sock.pair_read(may_wait=True) as pair_read:
+            if pair_read.finds_shut:
                 await trio.lowlevel.checkpoint()
-                found = SHUT
             else:
-                found = await getattr(TrioSocketType, read)(self, *args)
-        except ConnectionResetError:
-            if sock.reset_read():
-                raise
-            found = SHUT  # (EOF: see AcrossSocket.reset_read)
-        finally:
-            waiting.pop()
-        return sock.answer(read, found, args)
+                pair_read.found = await getattr(TrioSocketType, read)(self, *args)
+        return sock.answer(read, pair_read.found, args)
 
     # A write the pair refuses is answered as TCP's (see written_after_close).
     async def send(self, data: Any, flags: int = 0) -> int:
