@@ -49,7 +49,7 @@ from .._core._tap import StreamTap, stream_tap_for
 from .._handshake import CONFIRM_TIMEOUT, current_pid
 from .._handshake._binding import port_before_connect
 from .._handshake._process import close_with_reset
-from .._handshake._tcp_info import other_end_finished
+from .._handshake._tcp_info import family_of, is_tcp_socket, other_end_finished
 from .._host import PortTable, Slot, port_table
 from .._host._offers import (
     ANSWER_TIMEOUT,
@@ -596,7 +596,7 @@ def may_cross(sock: socket.socket, resolved: Any) -> bool:
     one on a thread that runs an asyncio loop: that loop's code may hand
     the socket to a transport that does its I/O in C (uvloop's), and the
     wait for the offer would hold the loop."""
-    return (served_elsewhere(resolved[0], resolved[1], sock.family) and sock.type == socket.SOCK_STREAM
+    return (served_elsewhere(resolved[0], resolved[1], family_of(sock)) and is_tcp_socket(sock)
             and (sock.gettimeout() != 0.0 or running_asyncio_loop() is None))
 
 

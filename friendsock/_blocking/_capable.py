@@ -37,13 +37,12 @@ from typing import Any, Callable, Optional, Set, Tuple
 
 from .. import _handshake
 from .._core._switch import is_enabled
-from .._handshake import Entry, is_listening, make_room
+from .._handshake import Entry, is_listening, is_tcp_socket, make_room
 from .._host._ports import PUBLISHED
 from .._socket_errors import not_through_descriptor
 from ._descriptor import OriginalSocket, _ss
 from ._readiness import readiness_owners
 
-_INET = (socket.AF_INET, socket.AF_INET6)
 _ENTRY = "_friendsock_listener"  # where a registered listener keeps its registry entry
 _NATIVE = "_friendsock_connected_natively"  # set by a connect friendsock left to the kernel
 # Set on a socket paired or moved by a non-blocking connect, until a
@@ -378,10 +377,7 @@ def _may_pair(sock: socket.socket) -> bool:
     """A TCP socket of the patched class itself, with pairing switched on.
     A subclass (one its user defined while patched) keeps its class and its
     own methods doing the I/O: it is TCP."""
-    # (The C socket's own family and type: the socket module's properties
-    # make enums of them, a cost every connect would pay.)
-    return type(sock) in pairing_classes and _ss.family.__get__(sock) in _INET and \
-        _ss.type.__get__(sock) & 0xF == socket.SOCK_STREAM and is_enabled() and \
+    return type(sock) in pairing_classes and is_tcp_socket(sock) and is_enabled() and \
         not _replaced_io and sock not in _handshake.adoptable_connecting and \
         sock not in natively_driven and (sock.gettimeout() != 0.0 or _loop_lets_pair())
 

@@ -26,14 +26,14 @@ from typing import Any, Optional
 from .. import _handshake
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
-from .._handshake import (ConnectAttempt, Entry, Pending, call_on_claim, confirmed,
+from .._handshake import (ConnectAttempt, Entry, Pending, call_on_claim, confirmed, family_of,
                           numeric_address_infos, users_sockname, RoomWait)
 from .._host._payoff import worth_an_offer
 from .._host._ports import listener_elsewhere
 from . import _ends
 from ._across import connect_across, may_cross
 from ._capable import CONNECT_UNREPORTED, FriendCapableSocket
-from ._descriptor import Descriptor, _ss
+from ._descriptor import Descriptor
 from ._paired import become_friend
 from ._readiness import Readiness
 
@@ -47,7 +47,7 @@ def _resolve(sock: socket.socket, address: Any) -> Optional[Any]:
         host, port = address[0], address[1]
     except (TypeError, IndexError, KeyError):
         return None  # the native connect reports it
-    infos = numeric_address_infos(host, port, _ss.family.__get__(sock))  # (the int, not an enum)
+    infos = numeric_address_infos(host, port, family_of(sock))
     if infos is None:
         if type(port) is not int or not (registry.has_port(port) or listener_elsewhere(port)):
             return None

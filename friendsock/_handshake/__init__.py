@@ -60,7 +60,7 @@ from ._listener import (
     register_listener,
 )
 from ._process import SocketRelease, current_pid
-from ._tcp_info import is_listening, is_tcp_socket, payload_moved
+from ._tcp_info import family_of, is_listening, is_tcp_socket, payload_moved
 
 # How long a confirmed connect (a listener that other processes may share)
 # waits for this process to claim it before it goes on as plain TCP. The
@@ -85,6 +85,7 @@ __all__ = [
     "current_pid",
     "Entry",
     "_EphemeralPorts",
+    "family_of",
     "fallback_address",
     "first_host",
     "forget_listener",

@@ -24,7 +24,7 @@ from ._binding import (bind_port_now, bind_as_connect_would, bind_local, is_loca
 from ._listener import (ClientEnd, Entry, Pending, collected_listeners, accept_room, forget_collected,
                         forget_listener)
 from ._process import SocketRelease, current_pid
-from ._tcp_info import is_plain_socket, is_tcp_socket
+from ._tcp_info import family_of, is_plain_socket, is_tcp_socket
 
 
 def why_not_friends(friends: Optional[bool], kwargs: dict) -> Optional[Fallback]:
@@ -483,7 +483,7 @@ def register_adoptable_connect(sock: socket.socket, address: Any, owner: object)
     4-tuple is known before the connection exists."""
     if not is_enabled() or not is_plain_socket(sock) or not is_tcp_socket(sock):
         return None
-    infos = numeric_address_infos(address[0], address[1], sock.family)
+    infos = numeric_address_infos(address[0], address[1], family_of(sock))
     if infos is None:
         return None  # a name: the loop resolves it, as it always does
     address = infos[0][4]  # as the accepting side will see it

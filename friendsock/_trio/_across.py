@@ -27,6 +27,7 @@ from .._blocking._across import (Rendezvous, TakenOffer, expect_offer, move_onto
                                  offer_accepted)
 from .._blocking._capable import FriendCapableSocket
 from .._core._stats import Fallback, counters
+from .._handshake._tcp_info import family_of
 from .._host._offers import OFFER_TIMEOUT, Peer, reset_offered
 from .._host._ports import connect_slot, served_elsewhere
 from ._socket import TrioSocketType
@@ -38,7 +39,7 @@ _from_stdlib_socket = trio.socket.from_stdlib_socket  # (trio's own, whatever in
 def may_cross(sock: socket.socket, resolved: Any) -> bool:
     """Whether a connect of ``sock`` to ``resolved`` (no listener of this
     process there) is one to another friendsock process of this host."""
-    return served_elsewhere(resolved[0], resolved[1], sock.family)
+    return served_elsewhere(resolved[0], resolved[1], family_of(sock))
 
 
 async def connect_across(trio_sock: Any, resolved: Any, native: NativeConnect) -> bool:

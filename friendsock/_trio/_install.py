@@ -37,7 +37,8 @@ from .._core._registry import registry
 from .._core._stats import Fallback, counters
 from .._core._switch import is_enabled
 from .._handshake import (ConnectAttempt, Entry, forget_listener, forget_when_collected, is_bound,
-                          is_listening, offer_for_reuse, register_listener, users_sockname)
+                          is_listening, is_tcp_socket, offer_for_reuse, register_listener,
+                          users_sockname)
 from .._host._payoff import worth_an_offer
 from .._host._ports import keep_published, stop_publishing
 from .._imports import when_imported
@@ -65,7 +66,6 @@ _MISSING = object()
 # and the socketless links given to it.
 _ENTRY = "_friendsock_listener"
 _BACKLOG = "_friendsock_backlog"
-_INET = (socket.AF_INET, socket.AF_INET6)
 
 _lock = threading.Lock()
 _saved: Optional[Dict[Tuple[Any, str], Any]] = None  # None: not installed
@@ -92,10 +92,6 @@ def _native(owner: Any, name: str) -> Any:
 # -- listeners ------------------------------------------------------------------
 
 
-def _is_tcp(sock: socket.socket) -> bool:
-    return sock.family in _INET and sock.type == socket.SOCK_STREAM
-
-
 def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
     """The registry entry of the listening trio socket ``trio_sock``,
     registered on first use (in a run; None outside one, for a socket that
@@ -107,7 +103,7 @@ def listener_entry(trio_sock: Any, exclusive: bool = False) -> Optional[Entry]:
         return entry
     sock = trio_sock._sock
     try:
-        if not _is_tcp(sock) or not is_listening(sock):
+        if not is_tcp_socket(sock) or not is_listening(sock):
             return None
         if exclusive and getattr(socket, "SO_REUSEPORT", None) is not None:
             exclusive = not sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
@@ -165,7 +161,7 @@ def _from_stdlib_socket(sock: socket.socket) -> Any:
     entry = None
     try:
         trio_sock = _pairing._trio_from_stdlib_socket(sock)
-        if _is_tcp(sock):
+        if is_tcp_socket(sock):
             entry = listener_entry(trio_sock, exclusive=_anyio_makes_listeners.get() or
                                    (taken is not None and taken.exclusive))
     finally:
@@ -201,7 +197,7 @@ def _patch_anyio(anyio: ModuleType) -> None:
 
 
 async def _socket_accept(self: Any) -> Tuple[Any, Any]:
-    if not _is_tcp(self._sock) or native_calls.get():
+    if not is_tcp_socket(self._sock) or native_calls.get():
         return await _native(_SocketType, "accept")(self)
     entry = listener_entry(self)
     published = keep_published(self, self._sock) if entry is not None else None
@@ -233,7 +229,7 @@ async def _socket_accept(self: Any) -> Tuple[Any, Any]:
 async def _socket_connect(self: Any, address: Any) -> None:
     native = _native(_SocketType, "connect")
     sock = self._sock
-    if native_calls.get() or not is_enabled() or not _is_tcp(sock):
+    if native_calls.get() or not is_enabled() or not is_tcp_socket(sock):
         return await native(self, address)
     try:
         await _pair_socket(self, sock, address, native)
