@@ -132,6 +132,42 @@ async def test_install_pairs_loop_methods():
         friendsock.uninstall(loop)
 
 
+async def test_an_opted_out_connect_of_an_installed_loop_stays_tcp_at_both_ends():
+    """``create_connection(friends=False)`` on an installed loop, to a
+    friendsock server of this loop: the loop's own connect serves it,
+    whose inner ``sock_connect`` (asyncio's calls the installed one) does
+    not pair it either; both ends are TCP's, nothing is left pending."""
+    loop = asyncio.get_running_loop()
+    friendsock.install(loop)
+    try:
+        accepted: "asyncio.Future[Recorder]" = loop.create_future()
+
+        def factory() -> Recorder:
+            protocol = Recorder()
+            if not accepted.done():
+                accepted.set_result(protocol)
+            return protocol
+
+        server = await loop.create_server(factory, "127.0.0.1", 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            transport, client = await loop.create_connection(Recorder, "127.0.0.1", port, friends=False)
+            try:
+                transport.write(b"ping")
+                server_side = await asyncio.wait_for(accepted, 10)
+                assert await asyncio.wait_for(server_side.wait_bytes(4), 10) == b"ping"
+                assert not friendsock.is_friend(transport)
+                assert not friendsock.is_friend(server_side.transport)
+                assert friendsock.stats().pending == 0
+            finally:
+                transport.close()
+                server_side.transport.close()
+        finally:
+            server.close()
+    finally:
+        friendsock.uninstall(loop)
+
+
 async def test_install_is_idempotent():
     loop = asyncio.get_running_loop()
     original = dict(vars(loop))

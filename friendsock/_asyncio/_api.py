@@ -20,7 +20,7 @@ from .._host._payoff import worth_an_offer
 from .._host._ports import listener_elsewhere
 from ._across import AcrossTransport
 from ._adoption import adopt_paired_socket
-from ._native import loop_own_connects, native, routes_through_friendsock
+from ._native import loop_own_connects, native, own_connect_calls_sock_connect, routes_through_friendsock
 from ._pairing import connect
 from ._server import FriendServer
 from ._tls import TLSOptions, over_friend_link, start_tls as start_tls_on
@@ -87,7 +87,7 @@ async def create_connection_on(
         if sock is None or is_tcp_socket(sock):  # (a Unix socket's is no TCP connection)
             counters.fallback(reason, _destination(host, port, sock))
         own_create_connection = native(loop, "create_connection")
-        if not routes_through_friendsock(loop):
+        if not routes_through_friendsock(loop) or not own_connect_calls_sock_connect(loop):
             return await own_create_connection(protocol_factory, host, port, **kwargs)
         with loop_own_connects():  # its inner sock_connect is not to adopt
             return await own_create_connection(protocol_factory, host, port, **kwargs)

@@ -36,14 +36,24 @@ from ._native import (
 )
 from ._tls import start_tls as start_tls_on
 
-async def _create_connection(loop: asyncio.AbstractEventLoop, protocol_factory: Any,
-                             host: Any = None, port: Any = None, **kwargs: Any) -> Any:
+def _create_connection(loop: asyncio.AbstractEventLoop, protocol_factory: Any,
+                       host: Any = None, port: Any = None, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+    # (The coroutine of the call that serves it, not one more around it:
+    # every connect to a peer without friendsock goes through here.)
     sock = kwargs.get("sock")
     if sock is not None and host is None and port is None:
-        adopted = await adopt_connected(loop, protocol_factory, sock, kwargs)
-        if adopted is not None:
-            return adopted
-    return await create_connection_on(loop, protocol_factory, host, port, **kwargs)
+        return _create_connection_with(loop, protocol_factory, sock, kwargs)
+    return create_connection_on(loop, protocol_factory, host, port, **kwargs)
+
+
+async def _create_connection_with(loop: asyncio.AbstractEventLoop, protocol_factory: Any,
+                                  sock: Any, kwargs: Dict[str, Any]) -> Any:
+    """``create_connection(sock=)``: the socket's link if it was connected
+    through this loop's ``sock_connect``, else as any other."""
+    adopted = await adopt_connected(loop, protocol_factory, sock, kwargs)
+    if adopted is not None:
+        return adopted
+    return await create_connection_on(loop, protocol_factory, None, None, **kwargs)
 
 
 # What each patched method runs, as ``implementation(loop, *args, **kwargs)``.

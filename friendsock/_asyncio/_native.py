@@ -142,6 +142,21 @@ def routes_through_friendsock(loop: Any) -> bool:
     )
 
 
+# Loop class -> whether its own create_connection may call the loop's
+# sock_connect (asyncio's does, in Python; uvloop's connects in C).
+_own_connect_calls_sock_connect: Dict[type, bool] = {}
+
+
+def own_connect_calls_sock_connect(loop: Any) -> bool:
+    """Whether ``loop``'s own ``create_connection`` may call its (installed)
+    ``sock_connect``; any loop but uvloop's may."""
+    kind = type(loop)
+    calls = _own_connect_calls_sock_connect.get(kind)
+    if calls is None:
+        calls = _own_connect_calls_sock_connect[kind] = kind.__module__.partition(".")[0] != "uvloop"
+    return calls
+
+
 # Set while friendsock runs the loop's own create_connection: the loop's
 # inner sock_connect is its own business, not a socket to adopt later.
 _own_connects: contextvars.ContextVar[bool] = contextvars.ContextVar(
