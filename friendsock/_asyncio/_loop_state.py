@@ -14,6 +14,7 @@ from typing import Any, List, Optional, Protocol
 
 from .._core._finalizing import close_when_safe
 from .._core._link import live_links
+from ._native import is_uvloop
 from ._wakeups import DrainQueue, RemoteDrainQueue
 
 logger = logging.getLogger("friendsock")
@@ -67,56 +68,56 @@ class LoopState:
         # uvloop runs a turn's callbacks, then polls its descriptors in the
         # same turn (libuv's idle phase, then its poll); asyncio's loops poll
         # first. See connection_made_turn.
-        is_uvloop = type(loop).__module__.partition(".")[0] == "uvloop"
-        self.polls_after_callbacks = is_uvloop
+        on_uvloop = is_uvloop(loop)
+        self.polls_after_callbacks = on_uvloop
         # uvloop calls all of a transport's protocol callbacks in one
         # context (copied as the transport is made); asyncio's loops call
         # connection_made in a copy of its own, and connection_lost in a
         # copy of close()'s caller's.
-        self.one_context_per_transport = is_uvloop
+        self.one_context_per_transport = on_uvloop
         # uvloop's transports refuse writes once connection_lost has
         # returned (their handle is closed); asyncio's take and drop them.
-        self.refuses_writes_once_lost = is_uvloop
+        self.refuses_writes_once_lost = on_uvloop
         # A new transport's write buffer limits (low, high): uvloop's own
         # start with a low-water mark of 16 bytes (its 64 KiB constant,
         # divided by 4 before the KiB are counted), until
         # set_write_buffer_limits() is called.
-        self.default_write_limits = (16 if is_uvloop else DEFAULT_HIGH_WATER // 4, DEFAULT_HIGH_WATER)
+        self.default_write_limits = (16 if on_uvloop else DEFAULT_HIGH_WATER // 4, DEFAULT_HIGH_WATER)
         # uvloop's Server.sockets is a list; asyncio's a tuple.
-        self.lists_server_sockets = is_uvloop
+        self.lists_server_sockets = on_uvloop
         # uvloop's write() looks at the transport's state (past write_eof(),
         # lost) before the data's type; asyncio's at the type first.
-        self.checks_state_before_type = is_uvloop
+        self.checks_state_before_type = on_uvloop
         # uvloop's write() takes any contiguous buffer (an array, a ctypes
         # array); asyncio's only bytes, bytearray and memoryview.
-        self.takes_any_buffer = is_uvloop
+        self.takes_any_buffer = on_uvloop
         # asyncio's socket transports before 3.12 keep what the socket did
         # not take in a bytearray, whose extend() refuses a strided view
         # (TypeError) where their send() would fail the connection.
-        self.extends_a_bytearray = not is_uvloop and sys.version_info < (3, 12)
+        self.extends_a_bytearray = not on_uvloop and sys.version_info < (3, 12)
         # uvloop's streams stop reading at EOF (is_reading() is False from
         # then on); asyncio's stay "reading".
-        self.stops_reading_at_eof = is_uvloop
+        self.stops_reading_at_eof = on_uvloop
         # asyncio's transports log each write to a lost connection past a
         # threshold; uvloop's count them and say nothing.
-        self.warns_of_lost_writes = not is_uvloop
+        self.warns_of_lost_writes = not on_uvloop
         # asyncio's socket transports before 3.12 have no writelines() of
         # their own: WriteTransport's writes the joined bytes (so a str
         # among them is a TypeError before any state is looked at).
-        self.joins_writelines = not is_uvloop and "writelines" not in _SelectorSocketTransport.__dict__
+        self.joins_writelines = not on_uvloop and "writelines" not in _SelectorSocketTransport.__dict__
         # The writelines() of 3.12 and 3.13.0 (CPython gh-136234) looks at
         # no lost connection: once close() was called it raises TypeError,
         # once the connection is lost AttributeError, where write() drops.
-        self.writelines_fails_once_closed = not is_uvloop and not self.joins_writelines and \
+        self.writelines_fails_once_closed = not on_uvloop and not self.joins_writelines and \
             "_conn_lost" not in _SelectorSocketTransport.writelines.__code__.co_names
         # Which protocols a transport fills through get_buffer() and
         # buffer_updated(): asyncio's, a BufferedProtocol; uvloop's, also any
         # protocol with a get_buffer() that is no asyncio.Protocol (uvloop's
         # own SSLProtocol among them).
-        self.buffered_by_duck_type = is_uvloop
+        self.buffered_by_duck_type = on_uvloop
         # The size get_buffer() is asked for: asyncio's transports ask for
         # -1 (any), uvloop's for libuv's suggested size.
-        self.buffer_size_hint = 65536 if is_uvloop else -1
+        self.buffer_size_hint = 65536 if on_uvloop else -1
 
     def remote(self) -> RemoteDrainQueue:
         """The queue other threads hand this loop's callbacks to (made on

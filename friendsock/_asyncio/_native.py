@@ -142,6 +142,11 @@ def routes_through_friendsock(loop: Any) -> bool:
     )
 
 
+def is_uvloop(loop: Any) -> bool:
+    """Whether ``loop`` is uvloop's (or of a subclass defined there)."""
+    return type(loop).__module__.partition(".")[0] == "uvloop"
+
+
 # Loop class -> whether its own create_connection may call the loop's
 # sock_connect (asyncio's does, in Python; uvloop's connects in C).
 _own_connect_calls_sock_connect: Dict[type, bool] = {}
@@ -150,10 +155,9 @@ _own_connect_calls_sock_connect: Dict[type, bool] = {}
 def own_connect_calls_sock_connect(loop: Any) -> bool:
     """Whether ``loop``'s own ``create_connection`` may call its (installed)
     ``sock_connect``; any loop but uvloop's may."""
-    kind = type(loop)
-    calls = _own_connect_calls_sock_connect.get(kind)
+    calls = _own_connect_calls_sock_connect.get(type(loop))
     if calls is None:
-        calls = _own_connect_calls_sock_connect[kind] = kind.__module__.partition(".")[0] != "uvloop"
+        calls = _own_connect_calls_sock_connect[type(loop)] = not is_uvloop(loop)
     return calls
 
 
