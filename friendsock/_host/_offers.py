@@ -256,12 +256,18 @@ def directions_shut(how: int) -> Tuple[bool, bool]:
     return how != socket.SHUT_WR, how != socket.SHUT_RD
 
 
+def _polls_now(fd: int, events: int) -> bool:
+    """Whether ``fd`` reports any of ``events`` now (or an error or
+    hang-up, which poll() tells unasked)."""
+    poller = select.poll()
+    poller.register(fd, events)
+    return bool(poller.poll(0))
+
+
 def peer_shut_down(fd: int) -> bool:
     """Whether the other end of the pair end ``fd`` shut down its writing
     (or closed): its FIN, as TCP's would have come."""
-    poller = select.poll()
-    poller.register(fd, select.POLLRDHUP)
-    return bool(poller.poll(0))
+    return _polls_now(fd, select.POLLRDHUP)
 
 
 def both_ways_finished(fd: int, tcp: socket.socket, write_shut: bool, peer_rcvbuf: int) -> bool:
@@ -387,11 +393,7 @@ def read_shut_finds_eof(pair_end: Any) -> bool:
     came before it, the other end's bytes, FIN or reset, and EOF once
     nothing is left."""
     fd = pair_end if isinstance(pair_end, int) else pair_end.fileno()
-    if fd < 0:
-        return False
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)  # (an error or hang-up is told unasked)
-    return not poller.poll(0)
+    return fd >= 0 and not _polls_now(fd, select.POLLIN)
 
 
 _QUEUE_SIZE = struct.Struct("i")
