@@ -716,6 +716,44 @@ def pool_echo(port: int, seed: int) -> dict:
         return {"sha256": digest.hexdigest(), "pid": os.getpid(), "payload_moved": payload_moved(sock)}
 
 
+def handed_echo(receiver, sender, payload_size: int) -> None:
+    """A spawned process handed a connected blocking socket over
+    ``receiver`` (multiprocessing's pipe): as the connecting end
+    (``payload_size`` > 0), it sends that many bytes (seeded) with EOF and
+    reads the echo; as the accepting end (0), it echoes until EOF. What it
+    moved and saw goes back over ``sender``."""
+    import threading
+
+    import friendsock
+    from friendsock._handshake._tcp_info import payload_moved
+
+    sock = receiver.recv()
+    sock.settimeout(20)
+    with sock:
+        names = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername())}
+        digest = hashlib.sha256()
+        if payload_size:
+            payload = random.Random(7).randbytes(payload_size)
+
+            def send() -> None:
+                sock.sendall(payload)
+                sock.shutdown(socket.SHUT_WR)
+
+            writer = threading.Thread(target=send)  # (while this one reads the echo)
+            writer.start()
+            while data := sock.recv(1 << 16):
+                digest.update(data)
+            writer.join(20)
+        else:
+            while data := sock.recv(1 << 16):
+                digest.update(data)
+                sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        sender.send({"sha256": digest.hexdigest(), "friend": friendsock.is_friend(sock),
+                     "payload_moved": payload_moved(sock), "family": int(sock.family),
+                     "nodelay": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), **names})
+
+
 def main() -> None:
     role, loop_name, door, *rest = sys.argv[1:]
     if loop_name == "uvloop":

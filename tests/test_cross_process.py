@@ -16,6 +16,7 @@ import errno
 import functools
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import select
@@ -34,9 +35,11 @@ import uvloop
 
 import friendsock
 from friendsock._handshake._tcp_info import payload_moved
+from friendsock._host import LISTENERS, opened_table
 
 from support import (Recorder, bounded, fallbacks_since, port_of, rendezvous_thread_settled, tcp_connections, tls_contexts,
                      until)
+from cross_process_peer import handed_echo
 from test_blocking import _thread_asleep, _until, run_thread
 from test_capture import check_tcp_shape, read_capture, tshark_check
 
@@ -1042,6 +1045,77 @@ async def test_a_blocking_client_forks(tmp_path):
     _, out, _ = await _script_against_a_server_here("friend", "-c", _FORKING_CLIENT)
     assert out.split() == ["True", "0", "True"]
     assert friendsock.stats().cross_process - before == 3
+
+
+def _handed_to_a_spawned_process(sock: socket.socket, payload_size: int) -> Dict[str, Any]:
+    """``sock`` handed to a spawned process (``handed_echo``) over
+    multiprocessing's pipe and closed here once sent, as a process that
+    accepts for its workers does: what that process reports."""
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=handed_echo, args=(theirs, theirs, payload_size))
+    child.start()
+    try:
+        with sock:
+            ours.send(sock)
+        assert ours.poll(30), "no report from the process handed the socket"
+        return cast(Dict[str, Any], ours.recv())
+    finally:
+        child.join(20)
+        assert child.exitcode == 0
+        ours.close()
+        theirs.close()
+
+
+def _connected_and_handed(port: int) -> Dict[str, Any]:
+    sock = socket.create_connection(("127.0.0.1", port))
+    return {"friend_here": friendsock.is_friend(sock), **_handed_to_a_spawned_process(sock, SIZE)}
+
+
+def _accepted_and_handed(listener: socket.socket) -> Dict[str, Any]:
+    conn, _ = listener.accept()
+    return {"friend_here": friendsock.is_friend(conn), **_handed_to_a_spawned_process(conn, 0)}
+
+
+@pytest.mark.parametrize("end", ["connecting", "accepting"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_moved_socket_goes_on_in_the_process_it_is_handed_to(peer_loop, path, end, monkeypatch):
+    """multiprocessing hands a socket to another process by descriptor (a
+    process that accepts for its workers; the stdlib's own tests do): a
+    socket moved off TCP goes with its TCP socket, and the process it is
+    handed to carries the connection on over the pair, its names and
+    options TCP's, after the process that handed it closed its own."""
+    monkeypatch.setenv("FRIENDSOCK_INSTALL", "1")
+    monkeypatch.setenv("FRIENDSOCK_SOCKETS", "1")
+    if path == "tcp":
+        monkeypatch.setenv("FRIENDSOCK_CROSS_PROCESS", "0")
+    sent = hashlib.sha256(random.Random(7 if end == "connecting" else 2).randbytes(SIZE)).hexdigest()
+    if end == "connecting":
+        peer, port = await _serving(peer_loop, path)
+        try:
+            ours = await bounded(asyncio.to_thread(_connected_and_handed, port), 60)
+            theirs = await peer.report()
+        finally:
+            await peer.finish()
+        assert ours["sha256"] == theirs["sha256"] == sent
+    else:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            port = listener.getsockname()[1]
+            accepted = asyncio.ensure_future(asyncio.to_thread(_accepted_and_handed, listener))
+            if path == "friend":  # (published as its accept() runs: the client must come after)
+                await until(lambda: opened_table().read(LISTENERS, port).pid == os.getpid())
+            peer = await Peer.start("connect", peer_loop, "api", str(port), str(SIZE), "2",
+                                    env=_environment(path))
+            try:
+                ours = await bounded(accepted, 60)
+                theirs = await peer.report()
+            finally:
+                await peer.finish()
+        assert ours["sha256"] == theirs["sha256"] == theirs["sent"] == sent
+    assert ours["friend_here"] is ours["friend"] is (path == "friend")
+    assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
+    assert ours["family"] == socket.AF_INET and ours["nodelay"] == 0
+    assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
 
 
 def _blocking_timed_out(port: int) -> str:

@@ -38,7 +38,7 @@ import struct
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Tuple, Union, cast
+from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Tuple, Union, cast
 
 from .._core._link import LinkBrokenError
 from .._core._live import AcrossEnd, DirectionInfo, EndInfo, LinkInfo, link_between_processes, live_across
@@ -791,15 +791,15 @@ class _Moved:
                  "tap", "side", "other_side", "tcp_reset", "reading")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
-                 rendezvous: Rendezvous, client: bool, traffic: _Traffic,
-                 tap: Optional[StreamTap], reading: _Reading) -> None:
+                 rendezvous: Optional[Rendezvous], client: bool, traffic: _Traffic,
+                 tap: Optional[StreamTap], reading: _Reading, tcp_reset: Optional[TcpReset] = None) -> None:
         self.tcp = tcp
         self.names = names
         self.peer = peer
         self.rendezvous = rendezvous
         self.client = client
         self.traffic = traffic
-        self.tcp_reset = TcpReset()
+        self.tcp_reset = TcpReset() if tcp_reset is None else tcp_reset
         self.reading = reading
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
@@ -833,12 +833,13 @@ def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
     counters.moved_across(peer.pid)
 
 
-def _let_go(tcp: socket.socket, rendezvous: Rendezvous, client: bool) -> None:
-    if not client or closes_with_reset(tcp) or rendezvous.pid != os.getpid() or \
+def _let_go(tcp: socket.socket, rendezvous: Optional[Rendezvous], client: bool) -> None:
+    if not client or closes_with_reset(tcp) or rendezvous is None or rendezvous.pid != os.getpid() or \
             not threading.main_thread().is_alive():
         # The accepting end's FIN, which the other end answers; an abort's
-        # reset, already sent or sent now; a child's copy; or the process
-        # exiting, whose thread is past finishing anything.
+        # reset, already sent or sent now; a child's copy, or a copy handed
+        # to a process that moves nothing; or the process exiting, whose
+        # thread is past finishing anything.
         tcp.close()
     else:
         rendezvous.release(tcp)
@@ -1107,7 +1108,10 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         live_across.discard(self)
         fd = _ss.detach(self)
         moved.release.detach()
-        moved.rendezvous.release(moved.tcp, timeout=None)
+        if moved.rendezvous is not None:
+            moved.rendezvous.release(moved.tcp, timeout=None)
+        else:  # (no thread here to finish it: it stays open as long as this process)
+            _kept_for_detached.append(moved.tcp)
         return fd
 
     def dup(self) -> socket.socket:
@@ -1116,6 +1120,20 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous,
                                        moved.client, moved.traffic, moved.tap, moved.reading)
         return copy
+
+    def handed_on(self, dup_fd: Callable[[int], Any]) -> Tuple[Callable[..., "AcrossSocket"], Tuple[Any, ...]]:
+        """How multiprocessing hands this socket to another process
+        (``dup_fd``, its way to hand a descriptor over): with both
+        descriptors, the pair end and the TCP socket, and what this end
+        knows of the connection, to be a copy there as :meth:`dup` makes one
+        here; the connection ends with the last of them, as TCP's does."""
+        moved: _Moved = self.__dict__[_STATE]
+        known = moved.tcp_reset
+        state = (moved.names, tuple(moved.peer), moved.client,
+                 (known.seen, known.error, known.fin_read, known.fin_sent),
+                 (moved.reading.shut, moved.reading.pair_shut))
+        return _handed_over, (dup_fd(_ss.fileno(self)), dup_fd(moved.tcp.fileno()),
+                              self.family, self.type, self.proto, state)
 
     def link_info(self, now: float) -> Optional[LinkInfo]:
         moved: Optional[_Moved] = self.__dict__.get(_STATE)
@@ -1147,6 +1165,34 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
                                       received=received, age=now - traffic.born,
                                       listener=(server[0], server[1]), peer_pid=moved.peer.pid,
                                       captured=moved.tap is not None)
+
+
+# TCP sockets of moved connections whose descriptor a detach() gave away
+# in a process without a rendezvous to finish them.
+_kept_for_detached: List[socket.socket] = []
+
+
+def _handed_over(pair_fd: Any, tcp_fd: Any, family: int, type: int, proto: int,
+                 state: Tuple[Any, ...]) -> AcrossSocket:
+    """A moved socket handed to this process (see AcrossSocket.handed_on):
+    ``pair_fd`` and ``tcp_fd`` give its descriptors as multiprocessing's
+    ``DupFd`` does."""
+    names, peer, client, known, reading_shut = state
+    tcp = OriginalSocket(family, type, proto, fileno=tcp_fd.detach())
+    try:
+        sock = AcrossSocket(family, type, proto, fileno=pair_fd.detach())
+    except BaseException:
+        tcp.close()
+        raise
+    tcp_reset = TcpReset()
+    tcp_reset.seen, tcp_reset.error, tcp_reset.fin_read, tcp_reset.fin_sent = known
+    reading = _Reading()
+    reading.shut, reading.pair_shut = reading_shut
+    # Finished here as where it moved: by this process's rendezvous, if it has one.
+    sock.__dict__[_STATE] = _Moved(sock, tcp, tuple(names), Peer(*peer), this_process(), client,
+                                   _Traffic(None), None, reading, tcp_reset)
+    live_across.add(sock)
+    return sock
 
 
 # What a read comes to where TCP's finds EOF and the pair does not: its

@@ -27,7 +27,7 @@ from .._asyncio._native import routes_through_friendsock
 from .._imports import when_imported
 from . import _at_fork  # noqa: F401 (a fork moves links between blocking sockets to TCP)
 from . import _capable
-from ._across import is_moved
+from ._across import AcrossSocket, is_moved
 from ._capable import FriendCapableSocket, natively_driven, steps
 from ._connect import connect_friend
 from ._descriptor import OriginalSocket
@@ -58,7 +58,8 @@ def _teach_multiprocessing(reduction: ModuleType) -> None:
     """multiprocessing hands sockets to its child processes by descriptor
     (uvicorn's --workers and --reload do), with a reducer registered for
     the exact class ``socket.socket`` was when it was imported: the
-    stdlib's and the patched class both get it; a paired socket, whose
+    stdlib's and the patched class both get it; a socket moved to another
+    process of this host goes with its TCP socket; a paired one, whose
     descriptor is not the connection, a clear error."""
     reduce_socket = getattr(reduction, "_reduce_socket", None)
     if reduce_socket is None:  # pragma: no cover - not on this platform
@@ -66,6 +67,7 @@ def _teach_multiprocessing(reduction: ModuleType) -> None:
     reduction.register(OriginalSocket, reduce_socket)
     reduction.register(FriendCapableSocket, reduce_socket)
     reduction.register(FriendBlockingSocket, _refuse_friend_socket)
+    reduction.register(AcrossSocket, lambda sock: sock.handed_on(reduction.DupFd))
 
 
 def _teach_pyopenssl(module: ModuleType) -> None:
