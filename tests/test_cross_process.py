@@ -1047,6 +1047,51 @@ async def test_a_blocking_client_forks(tmp_path):
     assert friendsock.stats().cross_process - before == 3
 
 
+def _descriptor_calls(port: int) -> Dict[str, Any]:
+    """fromfd() of a socket's fileno() and socket(fileno=...) on a
+    connection to a server process (see test_blocking's
+    test_descriptor_calls): what each socket made so answers."""
+    found: Dict[str, Any] = {}
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        with socket.fromfd(sock.fileno(), socket.AF_INET, socket.SOCK_STREAM) as copy:
+            found["copy"] = {"friend": friendsock.is_friend(copy), "peername": list(copy.getpeername()),
+                             "nodelay": copy.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)}
+            copy.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # (the connection's, as TCP's)
+            copy.sendall(b"from a copy, ")
+        found["nodelay_set_by_the_copy"] = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        sock.sendall(b"from the original, ")
+        shared = socket.socket(fileno=sock.fileno())
+        found["shared"] = {"fileno": shared.fileno() == sock.fileno(), "family": shared.family,
+                           "sockname": list(shared.getsockname())}
+        shared.sendall(b"from the sharer")
+        found["detached"] = shared.detach() == sock.fileno()
+        found.update(friend=friendsock.is_friend(sock), sockname=list(sock.getsockname()),
+                     peername=list(sock.getpeername()))
+        sock.shutdown(socket.SHUT_WR)
+        echo = b""
+        while data := sock.recv(1 << 16):
+            echo += data
+        found["echo"] = echo.decode()
+    return found
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_sockets_made_of_a_moved_sockets_descriptor_are_on_its_connection(peer_loop, path):
+    """A socket made of a moved socket's descriptor (``socket.fromfd(sock.
+    fileno())``, a duplicate, closed on its own; ``socket.socket(fileno=
+    ...)``, sharing it, whose detach() gives it back) is another socket
+    on that connection, as over TCP: its names and options the TCP
+    connection's, its bytes in order with the original's."""
+    ours, theirs = await _on_a_thread_against_a_server(peer_loop, path, _descriptor_calls)
+    assert ours["echo"] == "from a copy, from the original, from the sharer"
+    assert theirs["sha256"] == hashlib.sha256(ours["echo"].encode()).hexdigest()
+    assert ours["friend"] is ours["copy"]["friend"] is (path == "friend")
+    assert ours["copy"]["peername"] == ours["peername"] == theirs["sockname"]
+    assert ours["copy"]["nodelay"] == 0 and ours["nodelay_set_by_the_copy"] == 1
+    assert ours["shared"] == {"fileno": True, "family": socket.AF_INET, "sockname": ours["sockname"]}
+    assert ours["detached"]
+
+
 def _handed_to_a_spawned_process(sock: socket.socket, payload_size: int) -> Dict[str, Any]:
     """``sock`` handed to a spawned process (``handed_echo``) over
     multiprocessing's pipe and closed here once sent, as a process that

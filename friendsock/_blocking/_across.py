@@ -82,7 +82,7 @@ from .._host._payoff import moved_connection_ended
 from .._host._ports import connect_slot, served_elsewhere
 from .._host._proof import Message
 from .._socket_errors import already_connected, bad_descriptor
-from ._capable import CONNECT_UNREPORTED, FriendCapableSocket, connect_again, running_asyncio_loop
+from ._capable import CONNECT_UNREPORTED, FriendCapableSocket, connect_again, moved_pair_ends, running_asyncio_loop
 from ._descriptor import OriginalSocket, _ss
 
 logger = logging.getLogger("friendsock")
@@ -788,11 +788,12 @@ class _Moved:
     capture's tap while one runs (``friendsock.capture``)."""
 
     __slots__ = ("client", "tcp", "names", "peer", "rendezvous", "release", "traffic",
-                 "tap", "side", "other_side", "tcp_reset", "reading")
+                 "tap", "side", "other_side", "tcp_reset", "reading", "copies")
 
     def __init__(self, sock: socket.socket, tcp: socket.socket, names: Tuple[Any, Any], peer: Peer,
                  rendezvous: Optional[Rendezvous], client: bool, traffic: _Traffic,
-                 tap: Optional[StreamTap], reading: _Reading, tcp_reset: Optional[TcpReset] = None) -> None:
+                 tap: Optional[StreamTap], reading: _Reading, copies: "_Copies",
+                 tcp_reset: Optional[TcpReset] = None) -> None:
         self.tcp = tcp
         self.names = names
         self.peer = peer
@@ -803,8 +804,39 @@ class _Moved:
         self.reading = reading
         self.tap = tap  # (shared by the socket's duplicates, as the connection is)
         self.side, self.other_side = (CLIENT, SERVER) if client else (SERVER, CLIENT)
+        self.copies = copies
+        copies.add(sock)
         # Lets the TCP socket go once the user's is closed, or collected.
-        self.release = weakref.finalize(sock, _let_go, tcp, rendezvous, client)
+        self.release = weakref.finalize(sock, _let_go, tcp, rendezvous, client, copies)
+
+
+class _Copies:
+    """The sockets of this process on one moved connection's end (the
+    socket, its duplicates, those made of its descriptor), known by their
+    pair end's inode: a socket made of that descriptor is one more."""
+
+    __slots__ = ("inode", "sockets")
+
+    def __init__(self, fd: int) -> None:
+        self.inode = os.fstat(fd).st_ino
+        self.sockets: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
+
+    def add(self, sock: socket.socket) -> None:
+        self.sockets.add(sock)
+        moved_pair_ends[self.inode] = self.open_one
+
+    def open_one(self) -> Optional[socket.socket]:
+        return next((sock for sock in list(self.sockets) if _ss.fileno(sock) >= 0), None)
+
+    def discard(self, sock: socket.socket) -> None:
+        """``sock`` is closed, or its descriptor given away."""
+        self.sockets.discard(sock)
+        self.forget_if_none_open()
+
+    def forget_if_none_open(self) -> None:
+        """Once none is open, a socket made of the descriptor is a plain one."""
+        if self.open_one() is None and moved_pair_ends.get(self.inode) == self.open_one:
+            moved_pair_ends.pop(self.inode, None)
 
 
 def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tuple[Any, Any],
@@ -827,13 +859,14 @@ def move_onto_pair(sock: FriendCapableSocket, pair_end: socket.socket, names: Tu
         raise
     tap = stream_tap_for(*(names if client else names[::-1]))
     sock.__dict__[_STATE] = _Moved(sock, tcp, names, peer, rendezvous, client, _Traffic(scheduler), tap,
-                                   _Reading())
+                                   _Reading(), _Copies(fd))
     sock.__class__ = AcrossSocket
     live_across.add(sock)
     counters.moved_across(peer.pid)
 
 
-def _let_go(tcp: socket.socket, rendezvous: Optional[Rendezvous], client: bool) -> None:
+def _let_go(tcp: socket.socket, rendezvous: Optional[Rendezvous], client: bool, copies: _Copies) -> None:
+    copies.forget_if_none_open()  # (a socket collected left the set already)
     if not client or closes_with_reset(tcp) or rendezvous is None or rendezvous.pid != os.getpid() or \
             not threading.main_thread().is_alive():
         # The accepting end's FIN, which the other end answers; an abort's
@@ -1083,6 +1116,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
     def _real_close(self, _ss: Any = _ss) -> None:
         moved: _Moved = self.__dict__[_STATE]
         live_across.discard(self)
+        moved.copies.discard(self)
         traffic = moved.traffic
         if moved.client and not traffic.ended:
             traffic.ended = True
@@ -1106,6 +1140,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         # the TCP socket stays until the connection's end, the other end's FIN.
         moved: _Moved = self.__dict__[_STATE]
         live_across.discard(self)
+        moved.copies.discard(self)
         fd = _ss.detach(self)
         moved.release.detach()
         if moved.rendezvous is not None:
@@ -1115,11 +1150,26 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         return fd
 
     def dup(self) -> socket.socket:
+        twin = AcrossSocket.__new__(AcrossSocket)
+        self.share_with(twin, os.dup(_ss.fileno(self)))
+        twin.settimeout(self.gettimeout())
+        return twin
+
+    def share_with(self, twin: socket.socket, fileno: int) -> None:
+        """Make ``twin``, a socket object not set up yet, one more socket on
+        this connection, made of ``fileno``: this socket's pair end
+        (``socket.socket(fileno=...)``: the two share it, as the stdlib's
+        would) or a duplicate of it (``dup()``, ``socket.fromfd()``)."""
         moved: _Moved = self.__dict__[_STATE]
-        copy = OriginalSocket.dup(self)  # (of this class, on a copy of the pair end)
-        copy.__dict__[_STATE] = _Moved(copy, moved.tcp.dup(), moved.names, moved.peer, moved.rendezvous,
-                                       moved.client, moved.traffic, moved.tap, moved.reading)
-        return copy
+        tcp = moved.tcp.dup()
+        try:
+            OriginalSocket.__init__(twin, self.family, self.type, self.proto, fileno)
+        except BaseException:
+            tcp.close()
+            raise
+        twin.__class__ = AcrossSocket
+        twin.__dict__[_STATE] = _Moved(twin, tcp, moved.names, moved.peer, moved.rendezvous, moved.client,
+                                       moved.traffic, moved.tap, moved.reading, moved.copies, moved.tcp_reset)
 
     def handed_on(self, dup_fd: Callable[[int], Any]) -> Tuple[Callable[..., "AcrossSocket"], Tuple[Any, ...]]:
         """How multiprocessing hands this socket to another process
@@ -1179,8 +1229,9 @@ def _handed_over(pair_fd: Any, tcp_fd: Any, family: int, type: int, proto: int,
     ``DupFd`` does."""
     names, peer, client, known, reading_shut = state
     tcp = OriginalSocket(family, type, proto, fileno=tcp_fd.detach())
+    sock = AcrossSocket.__new__(AcrossSocket)  # (not __init__'s: no socket here has this pair end yet)
     try:
-        sock = AcrossSocket(family, type, proto, fileno=pair_fd.detach())
+        OriginalSocket.__init__(sock, family, type, proto, pair_fd.detach())
     except BaseException:
         tcp.close()
         raise
@@ -1190,7 +1241,7 @@ def _handed_over(pair_fd: Any, tcp_fd: Any, family: int, type: int, proto: int,
     reading.shut, reading.pair_shut = reading_shut
     # Finished here as where it moved: by this process's rendezvous, if it has one.
     sock.__dict__[_STATE] = _Moved(sock, tcp, tuple(names), Peer(*peer), this_process(), client,
-                                   _Traffic(None), None, reading, tcp_reset)
+                                   _Traffic(None), None, reading, _Copies(sock.fileno()), tcp_reset)
     live_across.add(sock)
     return sock
 

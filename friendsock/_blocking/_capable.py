@@ -33,7 +33,7 @@ import os
 import socket
 import sys
 import weakref
-from typing import Any, Callable, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from .. import _handshake
 from .._core._switch import is_enabled
@@ -172,6 +172,11 @@ class FriendCapableSocket(OriginalSocket, metaclass=_SocketMeta):  # type: ignor
             friend = _friend_of_readiness(fileno)
             if friend is not None:
                 friend._share_with(self, fileno)
+                return
+        if fileno is not None and moved_pair_ends:
+            moved = _moved_of(fileno)
+            if moved is not None:
+                moved.share_with(self, fileno)
                 return
         OriginalSocket.__init__(self, family, type, proto, fileno)
         if fileno is not None and patched and _may_pair(self) and is_listening(self):
@@ -344,22 +349,40 @@ def _new_capable(family: int, type: int, proto: int, fd: int) -> FriendCapableSo
     return sock
 
 
+def _inode_of(fileno: Any) -> int:
+    """The inode of the descriptor ``fileno``; -1 where it is none."""
+    try:
+        return os.fstat(operator.index(fileno)).st_ino
+    except (OSError, TypeError, ValueError):
+        return -1  # the socket constructor reports it
+
+
 def _friend_of_readiness(fileno: Any) -> Optional[Any]:
     """The open friend socket whose readiness descriptor ``fileno`` is (or
     a duplicate of it is): a socket made of it is that friend socket's
     connection. None: no readiness descriptor; one of no friend socket
     (a connect's, for its claim) is refused, clearly."""
-    try:
-        inode = os.fstat(operator.index(fileno)).st_ino
-    except (OSError, TypeError, ValueError):
-        return None  # the socket constructor reports it
-    owner = readiness_owners.get(inode)
+    owner = readiness_owners.get(_inode_of(fileno))
     if owner is None:
         return None
     friend = owner()
     if friend is None or friend._friend_closed:
         raise not_through_descriptor("a socket made from this descriptor")
     return friend
+
+
+# The pair ends of sockets moved to another process of this host, by
+# inode, each with a way to an open socket of its connection (``_across``
+# keeps them): a socket made of one (``socket.fromfd(sock.fileno())``,
+# ``socket.socket(fileno=...)``) is one more socket on that connection.
+moved_pair_ends: Dict[int, Callable[[], Optional[Any]]] = {}
+
+
+def _moved_of(fileno: Any) -> Optional[Any]:
+    """The open moved socket whose pair end ``fileno`` is (or a duplicate
+    of it is); None: none."""
+    open_one = moved_pair_ends.get(_inode_of(fileno))
+    return None if open_one is None else open_one()
 
 
 # Sockets whose user does their I/O with the C socket calls (trio's socket
