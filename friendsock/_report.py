@@ -225,6 +225,13 @@ def report_at_exit(targets: Sequence[Target], *, only_if_used: bool = False) -> 
         atexit.register(_report)
 
 
+def leave_stderr_out_at_exit() -> None:
+    """What would go to stderr at exit goes elsewhere (pytest's terminal
+    summary): the report at exit leaves stderr out (``FRIENDSOCK_INSTALL=1``
+    under ``pytest --friendsock``); its JSON files stay."""
+    _AtExit.targets = tuple(target for target in _AtExit.targets if target[0] != "stderr")
+
+
 def _report() -> None:
     from . import stats
 

@@ -38,7 +38,7 @@ from ._blocking._capable import drop_connect_guard
 from ._everywhere import install_everywhere
 from ._core._stats import FriendStats
 from ._core._switch import is_enabled, set_enabled
-from ._report import as_dict, combined, from_dict, since, text_lines
+from ._report import as_dict, combined, from_dict, leave_stderr_out_at_exit, since, text_lines
 
 # The counters when a session-wide --friendsock session started.
 _SESSION_BASELINE = pytest.StashKey[FriendStats]()
@@ -127,10 +127,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    # A pytest-xdist worker: its counts go to the controller, which reports.
     config = session.config
-    output = getattr(config, "workeroutput", None)
     baseline = config.stash.get(_SESSION_BASELINE, None)
+    if baseline is not None:
+        # The summary tells what paired: not FRIENDSOCK_INSTALL's report too.
+        leave_stderr_out_at_exit()
+    # A pytest-xdist worker: its counts go to the controller, which reports.
+    output = getattr(config, "workeroutput", None)
     if output is not None and baseline is not None:
         from . import stats
 

@@ -377,6 +377,19 @@ def test_a_server_in_a_subprocess_pairs(pytester, uvloop):
     result.stdout.fnmatch_lines(["*between processes: 1 moved off TCP*"])
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_the_summary_is_the_one_report_where_the_variable_is_set_too(pytester, monkeypatch, workers):
+    """``FRIENDSOCK_INSTALL=1 pytest --friendsock`` (the variable there for
+    a test's server subprocess, say): the session's counts are in the
+    summary, not said again at exit, by the run or its xdist workers."""
+    monkeypatch.setenv("FRIENDSOCK_INSTALL", "1")
+    make_project(pytester, mode="strict", uvloop=False)
+    result = run(pytester, "--friendsock", "-n", workers)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*= friendsock =*", "links made:*"])
+    assert not [line for line in result.stderr.lines if line.startswith("friendsock:")], result.stderr.str()
+
+
 def test_the_summary_counts_every_xdist_worker(pytester):
     """Under pytest-xdist the tests run in worker processes: the summary is
     theirs, summed, the same as without xdist."""
