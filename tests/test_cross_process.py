@@ -1092,6 +1092,54 @@ async def test_sockets_made_of_a_moved_sockets_descriptor_are_on_its_connection(
     assert ours["detached"]
 
 
+def _trio_over_a_connected_socket(port: int, payload: bytes) -> Dict[str, Any]:
+    """A blocking client's socket handed to trio (``trio.socket.
+    from_stdlib_socket()``), as code that connects first and then runs
+    trio over the socket does: the payload sent while the echo is read,
+    then EOF; what trio's socket says of itself."""
+    import trio
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+
+    async def exchange() -> Dict[str, Any]:
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        names = {"sockname": list(stream.socket.getsockname()),
+                 "peername": list(stream.socket.getpeername())}
+        echoed = bytearray()
+
+        async def send() -> None:
+            await stream.send_all(payload)
+            await stream.send_eof()
+
+        with trio.fail_after(20):
+            async with stream, trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                while data := await stream.receive_some(1 << 16):
+                    echoed += data
+                return {"sha256": hashlib.sha256(echoed).hexdigest(), "friend": friendsock.is_friend(stream),
+                        "link": _moved_counts(names["sockname"]), **names}
+
+    return cast(Dict[str, Any], trio.run(exchange))
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_moved_socket_handed_to_trio_goes_on_there(peer_loop, path):
+    """A blocking socket moved to another process, handed to trio
+    (``trio.socket.from_stdlib_socket()``, which takes the exact class
+    ``socket.socket`` only): trio's socket goes on over the pair, its
+    names TCP's, its bytes counted, as over TCP it goes on over TCP."""
+    payload = random.Random(11).randbytes(SIZE)
+    ours, theirs = await _on_a_thread_against_a_server(
+        peer_loop, path, functools.partial(_trio_over_a_connected_socket, payload=payload))
+    assert ours["sha256"] == theirs["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert ours["friend"] is (path == "friend")
+    assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
+    if path == "friend":  # (the other process's, each way's bytes)
+        assert ours["link"][0] not in (None, os.getpid()) and ours["link"][1:] == [SIZE, SIZE]
+    else:
+        assert ours["link"] is None
+
+
 def _handed_to_a_spawned_process(sock: socket.socket, payload_size: int) -> Dict[str, Any]:
     """``sock`` handed to a spawned process (``handed_echo``) over
     multiprocessing's pipe and closed here once sent, as a process that

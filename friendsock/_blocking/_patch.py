@@ -91,15 +91,21 @@ def _teach_pyopenssl(module: ModuleType) -> None:
 def _teach_trio(module: ModuleType) -> None:
     """trio's socket objects do their I/O with the C socket calls on the
     stdlib socket they hold, never through its methods: those sockets are
-    left to trio (to friendsock's trio adapter, where installed), and a
+    left to trio (to friendsock's trio adapter, where installed), a
     friend socket handed to trio first goes on over TCP (or fails clearly,
-    when it cannot)."""
+    when it cannot), and one moved to another process goes on there as a
+    moved trio socket."""
     klass = getattr(module, "_SocketType", None)
     native = getattr(klass, "__init__", None)
     if native is None or getattr(native, "_friendsock_native", None) is not None:
         return
 
     def __init__(self: Any, sock: Any) -> None:
+        if is_moved(sock):  # (trio's own init takes the exact class socket.socket only)
+            from .._trio._across import wrap_moved  # (trio is imported: this is its socket)
+
+            wrap_moved(self, sock)
+            return
         as_plain_socket(sock, "a trio socket (its I/O is on the descriptor)")
         natively_driven.add(sock)
         native(self, sock)

@@ -294,6 +294,17 @@ class MovedTrioSocket(TrioSocketType):
         return copy
 
 
+def wrap_moved(trio_sock: Any, sock: socket.socket) -> None:
+    """``trio_sock`` made of ``sock``, a blocking socket moved to another
+    process (``trio.socket.from_stdlib_socket()``): trio's socket on it, as
+    trio's own init makes one (which takes the exact class ``socket.socket``
+    only), its reads and writes by the moved socket's rules."""
+    sock.setblocking(False)
+    trio_sock._sock = sock
+    trio_sock._did_shutdown_SHUT_WR = False
+    trio_sock.__class__ = MovedTrioSocket
+
+
 def is_moved_stream(stream: Any) -> bool:
     """Whether ``stream`` (a ``trio.SocketStream``, or its socket) carries a
     connection moved to another process."""
