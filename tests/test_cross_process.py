@@ -1140,6 +1140,65 @@ async def test_a_moved_socket_handed_to_trio_goes_on_there(peer_loop, path):
         assert ours["link"] is None
 
 
+@pytest.mark.parametrize("door", ["api", "install"])
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_moved_socket_handed_to_a_loop_goes_on_in_its_transport(peer_loop, path, door):
+    """A blocking socket moved to another process, handed to an event loop
+    (``open_connection(sock=)``, as code that connects first and then runs
+    asyncio over the socket does): the connection goes on in a transport
+    of the loop over the pair (uvloop's own refuses the pair's
+    descriptor), its names and options TCP's, as over TCP the loop's own
+    transport goes on over TCP."""
+    peer, port = await _serving(peer_loop, path)
+    payload = random.Random(13).randbytes(SIZE)
+    try:
+        sock = await bounded(asyncio.to_thread(socket.create_connection, ("127.0.0.1", port), 20))
+        moved = friendsock.is_friend(sock)
+        if door == "api":
+            reader, writer = await bounded(friendsock.open_connection(sock=sock))
+        else:
+            with friendsock.installed():
+                reader, writer = await bounded(asyncio.open_connection(sock=sock))
+        ours = await echoed_over(reader, writer, payload)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert moved is ours["friend"] is (path == "friend")
+    assert ours["sha256"] == theirs["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
+    assert ours["sockname"] == theirs["peername"] and ours["peername"] == theirs["sockname"]
+    assert ours["nodelay"]  # (set as the loop's own transport sets it)
+
+
+@pytest.mark.usefixtures("socket_patched")
+async def test_a_moved_accepted_socket_handed_to_a_loop_goes_on_in_its_transport(peer_loop, path):
+    """The accepting side of the same: a blocking listener's accepted
+    socket, moved, handed to ``connect_accepted_socket()`` of an installed
+    loop, serves its client over the pair."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        accepted = asyncio.ensure_future(asyncio.to_thread(listener.accept))
+        if path == "friend":  # (published as its accept() runs: the client must come after)
+            await until(lambda: opened_table().read(LISTENERS, port).pid == os.getpid())
+        peer = await Peer.start("connect", peer_loop, "api", str(port), str(SIZE), "2", env=_environment(path))
+        try:
+            conn, _ = await bounded(accepted)
+            moved = friendsock.is_friend(conn)
+            ends: List[Dict[str, Any]] = []
+            with friendsock.installed():
+                loop = asyncio.get_running_loop()
+                await bounded(loop.connect_accepted_socket(
+                    lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(), _echo_recording(ends)), conn))
+            theirs = await peer.report()
+            await until(lambda: bool(ends))
+        finally:
+            await peer.finish()
+    assert moved is ends[0]["friend"] is (path == "friend")
+    assert ends[0]["sha256"] == theirs["sha256"] == theirs["sent"]
+    assert ends[0]["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
+    assert ends[0]["peername"] == theirs["sockname"]
+
+
 def _handed_to_a_spawned_process(sock: socket.socket, payload_size: int) -> Dict[str, Any]:
     """``sock`` handed to a spawned process (``handed_echo``) over
     multiprocessing's pipe and closed here once sent, as a process that

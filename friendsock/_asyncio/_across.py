@@ -1121,12 +1121,14 @@ def _read_below_mmap_threshold(inner: asyncio.BaseTransport) -> None:
 
 async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: socket.socket,
                        names: Tuple[Any, Any], protocol: asyncio.BaseProtocol, peer: Peer,
-                       client: bool, on_lost: Optional[Callable[[], Any]] = None) -> AcrossTransport:
+                       client: bool, on_lost: Optional[Callable[[], Any]] = None,
+                       newly_moved: bool = True) -> AcrossTransport:
     """The transport of a connection moved onto ``pair_end``, started with
     ``protocol`` (``connection_made`` called once it returns); ``names``:
     the TCP socket's; ``peer``: the other end; ``client``: the connecting
     end; ``on_lost``: called once the connection is lost (its server
-    counts it so)."""
+    counts it so); ``newly_moved``: counted as a move (not for a moved
+    blocking socket the loop takes over)."""
     loop = rendezvous.loop
     room_like_friends(pair_end, tcp, peer.rcvbuf)
     set_nodelay(loop, tcp)  # (as the loop's own transport would have, on it)
@@ -1140,6 +1142,34 @@ async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: soc
     except BaseException:
         outer._tcp = None  # (its caller closes it)
         raise
-    counters.moved_across(peer.pid)
+    if newly_moved:
+        counters.moved_across(peer.pid)
     live_across.add(outer)
     return outer
+
+
+async def adopt_moved(loop: asyncio.AbstractEventLoop, protocol_factory: Any, sock: Any,
+                      kwargs: Dict[str, Any]) -> Optional[Tuple[asyncio.Transport, asyncio.BaseProtocol]]:
+    """``create_connection(sock=)`` or ``connect_accepted_socket()`` of a
+    blocking socket moved to another process (``patch_socket()``): its
+    connection goes on in this loop's transport over its pair end, as the
+    loop's own transport takes a connected socket over. None where the
+    loop's own call goes on instead: TLS or another keyword asked for,
+    this process moves nothing now, or the socket cannot be given (see
+    AcrossSocket.given_to_a_loop)."""
+    found = rendezvous(loop)
+    if found is None or any(value is not None for key, value in kwargs.items() if key != "sock"):
+        return None
+    given = sock.given_to_a_loop()
+    if given is None:
+        return None
+    pair_end, tcp, names, peer, client = given
+    try:
+        protocol = protocol_factory()
+        transport = await start_across(found, pair_end, tcp, names, protocol, peer, client=client,
+                                       newly_moved=False)
+    except BaseException:
+        pair_end.close()
+        tcp.close()  # the other side sees EOF, as from a socket the loop closed
+        raise
+    return transport, protocol

@@ -24,7 +24,7 @@ import weakref
 from typing import Any, Callable, Deque, NamedTuple, Optional, Tuple, cast
 
 from .. import _handshake
-from .._blocking._across import reset_in_place
+from .._blocking._across import is_moved, reset_in_place
 from .._blocking._listen import listener_passed_on, take_listener
 from .._core._registry import PendingState, registry
 from .._core._stats import Fallback, counters
@@ -52,6 +52,7 @@ from .._host._offers import RESET, reset_offered
 from .._host._ports import connect_slot, keep_published, published_port, stop_publishing
 from ._across import (
     Offered,
+    adopt_moved,
     connect_across_for_user,
     connected_for_user,
     end_wait,
@@ -238,6 +239,8 @@ async def adopt_paired_socket(
     socket over. None: not such a socket, or one whose end cannot be
     detached for a loop (the loop's own call then goes on, with its
     errors)."""
+    if is_moved(sock):
+        return await adopt_moved(loop, protocol_factory, sock, kwargs)
     detach_for_loop = getattr(type(sock), "detach_for_loop", None)
     if detach_for_loop is None:
         return None

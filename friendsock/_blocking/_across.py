@@ -1149,6 +1149,26 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             _kept_for_detached.append(moved.tcp)
         return fd
 
+    def given_to_a_loop(self) -> Optional[Tuple[socket.socket, socket.socket, Tuple[Any, Any], Peer, bool]]:
+        """This socket's connection, for an event loop's transport
+        (``create_connection(sock=)``: uvloop's own would do its I/O on the
+        pair's descriptor, and refuses it): ``(pair end, TCP socket,
+        names, the other end, whether it is the connecting end)``, this
+        socket closed as far as its user is concerned, the TCP socket the
+        transport's to finish. None, nothing changed, where it cannot:
+        closed, or other sockets of this process on the connection too."""
+        moved: _Moved = self.__dict__[_STATE]
+        if _ss.fileno(self) < 0 or any(sock is not self and _ss.fileno(sock) >= 0
+                                       for sock in list(moved.copies.sockets)):
+            return None
+        live_across.discard(self)
+        moved.copies.discard(self)
+        moved.release.detach()
+        counters.read_across(moved.traffic.received)  # (what its own reads took)
+        moved.traffic.received = 0
+        pair_end = OriginalSocket(socket.AF_UNIX, socket.SOCK_STREAM, 0, _ss.detach(self))
+        return pair_end, moved.tcp, moved.names, moved.peer, moved.client
+
     def dup(self) -> socket.socket:
         twin = AcrossSocket.__new__(AcrossSocket)
         self.share_with(twin, os.dup(_ss.fileno(self)))
