@@ -541,13 +541,21 @@ async def _moved(found: Rendezvous, protocol_factory: Any, sock: socket.socket, 
         raise
     if pair_end is None:
         return None
+    return await _started(found, protocol_factory, pair_end, sock, wait.names(), wait.peer, client=True)
+
+
+async def _started(found: Rendezvous, protocol_factory: Any, pair_end: socket.socket, tcp: socket.socket,
+                   names: Tuple[Any, Any], peer: Peer, client: bool,
+                   newly_moved: bool = True) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
+    """The transport of a connection moved onto ``pair_end`` (see
+    start_across), with the protocol ``protocol_factory`` makes."""
     try:
         protocol = protocol_factory()
-        transport = await start_across(found, pair_end, sock, wait.names(), protocol, wait.peer,
-                                       client=True)
+        transport = await start_across(found, pair_end, tcp, names, protocol, peer, client=client,
+                                       newly_moved=newly_moved)
     except BaseException:
         pair_end.close()
-        sock.close()  # the other side sees EOF, as from a socket the loop closed
+        tcp.close()  # the other side sees EOF, as from a socket the loop closed
         raise
     return transport, protocol
 
@@ -1164,12 +1172,4 @@ async def adopt_moved(loop: asyncio.AbstractEventLoop, protocol_factory: Any, so
     if given is None:
         return None
     pair_end, tcp, names, peer, client = given
-    try:
-        protocol = protocol_factory()
-        transport = await start_across(found, pair_end, tcp, names, protocol, peer, client=client,
-                                       newly_moved=False)
-    except BaseException:
-        pair_end.close()
-        tcp.close()  # the other side sees EOF, as from a socket the loop closed
-        raise
-    return transport, protocol
+    return await _started(found, protocol_factory, pair_end, tcp, names, peer, client, newly_moved=False)
