@@ -1171,6 +1171,37 @@ async def test_a_moved_socket_handed_to_a_loop_goes_on_in_its_transport(peer_loo
 
 
 @pytest.mark.usefixtures("socket_patched")
+async def test_a_capture_shows_a_moved_socket_handed_to_a_loop_once(peer_loop, path, tmp_path):
+    """Captured, a moved blocking socket that a loop's transport takes over
+    is one connection in the capture: one handshake, its bytes each way
+    in order, a FIN each way, whatever is done with the socket object the
+    transport took it from. Over TCP it is not in the capture."""
+    peer, port = await _serving(peer_loop, path)
+    payload = random.Random(17).randbytes(100_000)
+    pcap = str(tmp_path / "handed.pcap")
+    try:
+        with friendsock.capture(pcap) as running:
+            sock = await bounded(asyncio.to_thread(socket.create_connection, ("127.0.0.1", port), 20))
+            sock.sendall(b"first, ")
+            reader, writer = await bounded(friendsock.open_connection(sock=sock))
+            if path == "friend":  # (the object given away: the transport goes on)
+                sock.close()
+            ours = await echoed_over(reader, writer, payload)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    sent = b"first, " + payload
+    assert ours["sha256"] == theirs["sha256"] == hashlib.sha256(sent).hexdigest()
+    if path == "tcp":
+        assert read_capture(pcap) == {} and running.links == 0
+        return
+    assert running.links == 1
+    stream = read_capture(pcap)[(tuple(ours["sockname"]), tuple(ours["peername"]))]
+    assert stream.up.data == sent and stream.down.data == sent
+    check_tcp_shape(stream)
+
+
+@pytest.mark.usefixtures("socket_patched")
 async def test_a_moved_accepted_socket_handed_to_a_loop_goes_on_in_its_transport(peer_loop, path):
     """The accepting side of the same: a blocking listener's accepted
     socket, moved, handed to ``connect_accepted_socket()`` of an installed

@@ -545,14 +545,14 @@ async def _moved(found: Rendezvous, protocol_factory: Any, sock: socket.socket, 
 
 
 async def _started(found: Rendezvous, protocol_factory: Any, pair_end: socket.socket, tcp: socket.socket,
-                   names: Tuple[Any, Any], peer: Peer, client: bool,
-                   newly_moved: bool = True) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
+                   names: Tuple[Any, Any], peer: Peer, client: bool, newly_moved: bool = True,
+                   tap: Optional[StreamTap] = None) -> Tuple[asyncio.Transport, asyncio.BaseProtocol]:
     """The transport of a connection moved onto ``pair_end`` (see
     start_across), with the protocol ``protocol_factory`` makes."""
     try:
         protocol = protocol_factory()
         transport = await start_across(found, pair_end, tcp, names, protocol, peer, client=client,
-                                       newly_moved=newly_moved)
+                                       newly_moved=newly_moved, tap=tap)
     except BaseException:
         pair_end.close()
         tcp.close()  # the other side sees EOF, as from a socket the loop closed
@@ -1130,18 +1130,19 @@ def _read_below_mmap_threshold(inner: asyncio.BaseTransport) -> None:
 async def start_across(rendezvous: Rendezvous, pair_end: socket.socket, tcp: socket.socket,
                        names: Tuple[Any, Any], protocol: asyncio.BaseProtocol, peer: Peer,
                        client: bool, on_lost: Optional[Callable[[], Any]] = None,
-                       newly_moved: bool = True) -> AcrossTransport:
+                       newly_moved: bool = True, tap: Optional[StreamTap] = None) -> AcrossTransport:
     """The transport of a connection moved onto ``pair_end``, started with
     ``protocol`` (``connection_made`` called once it returns); ``names``:
     the TCP socket's; ``peer``: the other end; ``client``: the connecting
     end; ``on_lost``: called once the connection is lost (its server
-    counts it so); ``newly_moved``: counted as a move (not for a moved
-    blocking socket the loop takes over)."""
+    counts it so); ``newly_moved``: counted as a move, and a capture's
+    tap made for it (not for a moved blocking socket the loop takes over,
+    whose ``tap`` goes on)."""
     loop = rendezvous.loop
     room_like_friends(pair_end, tcp, peer.rcvbuf)
     set_nodelay(loop, tcp)  # (as the loop's own transport would have, on it)
     outer = AcrossTransport(rendezvous, tcp, pair_end, names, protocol, peer, client)
-    outer._tap = stream_tap_for(*(names if client else names[::-1]))
+    outer._tap = stream_tap_for(*(names if client else names[::-1])) if newly_moved else tap
     outer._on_lost = on_lost
     relay = outer._relay = _relay_for(outer, protocol)
     try:
@@ -1171,5 +1172,6 @@ async def adopt_moved(loop: asyncio.AbstractEventLoop, protocol_factory: Any, so
     given = sock.given_to_a_loop()
     if given is None:
         return None
-    pair_end, tcp, names, peer, client = given
-    return await _started(found, protocol_factory, pair_end, tcp, names, peer, client, newly_moved=False)
+    pair_end, tcp, names, peer, client, tap = given
+    return await _started(found, protocol_factory, pair_end, tcp, names, peer, client, newly_moved=False,
+                          tap=tap)

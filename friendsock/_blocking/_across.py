@@ -1114,6 +1114,8 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             raise bad_descriptor()
 
     def _real_close(self, _ss: Any = _ss) -> None:
+        if _ss.fileno(self) < 0:
+            return  # (closed already, or its descriptor given away: nothing is this socket's)
         moved: _Moved = self.__dict__[_STATE]
         live_across.discard(self)
         moved.copies.discard(self)
@@ -1149,11 +1151,13 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
             _kept_for_detached.append(moved.tcp)
         return fd
 
-    def given_to_a_loop(self) -> Optional[Tuple[socket.socket, socket.socket, Tuple[Any, Any], Peer, bool]]:
+    def given_to_a_loop(self) -> Optional[Tuple[socket.socket, socket.socket, Tuple[Any, Any], Peer, bool,
+                                                Optional[StreamTap]]]:
         """This socket's connection, for an event loop's transport
         (``create_connection(sock=)``: uvloop's own would do its I/O on the
         pair's descriptor, and refuses it): ``(pair end, TCP socket,
-        names, the other end, whether it is the connecting end)``, this
+        names, the other end, whether it is the connecting end, the
+        capture's tap)``, this
         socket closed as far as its user is concerned, the TCP socket the
         transport's to finish. None, nothing changed, where it cannot:
         closed, or other sockets of this process on the connection too."""
@@ -1166,8 +1170,9 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         moved.release.detach()
         counters.read_across(moved.traffic.received)  # (what its own reads took)
         moved.traffic.received = 0
+        moved.traffic.ended = True  # (how it ends, the transport tells)
         pair_end = OriginalSocket(socket.AF_UNIX, socket.SOCK_STREAM, 0, _ss.detach(self))
-        return pair_end, moved.tcp, moved.names, moved.peer, moved.client
+        return pair_end, moved.tcp, moved.names, moved.peer, moved.client, moved.tap
 
     def dup(self) -> socket.socket:
         twin = AcrossSocket.__new__(AcrossSocket)
