@@ -716,18 +716,15 @@ def pool_echo(port: int, seed: int) -> dict:
         return {"sha256": digest.hexdigest(), "pid": os.getpid(), "payload_moved": payload_moved(sock)}
 
 
-def handed_echo(receiver, sender, payload_size: int) -> None:
-    """A spawned process handed a connected blocking socket over
-    ``receiver`` (multiprocessing's pipe): as the connecting end
-    (``payload_size`` > 0), it sends that many bytes (seeded) with EOF and
-    reads the echo; as the accepting end (0), it echoes until EOF. What it
-    moved and saw goes back over ``sender``."""
+def handed_echo(pipe, payload_size: int) -> None:
+    """A spawned process handed a connected blocking socket over ``pipe``
+    (multiprocessing's): as the connecting end (``payload_size`` > 0), it
+    sends that many bytes (seeded) with EOF and reads the echo; as the
+    accepting end (0), it echoes until EOF. What it moved and saw goes
+    back over ``pipe``."""
     import threading
 
-    import friendsock
-    from friendsock._handshake._tcp_info import payload_moved
-
-    sock = receiver.recv()
+    sock = pipe.recv()
     sock.settimeout(20)
     with sock:
         names = {"sockname": list(sock.getsockname()), "peername": list(sock.getpeername())}
@@ -749,7 +746,7 @@ def handed_echo(receiver, sender, payload_size: int) -> None:
                 digest.update(data)
                 sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
-        sender.send({"sha256": digest.hexdigest(), "friend": friendsock.is_friend(sock),
+        pipe.send({"sha256": digest.hexdigest(), "friend": friendsock.is_friend(sock),
                      "payload_moved": payload_moved(sock), "family": int(sock.family),
                      "nodelay": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), **names})
 

@@ -26,7 +26,7 @@ import struct
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, cast
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, cast
 
 import pytest
 import pytest_asyncio
@@ -1201,29 +1201,37 @@ async def test_a_capture_shows_a_moved_socket_handed_to_a_loop_once(peer_loop, p
     check_tcp_shape(stream)
 
 
+@contextlib.asynccontextmanager
+async def _client_process_accepted_here(peer_loop: str, path: str,
+                                        accept: Callable[[socket.socket], Any]) -> AsyncIterator[Any]:
+    """A client process (``connect``: SIZE bytes seeded 2 with EOF, the
+    echo read) of a blocking listener here, whose ``accept(listener)`` runs
+    on a thread: what that returned, and the client, finished after."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        accepted = asyncio.ensure_future(asyncio.to_thread(accept, listener))
+        if path == "friend":  # (published as its accept() runs: the client must come after)
+            await until(lambda: opened_table().read(LISTENERS, port).pid == os.getpid())
+        peer = await Peer.start("connect", peer_loop, "api", str(port), str(SIZE), "2", env=_environment(path))
+        try:
+            yield await bounded(accepted, 60), peer
+        finally:
+            await peer.finish()
+
+
 @pytest.mark.usefixtures("socket_patched")
 async def test_a_moved_accepted_socket_handed_to_a_loop_goes_on_in_its_transport(peer_loop, path):
     """The accepting side of the same: a blocking listener's accepted
     socket, moved, handed to ``connect_accepted_socket()`` of an installed
     loop, serves its client over the pair."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        port = listener.getsockname()[1]
-        accepted = asyncio.ensure_future(asyncio.to_thread(listener.accept))
-        if path == "friend":  # (published as its accept() runs: the client must come after)
-            await until(lambda: opened_table().read(LISTENERS, port).pid == os.getpid())
-        peer = await Peer.start("connect", peer_loop, "api", str(port), str(SIZE), "2", env=_environment(path))
-        try:
-            conn, _ = await bounded(accepted)
-            moved = friendsock.is_friend(conn)
-            ends: List[Dict[str, Any]] = []
-            with friendsock.installed():
-                loop = asyncio.get_running_loop()
-                await bounded(loop.connect_accepted_socket(
-                    lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(), _echo_recording(ends)), conn))
-            theirs = await peer.report()
-            await until(lambda: bool(ends))
-        finally:
-            await peer.finish()
+    ends: List[Dict[str, Any]] = []
+    async with _client_process_accepted_here(peer_loop, path, socket.socket.accept) as ((conn, _), peer):
+        moved = friendsock.is_friend(conn)
+        with friendsock.installed():
+            await bounded(asyncio.get_running_loop().connect_accepted_socket(
+                lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(), _echo_recording(ends)), conn))
+        theirs = await peer.report()
+        await until(lambda: bool(ends))
     assert moved is ends[0]["friend"] is (path == "friend")
     assert ends[0]["sha256"] == theirs["sha256"] == theirs["sent"]
     assert ends[0]["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
@@ -1236,7 +1244,7 @@ def _handed_to_a_spawned_process(sock: socket.socket, payload_size: int) -> Dict
     accepts for its workers does: what that process reports."""
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
-    child = context.Process(target=handed_echo, args=(theirs, theirs, payload_size))
+    child = context.Process(target=handed_echo, args=(theirs, payload_size))
     child.start()
     try:
         with sock:
@@ -1282,18 +1290,8 @@ async def test_a_moved_socket_goes_on_in_the_process_it_is_handed_to(peer_loop, 
             await peer.finish()
         assert ours["sha256"] == theirs["sha256"] == sent
     else:
-        with socket.create_server(("127.0.0.1", 0)) as listener:
-            port = listener.getsockname()[1]
-            accepted = asyncio.ensure_future(asyncio.to_thread(_accepted_and_handed, listener))
-            if path == "friend":  # (published as its accept() runs: the client must come after)
-                await until(lambda: opened_table().read(LISTENERS, port).pid == os.getpid())
-            peer = await Peer.start("connect", peer_loop, "api", str(port), str(SIZE), "2",
-                                    env=_environment(path))
-            try:
-                ours = await bounded(accepted, 60)
-                theirs = await peer.report()
-            finally:
-                await peer.finish()
+        async with _client_process_accepted_here(peer_loop, path, _accepted_and_handed) as (ours, peer):
+            theirs = await peer.report()
         assert ours["sha256"] == theirs["sha256"] == theirs["sent"] == sent
     assert ours["friend_here"] is ours["friend"] is (path == "friend")
     assert ours["payload_moved"] is theirs["payload_moved"] is (path == "tcp")
