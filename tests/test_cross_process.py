@@ -1171,6 +1171,41 @@ async def test_a_moved_socket_handed_to_a_loop_goes_on_in_its_transport(peer_loo
 
 
 @pytest.mark.usefixtures("socket_patched")
+async def test_anyios_stream_of_a_moved_socket_goes_on_over_the_pair(peer_loop, path):
+    """anyio's ``SocketStream.from_socket()`` of a moved blocking socket, on
+    an installed loop (as ``FRIENDSOCK_INSTALL=1`` installs them): its
+    stream goes on over the pair, on uvloop too."""
+    import anyio
+    from anyio.abc import SocketStream
+
+    peer, port = await _serving(peer_loop, path)
+    payload = random.Random(19).randbytes(SIZE)
+    echoed = bytearray()
+    try:
+        sock = await bounded(asyncio.to_thread(socket.create_connection, ("127.0.0.1", port), 20))
+        moved = friendsock.is_friend(sock)
+        with friendsock.installed():
+            stream = await bounded(SocketStream.from_socket(sock))
+
+        async def send() -> None:
+            await stream.send(payload)
+            await stream.send_eof()
+
+        async with stream:
+            sending = asyncio.ensure_future(send())
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    echoed += await bounded(stream.receive())
+            await bounded(sending)
+        theirs = await peer.report()
+    finally:
+        await peer.finish()
+    assert moved is (path == "friend")
+    assert theirs["sha256"] == hashlib.sha256(echoed).hexdigest() == hashlib.sha256(payload).hexdigest()
+    assert theirs["payload_moved"] is (path == "tcp")
+
+
+@pytest.mark.usefixtures("socket_patched")
 async def test_a_capture_shows_a_moved_socket_handed_to_a_loop_once(peer_loop, path, tmp_path):
     """Captured, a moved blocking socket that a loop's transport takes over
     is one connection in the capture: one handshake, its bytes each way
