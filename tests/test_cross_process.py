@@ -1095,29 +1095,16 @@ async def test_sockets_made_of_a_moved_sockets_descriptor_are_on_its_connection(
 def _trio_over_a_connected_socket(port: int, payload: bytes) -> Dict[str, Any]:
     """A blocking client's socket handed to trio (``trio.socket.
     from_stdlib_socket()``), as code that connects first and then runs
-    trio over the socket does: the payload sent while the echo is read,
-    then EOF; what trio's socket says of itself."""
+    trio over the socket does: the echo of ``payload`` (see
+    _trio_echoed), and what trio's stream says of itself."""
     import trio
 
     sock = socket.create_connection(("127.0.0.1", port), timeout=20)
 
     async def exchange() -> Dict[str, Any]:
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        names = {"sockname": list(stream.socket.getsockname()),
-                 "peername": list(stream.socket.getpeername())}
-        echoed = bytearray()
-
-        async def send() -> None:
-            await stream.send_all(payload)
-            await stream.send_eof()
-
-        with trio.fail_after(20):
-            async with stream, trio.open_nursery() as nursery:
-                nursery.start_soon(send)
-                while data := await stream.receive_some(1 << 16):
-                    echoed += data
-                return {"sha256": hashlib.sha256(echoed).hexdigest(), "friend": friendsock.is_friend(stream),
-                        "link": _moved_counts(names["sockname"]), **names}
+        return await _trio_echoed(stream, payload, lambda names: {
+            "friend": friendsock.is_friend(stream), "link": _moved_counts(names["sockname"])})
 
     return cast(Dict[str, Any], trio.run(exchange))
 
@@ -2394,32 +2381,42 @@ async def test_loop_sendfile_over_a_moved_connection(peer_loop, path, tmp_path):
         await peer.finish()
 
 
+async def _trio_echoed(stream: Any, payload: bytes, seen: Callable[[Dict[str, Any]], Dict[str, Any]],
+                       ) -> Dict[str, Any]:
+    """``payload`` sent over the trio ``stream`` while the echo is read,
+    then its EOF, then the server's: the echo's SHA-256, the stream's
+    names, and what ``seen(names)`` says before it closes."""
+    import trio
+
+    names = {"sockname": list(stream.socket.getsockname()), "peername": list(stream.socket.getpeername())}
+    echoed = bytearray()
+
+    async def send() -> None:
+        await stream.send_all(payload)
+        await stream.send_eof()
+
+    with trio.fail_after(20):
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            while data := await stream.receive_some(1 << 16):
+                echoed += data
+            return {"sha256": hashlib.sha256(echoed).hexdigest(), **names, **seen(names)}
+
+
 def _trio_echo(port: int, payload: bytes) -> Dict[str, Any]:
-    """A trio client: the payload sent while the echo is read, then its
-    EOF, then the server's."""
+    """A trio client: the echo of ``payload`` (see _trio_echoed), and
+    whether friendsock.links() says its connection is captured."""
     import trio
 
     import friendsock.trio
 
     async def exchange() -> Dict[str, Any]:
         stream = await friendsock.trio.open_tcp_stream("127.0.0.1", port)
-        names = {"sockname": list(stream.socket.getsockname()),
-                 "peername": list(stream.socket.getpeername())}
-        echoed = bytearray()
+        return await _trio_echoed(stream, payload, lambda names: {
+            "captured": [link.captured for link in friendsock.links()
+                         if list(link.client.address) == names["sockname"]]})
 
-        async def send() -> None:
-            await stream.send_all(payload)
-            await stream.send_eof()
-
-        async with stream, trio.open_nursery() as nursery:
-            nursery.start_soon(send)
-            while data := await stream.receive_some(1 << 16):
-                echoed += data
-            return {"sha256": hashlib.sha256(echoed).hexdigest(), **names,
-                    "captured": [link.captured for link in friendsock.links()
-                                 if list(link.client.address) == names["sockname"]]}
-
-    return trio.run(exchange)
+    return cast(Dict[str, Any], trio.run(exchange))
 
 
 @pytest.mark.parametrize("client", ["blocking", "trio"])
