@@ -825,8 +825,9 @@ class _Copies:
         self.sockets.add(sock)
         moved_pair_ends[self.inode] = self.open_one
 
-    def open_one(self) -> Optional[socket.socket]:
-        return next((sock for sock in list(self.sockets) if _ss.fileno(sock) >= 0), None)
+    def open_one(self, besides: Optional[socket.socket] = None) -> Optional[socket.socket]:
+        return next((sock for sock in list(self.sockets) if sock is not besides and _ss.fileno(sock) >= 0),
+                    None)
 
     def discard(self, sock: socket.socket) -> None:
         """``sock`` is closed, or its descriptor given away."""
@@ -1117,15 +1118,12 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         if _ss.fileno(self) < 0:
             return  # (closed already, or its descriptor given away: nothing is this socket's)
         moved: _Moved = self.__dict__[_STATE]
-        live_across.discard(self)
-        moved.copies.discard(self)
         traffic = moved.traffic
         if moved.client and not traffic.ended:
             traffic.ended = True
             moved_connection_ended(moved.names[1][1], max(traffic.reads, traffic.writes),
                                    traffic.sent + traffic.received)
-        counters.read_across(traffic.received)
-        traffic.received = 0  # (counted once, whichever copy closes first)
+        self._leave(moved)
         if closes_with_reset(moved.tcp):
             if moved.tap is not None:
                 moved.tap.reset(moved.side)
@@ -1141,8 +1139,7 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         # The descriptor goes on elsewhere (ssl's wrap_socket takes it so):
         # the TCP socket stays until the connection's end, the other end's FIN.
         moved: _Moved = self.__dict__[_STATE]
-        live_across.discard(self)
-        moved.copies.discard(self)
+        self._leave(moved)
         fd = _ss.detach(self)
         moved.release.detach()
         if moved.rendezvous is not None:
@@ -1162,17 +1159,21 @@ class AcrossSocket(FriendCapableSocket, AcrossEnd):
         transport's to finish. None, nothing changed, where it cannot:
         closed, or other sockets of this process on the connection too."""
         moved: _Moved = self.__dict__[_STATE]
-        if _ss.fileno(self) < 0 or any(sock is not self and _ss.fileno(sock) >= 0
-                                       for sock in list(moved.copies.sockets)):
+        if _ss.fileno(self) < 0 or moved.copies.open_one(besides=self) is not None:
             return None
-        live_across.discard(self)
-        moved.copies.discard(self)
+        self._leave(moved)
         moved.release.detach()
-        counters.read_across(moved.traffic.received)  # (what its own reads took)
-        moved.traffic.received = 0
         moved.traffic.ended = True  # (how it ends, the transport tells)
         pair_end = OriginalSocket(socket.AF_UNIX, socket.SOCK_STREAM, 0, _ss.detach(self))
         return pair_end, moved.tcp, moved.names, moved.peer, moved.client, moved.tap
+
+    def _leave(self, moved: _Moved) -> None:
+        """This socket object is on the connection no more (closed, or its
+        descriptor given away): unlisted, and what its reads took counted."""
+        live_across.discard(self)
+        moved.copies.discard(self)
+        counters.read_across(moved.traffic.received)
+        moved.traffic.received = 0  # (counted once, whichever copy leaves first)
 
     def dup(self) -> socket.socket:
         twin = AcrossSocket.__new__(AcrossSocket)
